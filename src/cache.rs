@@ -1,0 +1,115 @@
+//! The per-VM cache of limiter configs as Redis holds them, keyed by limiter name and bounded in size.
+//!
+//! Every acquire reply carries the limiter's config, so the cache costs no round trip. It lets the filter
+//! refuse locally a request that asks for more permits than the limiter's rate (no round trip at all), and
+//! notice (and log once) when Redis holds another rate than the configuration.
+
+use std::collections::HashMap;
+
+use crate::script::EffectiveConfig;
+
+/// What the cache learned from one reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Observation {
+    /// The limiter was not in the cache.
+    New,
+    /// Redis holds the config the cache already had.
+    Unchanged,
+    /// Redis now holds another config than the cache had (changed by an operator or a Java service).
+    Changed(EffectiveConfig),
+}
+
+/// Limiter name -> config in Redis, at most `capacity` entries.
+#[derive(Debug)]
+pub struct LimiterCache {
+    capacity: usize,
+    entries: HashMap<String, EffectiveConfig>,
+}
+
+impl LimiterCache {
+    /// An empty cache of at most `capacity` limiter names (at least 1).
+    pub fn new(capacity: usize) -> Self {
+        LimiterCache {
+            capacity: capacity.max(1),
+            entries: HashMap::new(),
+        }
+    }
+
+    /// The config last seen in Redis for `name`.
+    pub fn get(&self, name: &str) -> Option<EffectiveConfig> {
+        self.entries.get(name).copied()
+    }
+
+    /// Records the config Redis returned for `name`. When the cache is full, an arbitrary entry makes room:
+    /// an evicted limiter only loses the local shortcut until its next reply.
+    pub fn observe(&mut self, name: &str, config: EffectiveConfig) -> Observation {
+        if let Some(known) = self.entries.get_mut(name) {
+            if *known == config {
+                return Observation::Unchanged;
+            }
+            let old = std::mem::replace(known, config);
+            return Observation::Changed(old);
+        }
+        if self.entries.len() >= self.capacity {
+            if let Some(victim) = self.entries.keys().next().cloned() {
+                self.entries.remove(&victim);
+            }
+        }
+        self.entries.insert(name.to_string(), config);
+        Observation::New
+    }
+
+    /// Number of limiter names remembered.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no limiter is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+    use super::*;
+    use crate::config::LimiterType;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn config(rate: u64) -> EffectiveConfig {
+        EffectiveConfig {
+            rate,
+            interval_ms: 1000,
+            limiter_type: LimiterType::Overall,
+        }
+    }
+
+    #[test]
+    fn observations_report_new_unchanged_and_changed_configs() {
+        let mut cache = LimiterCache::new(10);
+        assert_eq!(cache.observe("a", config(5)), Observation::New);
+        assert_eq!(cache.observe("a", config(5)), Observation::Unchanged);
+        assert_eq!(
+            cache.observe("a", config(3)),
+            Observation::Changed(config(5))
+        );
+        assert_eq!(cache.get("a"), Some(config(3)));
+        assert_eq!(cache.get("b"), None);
+    }
+
+    #[test]
+    fn the_cache_never_grows_past_its_capacity() {
+        let mut cache = LimiterCache::new(3);
+        for i in 0..100 {
+            cache.observe(&format!("limiter-{i}"), config(1));
+            assert!(cache.len() <= 3);
+        }
+        assert_eq!(
+            cache.get("limiter-99"),
+            Some(config(1)),
+            "the newest entry is kept"
+        );
+    }
+}

@@ -1,0 +1,432 @@
+//! The proxy-wasm glue: the root context (configuration, per-VM state, metrics) and the HTTP context
+//! (pause the request, send one acquire per rule, resume or answer). Every decision is made by
+//! [`crate::limiter`]; this module only moves bytes between it and the host.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::time::UNIX_EPOCH;
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MetricType};
+
+use crate::cache::LimiterCache;
+use crate::config::{FailureMode, PluginConfig, TransportKind};
+use crate::key::RequestView;
+use crate::limiter::{self, Decision, Failure, Outcome, PendingRequest, Progress, Start, Verdict};
+use crate::resp::Command;
+use crate::script::MEMBER_RANDOM_LEN;
+use crate::transport::{HttpBridge, RedisTransport};
+
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(LogLevel::Info);
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
+}}
+
+/// Prefix of every log line and metric name.
+const NAME: &str = "edge_rate_limiter";
+/// Shared-data key of this gateway process's Redisson client id (shared by all VMs of the process).
+const CLIENT_ID_KEY: &str = "edge_rate_limiter.client_id";
+
+fn log(level: LogLevel, message: &str) {
+    let _ = hostcalls::log(level, &format!("edge-rate-limiter: {message}"));
+}
+
+/// Counters, by the names in README.md ("Metrics"). A counter the host refused to define is skipped.
+#[derive(Default)]
+struct Metrics {
+    allowed: Option<u32>,
+    rejected: Option<u32>,
+    failure_allowed: Option<u32>,
+    failure_denied: Option<u32>,
+    redis_calls: Option<u32>,
+    redis_errors: Option<u32>,
+}
+
+impl Metrics {
+    fn define() -> Self {
+        let counter = |name: &str| {
+            hostcalls::define_metric(MetricType::Counter, &format!("{NAME}.{name}")).ok()
+        };
+        Metrics {
+            allowed: counter("allowed"),
+            rejected: counter("rejected"),
+            failure_allowed: counter("failure_allowed"),
+            failure_denied: counter("failure_denied"),
+            redis_calls: counter("redis_calls"),
+            redis_errors: counter("redis_errors"),
+        }
+    }
+
+    fn add(id: Option<u32>, amount: usize) {
+        if let (Some(id), Ok(amount)) = (id, i64::try_from(amount)) {
+            if amount > 0 {
+                let _ = hostcalls::increment_metric(id, amount);
+            }
+        }
+    }
+}
+
+/// Logs each cause of failure once, until Redis answers again (then says so, once).
+#[derive(Default)]
+struct FailureLog {
+    logged: [bool; Failure::CAUSES],
+}
+
+impl FailureLog {
+    fn failed(&mut self, failure: &Failure, mode: FailureMode) {
+        if let Some(logged) = self.logged.get_mut(failure.cause_index()) {
+            if !*logged {
+                *logged = true;
+                let action = match mode {
+                    FailureMode::Allow => "failing open",
+                    FailureMode::Deny => "failing closed",
+                };
+                log(
+                    LogLevel::Warn,
+                    &format!("{failure}; {action}; further failures of this kind are counted in {NAME}.redis_errors until Redis answers again"),
+                );
+            }
+        }
+    }
+
+    fn recovered(&mut self) {
+        if self.logged.iter().any(|&l| l) {
+            self.logged = Default::default();
+            log(LogLevel::Info, "Redis answers again");
+        }
+    }
+}
+
+/// State of one VM, shared by its root context and every HTTP context it creates.
+struct Vm {
+    config: PluginConfig,
+    transport: Box<dyn RedisTransport>,
+    cache: RefCell<LimiterCache>,
+    failure_log: RefCell<FailureLog>,
+    metrics: Metrics,
+    random: RefCell<fastrand::Rng>,
+    client_id: RefCell<String>,
+    client_id_confirmed: Cell<bool>,
+}
+
+impl Vm {
+    fn new(config: PluginConfig) -> Self {
+        let mut seed = [0u8; 8];
+        let seed = match getrandom::fill(&mut seed) {
+            Ok(()) => u64::from_le_bytes(seed),
+            Err(_) => now_ms() ^ 0x9e37_79b9_7f4a_7c15,
+        };
+        let mut random = fastrand::Rng::with_seed(seed);
+        let client_id = client_id(&mut random);
+        Vm {
+            transport: Box::new(HttpBridge::new(&config.redis)),
+            cache: RefCell::new(LimiterCache::new(config.cache_size)),
+            config,
+            failure_log: RefCell::new(FailureLog::default()),
+            metrics: Metrics::define(),
+            random: RefCell::new(random),
+            client_id: RefCell::new(client_id),
+            client_id_confirmed: Cell::new(false),
+        }
+    }
+
+    /// VMs may have raced to publish their client id while starting; by the first request the stored one
+    /// is final, so each VM adopts it once.
+    fn confirm_client_id(&self) {
+        if !self.client_id_confirmed.replace(true) {
+            if let Ok((Some(stored), _)) = hostcalls::get_shared_data(CLIENT_ID_KEY) {
+                if let Ok(stored) = String::from_utf8(stored) {
+                    *self.client_id.borrow_mut() = stored;
+                }
+            }
+        }
+    }
+
+    fn member_random(&self) -> [u8; MEMBER_RANDOM_LEN] {
+        let mut bytes = [0u8; MEMBER_RANDOM_LEN];
+        self.random.borrow_mut().fill(&mut bytes);
+        bytes
+    }
+}
+
+/// This process's Redisson client id: the one in shared data, or a new random UUID published there.
+fn client_id(random: &mut fastrand::Rng) -> String {
+    if let Ok((Some(stored), _)) = hostcalls::get_shared_data(CLIENT_ID_KEY) {
+        if let Ok(stored) = String::from_utf8(stored) {
+            return stored;
+        }
+    }
+    let mut bytes = [0u8; 16];
+    random.fill(&mut bytes);
+    let id = uuid::Builder::from_random_bytes(bytes)
+        .into_uuid()
+        .hyphenated()
+        .to_string();
+    let _ = hostcalls::set_shared_data(CLIENT_ID_KEY, Some(id.as_bytes()), None);
+    id
+}
+
+fn now_ms() -> u64 {
+    hostcalls::get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .and_then(|d| u64::try_from(d.as_millis()).ok())
+        .unwrap_or(0)
+}
+
+/// The root context: owns the configuration of the VM.
+#[derive(Default)]
+struct Root {
+    vm: Option<Rc<Vm>>,
+}
+
+impl Root {
+    fn load(&self) -> Result<PluginConfig, String> {
+        let bytes = match hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX) {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => Vec::new(),
+            Err(status) => return Err(format!("cannot read the plugin configuration: {status:?}")),
+        };
+        let config = PluginConfig::from_json(&bytes).map_err(|e| e.to_string())?;
+        if config.redis.transport != TransportKind::Http {
+            return Err("redis.transport: \"host\" needs the host-redis build (edge-rate-limiter-higress.wasm); this is the stock Envoy build, which supports \"http\"".into());
+        }
+        Ok(config)
+    }
+}
+
+impl Context for Root {}
+
+impl RootContext for Root {
+    fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
+        match self.load() {
+            Ok(config) => {
+                log(
+                    LogLevel::Info,
+                    &format!(
+                        "configured {} rule(s), Redis via cluster {:?}",
+                        config.rules.len(),
+                        config.redis.cluster
+                    ),
+                );
+                self.vm = Some(Rc::new(Vm::new(config)));
+                true
+            }
+            Err(reason) => {
+                log(LogLevel::Error, &format!("invalid configuration: {reason}"));
+                false
+            }
+        }
+    }
+
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        Some(Box::new(Request {
+            vm: self.vm.clone(),
+            pending: None,
+            tokens: Vec::new(),
+            response_headers: Vec::new(),
+        }))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}
+
+/// The request as the host shows it.
+struct HostRequest;
+
+impl RequestView for HostRequest {
+    fn header(&self, name: &str) -> Option<Vec<u8>> {
+        hostcalls::get_map_value_bytes(proxy_wasm::types::MapType::HttpRequestHeaders, name)
+            .ok()
+            .flatten()
+    }
+
+    fn source_address(&self) -> Option<String> {
+        let bytes = hostcalls::get_property(vec!["source", "address"])
+            .ok()
+            .flatten()?;
+        String::from_utf8(bytes).ok()
+    }
+}
+
+/// One HTTP request: its pending acquires, their tokens, and the headers for the upstream's response.
+struct Request {
+    /// `None` only if the VM has no valid configuration (the host does not run the filter then).
+    vm: Option<Rc<Vm>>,
+    pending: Option<PendingRequest>,
+    /// Outstanding calls: host token -> call index in `pending`.
+    tokens: Vec<(u32, usize)>,
+    response_headers: Vec<(String, String)>,
+}
+
+impl Request {
+    /// Hands one call's reply (or failure) to the pending request.
+    fn feed(&mut self, vm: &Vm, call: usize, reply: Result<&[u8], Failure>) -> Progress {
+        let Some(pending) = self.pending.as_mut() else {
+            return Progress::Waiting;
+        };
+        let (progress, notice) =
+            pending.on_reply(call, reply, &vm.config, &mut vm.cache.borrow_mut());
+        if let Some(notice) = notice {
+            log(LogLevel::Warn, &notice.to_string());
+        }
+        progress
+    }
+
+    /// Sends a command for a call; a refused send is that call's failure.
+    fn send(&mut self, vm: &Vm, call: usize, command: &Command) -> Progress {
+        match vm.transport.send(command) {
+            Ok(token) => {
+                Metrics::add(vm.metrics.redis_calls, 1);
+                self.tokens.push((token, call));
+                Progress::Waiting
+            }
+            Err(failure) => self.feed(vm, call, Err(failure)),
+        }
+    }
+
+    /// Follows the progress until the request waits for Redis or is decided.
+    fn drive(&mut self, vm: &Vm, mut progress: Progress) -> Option<Decision> {
+        loop {
+            progress = match progress {
+                Progress::Resend(call, command) => self.send(vm, call, &command),
+                Progress::Waiting => return None,
+                Progress::Done(decision) => return Some(decision),
+            };
+        }
+    }
+
+    /// Counts and logs the decision and applies it: returns whether the request may continue, after
+    /// sending the local reply if not.
+    fn apply(&mut self, vm: &Vm, decision: Decision) -> bool {
+        let metric = match decision.outcome {
+            Outcome::Unlimited => None,
+            Outcome::Allowed => vm.metrics.allowed,
+            Outcome::Rejected => vm.metrics.rejected,
+            Outcome::FailedOpen => vm.metrics.failure_allowed,
+            Outcome::FailedClosed => vm.metrics.failure_denied,
+        };
+        Metrics::add(metric, 1);
+        Metrics::add(vm.metrics.redis_errors, decision.failures.len());
+        {
+            let mut failure_log = vm.failure_log.borrow_mut();
+            for failure in &decision.failures {
+                failure_log.failed(failure, vm.config.failure_mode);
+            }
+            if decision.failures.is_empty()
+                && matches!(decision.outcome, Outcome::Allowed | Outcome::Rejected)
+            {
+                failure_log.recovered();
+            }
+        }
+        match decision.verdict {
+            Verdict::Continue { response_headers } => {
+                self.response_headers = response_headers;
+                true
+            }
+            Verdict::Respond {
+                status,
+                mut headers,
+                body,
+            } => {
+                headers.push(("content-type".into(), "text/plain".into()));
+                let headers: Vec<(&str, &str)> = headers
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect();
+                if let Err(status) =
+                    hostcalls::send_http_response(u32::from(status), headers, Some(body.as_bytes()))
+                {
+                    log(
+                        LogLevel::Error,
+                        &format!("cannot send the local reply: {status:?}"),
+                    );
+                }
+                false
+            }
+        }
+    }
+}
+
+impl Context for Request {
+    fn on_http_call_response(
+        &mut self,
+        token_id: u32,
+        num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
+        let Some(vm) = self.vm.clone() else { return };
+        let Some(at) = self.tokens.iter().position(|(token, _)| *token == token_id) else {
+            return;
+        };
+        let (_, call) = self.tokens.swap_remove(at);
+        let reply = vm.transport.reply(num_headers, body_size);
+        let progress = self.feed(&vm, call, reply.as_deref().map_err(Clone::clone));
+        if let Some(decision) = self.drive(&vm, progress) {
+            self.pending = None;
+            if self.apply(&vm, decision) {
+                let _ = hostcalls::resume_http_request();
+            }
+        }
+    }
+}
+
+impl HttpContext for Request {
+    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        let Some(vm) = self.vm.clone() else {
+            return Action::Continue;
+        };
+        vm.confirm_client_id();
+        let client_id = vm.client_id.borrow().clone();
+        let start = {
+            let cache = vm.cache.borrow();
+            let ctx = limiter::Context {
+                config: &vm.config,
+                now_ms: now_ms(),
+                client_id: &client_id,
+                cache: &cache,
+            };
+            limiter::start(&ctx, &HostRequest, &mut || vm.member_random())
+        };
+        let decision = match start {
+            Start::Decided(decision) => Some(decision),
+            Start::Send(pending, commands) => {
+                self.pending = Some(pending);
+                let mut decision = None;
+                for (call, command) in commands {
+                    let progress = self.send(&vm, call, &command);
+                    if let Some(decided) = self.drive(&vm, progress) {
+                        decision = Some(decided);
+                    }
+                }
+                decision
+            }
+        };
+        match decision {
+            Some(decision) => {
+                self.pending = None;
+                if self.apply(&vm, decision) {
+                    Action::Continue
+                } else {
+                    Action::Pause
+                }
+            }
+            None => Action::Pause,
+        }
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        for (name, value) in std::mem::take(&mut self.response_headers) {
+            let _ = hostcalls::add_map_value(
+                proxy_wasm::types::MapType::HttpResponseHeaders,
+                &name,
+                &value,
+            );
+        }
+        Action::Continue
+    }
+}

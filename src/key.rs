@@ -1,0 +1,445 @@
+//! Key extraction and limiter naming: which value of a request a rule limits by, how that value becomes a
+//! Redisson limiter name, and the Redis keys of that limiter.
+//!
+//! Nothing here calls the host: a request is seen through [`RequestView`], so the same code runs in the
+//! filter, in native unit tests and under wasm-bindgen-test.
+
+use std::net::{IpAddr, SocketAddr};
+
+use base64::Engine as _;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+/// Where a rule takes its key value from (`limit_by` in the configuration).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeySource {
+    /// A request header, by name (matched case-insensitively).
+    Header(String),
+    /// A query parameter of `:path`, by name (form-decoded).
+    Query(String),
+    /// A cookie of the `cookie` header, by name.
+    Cookie(String),
+    /// The downstream address (the `source.address` property), without the port.
+    ClientIp,
+    /// The N-th address from the right of `x-forwarded-for`: N is the number of trusted proxies in front
+    /// of the gateway that each append one address (N >= 1). Not an IP address: no key value.
+    XForwardedFor(u32),
+    /// The path of `:path`, without the query string.
+    Path,
+    /// One limiter for every request.
+    Global,
+}
+
+impl KeySource {
+    /// Checks the parts serde cannot: names must not be empty, hops must be at least 1.
+    ///
+    /// # Errors
+    /// A sentence saying what is wrong, for [`crate::config::ConfigError`].
+    pub fn validate(&self) -> Result<(), String> {
+        match self {
+            KeySource::Header(name) if name.trim().is_empty() => {
+                Err("the header name must not be empty".into())
+            }
+            KeySource::Query(name) if name.is_empty() => {
+                Err("the query parameter name must not be empty".into())
+            }
+            KeySource::Cookie(name) if name.trim().is_empty() => {
+                Err("the cookie name must not be empty".into())
+            }
+            KeySource::XForwardedFor(0) => {
+                Err("trusted hops must be at least 1 (use \"client_ip\" for none)".into())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The header this source reads, lowercased, if it reads a header (`:path` for path and query).
+    fn header_name(&self) -> Option<String> {
+        match self {
+            KeySource::Header(name) => Some(name.trim().to_ascii_lowercase()),
+            KeySource::Query(_) | KeySource::Path => Some(":path".into()),
+            KeySource::Cookie(_) => Some("cookie".into()),
+            KeySource::XForwardedFor(_) => Some("x-forwarded-for".into()),
+            KeySource::ClientIp | KeySource::Global => None,
+        }
+    }
+}
+
+/// What the filter can read of a request. The filter implements it with hostcalls; tests with a struct.
+pub trait RequestView {
+    /// The value of a request header (lowercase name, pseudo-headers such as `:path` included), as bytes.
+    fn header(&self, name: &str) -> Option<Vec<u8>>;
+    /// The `source.address` property: the downstream address as `ip:port` (or `[v6]:port`).
+    fn source_address(&self) -> Option<String>;
+}
+
+/// The key value of a request for one rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyValue {
+    /// The request carries a value (possibly empty, possibly binary).
+    Value(Vec<u8>),
+    /// The rule is global: no value part in the limiter name.
+    Global,
+    /// The request carries no value for this rule.
+    Missing,
+}
+
+/// Reads a rule's key value from a request.
+pub fn extract(source: &KeySource, request: &impl RequestView) -> KeyValue {
+    let header = source.header_name().and_then(|name| request.header(&name));
+    let value = match source {
+        KeySource::Global => return KeyValue::Global,
+        KeySource::Header(_) => header,
+        KeySource::Path => header.map(|path| split_path(&path).0.to_vec()),
+        KeySource::Query(name) => header.and_then(|path| query_parameter(&path, name)),
+        KeySource::Cookie(name) => header.and_then(|cookies| cookie(&cookies, name)),
+        KeySource::ClientIp => request
+            .source_address()
+            .as_deref()
+            .and_then(parse_ip)
+            .map(|ip| ip.to_string().into_bytes()),
+        KeySource::XForwardedFor(hops) => header.and_then(|xff| forwarded_client(&xff, *hops)),
+    };
+    value.map_or(KeyValue::Missing, KeyValue::Value)
+}
+
+/// Splits `:path` into the path and the query string (without `?`; empty when there is none).
+fn split_path(path: &[u8]) -> (&[u8], &[u8]) {
+    match path.iter().position(|&b| b == b'?') {
+        Some(at) => (
+            path.get(..at).unwrap_or_default(),
+            path.get(at + 1..).unwrap_or_default(),
+        ),
+        None => (path, &[]),
+    }
+}
+
+/// The first value of a query parameter, decoded as `application/x-www-form-urlencoded` (`+` is a space).
+fn query_parameter(path: &[u8], name: &str) -> Option<Vec<u8>> {
+    let (_, query) = split_path(path);
+    let query = query.split(|&b| b == b'#').next().unwrap_or_default();
+    form_urlencoded::parse(query)
+        .find(|(key, _)| key == name)
+        .map(|(_, value)| value.into_owned().into_bytes())
+}
+
+/// The value of a cookie in a `cookie` header.
+///
+/// The header is `name=value` pairs joined by `"; "` (RFC 6265 section 4.2.1). That grammar is all this
+/// needs; the `cookie` crate would add `time` and its size to the module for the same split.
+fn cookie(header: &[u8], name: &str) -> Option<Vec<u8>> {
+    header.split(|&b| b == b';').find_map(|pair| {
+        let pair = pair.trim_ascii();
+        let at = pair.iter().position(|&b| b == b'=')?;
+        let (key, value) = (pair.get(..at)?, pair.get(at + 1..)?);
+        (key.trim_ascii() == name.as_bytes()).then(|| strip_quotes(value.trim_ascii()).to_vec())
+    })
+}
+
+fn strip_quotes(value: &[u8]) -> &[u8] {
+    match value {
+        [b'"', inner @ .., b'"'] => inner,
+        _ => value,
+    }
+}
+
+/// An IP address from `ip`, `ip:port`, `[v6]` or `[v6]:port`.
+fn parse_ip(address: &str) -> Option<IpAddr> {
+    let address = address.trim();
+    address
+        .parse::<SocketAddr>()
+        .map(|socket| socket.ip())
+        .or_else(|_| {
+            address
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<IpAddr>()
+        })
+        .ok()
+}
+
+/// The client address `hops` entries from the right of `x-forwarded-for`, normalized, if it is an IP.
+fn forwarded_client(header: &[u8], hops: u32) -> Option<Vec<u8>> {
+    let text = std::str::from_utf8(header).ok()?;
+    let entries: Vec<&str> = text
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .collect();
+    let index = entries.len().checked_sub(usize::try_from(hops).ok()?)?;
+    parse_ip(entries.get(index)?).map(|ip| ip.to_string().into_bytes())
+}
+
+/// Longest key value written verbatim into a limiter name, bytes.
+pub const MAX_VERBATIM_LEN: usize = 128;
+/// Longest key value written base64-encoded; longer ones are hashed (SHA-256), bytes.
+pub const MAX_ENCODED_LEN: usize = 256;
+
+fn is_verbatim_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'@' | b'/' | b':' | b'+' | b'=' | b'-')
+}
+
+/// The limiter name of a rule's key value.
+///
+/// Global rules use `base` itself. Otherwise `base + ":" + encoded value`, where the value is written
+/// verbatim if it is 1 to [`MAX_VERBATIM_LEN`] bytes of `[A-Za-z0-9._@/:+=-]`, else as `~` + base64url
+/// (no padding) when at most [`MAX_ENCODED_LEN`] bytes, else as `#` + base64url of its SHA-256. The three
+/// forms start with different characters, so two different values never share a name (up to SHA-256
+/// collisions for values over 256 bytes), and the name never contains `{`, so every key of the limiter
+/// hashes to one Redis Cluster slot.
+pub fn limiter_name(base: &str, value: &KeyValue) -> Option<String> {
+    let bytes = match value {
+        KeyValue::Global => return Some(base.to_string()),
+        KeyValue::Missing => return None,
+        KeyValue::Value(bytes) => bytes,
+    };
+    let engine = &base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let encoded = if !bytes.is_empty()
+        && bytes.len() <= MAX_VERBATIM_LEN
+        && bytes.iter().copied().all(is_verbatim_byte)
+    {
+        // Only bytes from the verbatim set: valid UTF-8.
+        String::from_utf8_lossy(bytes).into_owned()
+    } else if bytes.len() <= MAX_ENCODED_LEN {
+        format!("~{}", engine.encode(bytes))
+    } else {
+        format!("#{}", engine.encode(Sha256::digest(bytes)))
+    };
+    Some(format!("{base}:{encoded}"))
+}
+
+/// The Redis keys of one Redisson limiter, as Redisson 4.x `RedissonRateLimiter` names them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimiterKeys {
+    /// The config hash: the limiter name itself.
+    pub config: String,
+    /// `OVERALL` available permits (string).
+    pub value: String,
+    /// `PER_CLIENT` available permits of this client (string).
+    pub client_value: String,
+    /// `OVERALL` acquired permits (sorted set, score = acquire time ms).
+    pub permits: String,
+    /// `PER_CLIENT` acquired permits of this client (sorted set).
+    pub client_permits: String,
+}
+
+impl LimiterKeys {
+    /// The keys of limiter `name` for client `client_id` (Redisson: the client instance's UUID string).
+    pub fn new(name: &str, client_id: &str) -> Self {
+        let value = redisson_suffix(name, "value");
+        let permits = redisson_suffix(name, "permits");
+        LimiterKeys {
+            config: name.to_string(),
+            client_value: format!("{value}:{client_id}"),
+            client_permits: format!("{permits}:{client_id}"),
+            value,
+            permits,
+        }
+    }
+}
+
+/// Redisson's `suffixName(name, suffix)`: `name:suffix` if the name already carries a hash tag (`{`),
+/// else `{name}:suffix`, so the derived keys share the config hash's cluster slot.
+pub fn redisson_suffix(name: &str, suffix: &str) -> String {
+    if name.contains('{') {
+        format!("{name}:{suffix}")
+    } else {
+        format!("{{{name}}}:{suffix}")
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    /// A request for tests: headers (lowercase names) and a source address.
+    #[derive(Default)]
+    pub(crate) struct FakeRequest {
+        pub headers: Vec<(String, Vec<u8>)>,
+        pub source: Option<String>,
+    }
+
+    impl FakeRequest {
+        pub fn with(headers: &[(&str, &str)]) -> Self {
+            FakeRequest {
+                headers: headers
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+                    .collect(),
+                source: Some("10.0.0.7:51234".into()),
+            }
+        }
+    }
+
+    impl RequestView for FakeRequest {
+        fn header(&self, name: &str) -> Option<Vec<u8>> {
+            self.headers
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        }
+        fn source_address(&self) -> Option<String> {
+            self.source.clone()
+        }
+    }
+
+    fn value_of(source: KeySource, headers: &[(&str, &str)]) -> KeyValue {
+        extract(&source, &FakeRequest::with(headers))
+    }
+
+    fn some(text: &str) -> KeyValue {
+        KeyValue::Value(text.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn headers_are_read_case_insensitively() {
+        assert_eq!(
+            value_of(
+                KeySource::Header("X-User-Id".into()),
+                &[("x-user-id", "alice")]
+            ),
+            some("alice")
+        );
+        assert_eq!(
+            value_of(KeySource::Header("x-user-id".into()), &[]),
+            KeyValue::Missing
+        );
+    }
+
+    #[test]
+    fn query_parameters_are_form_decoded() {
+        let path = [(
+            ":path",
+            "/v1/items?page=2&api_key=a%2Fb+c&api_key=second#frag",
+        )];
+        assert_eq!(
+            value_of(KeySource::Query("api_key".into()), &path),
+            some("a/b c")
+        );
+        assert_eq!(
+            value_of(KeySource::Query("missing".into()), &path),
+            KeyValue::Missing
+        );
+        assert_eq!(value_of(KeySource::Path, &path), some("/v1/items"));
+        assert_eq!(
+            value_of(KeySource::Query("k".into()), &[(":path", "/x?k=")]),
+            some("")
+        );
+    }
+
+    #[test]
+    fn cookies_are_found_among_others() {
+        let cookies = [("cookie", "theme=dark; session=\"s-123\";lang=en")];
+        assert_eq!(
+            value_of(KeySource::Cookie("session".into()), &cookies),
+            some("s-123")
+        );
+        assert_eq!(
+            value_of(KeySource::Cookie("lang".into()), &cookies),
+            some("en")
+        );
+        assert_eq!(
+            value_of(KeySource::Cookie("sess".into()), &cookies),
+            KeyValue::Missing
+        );
+    }
+
+    #[test]
+    fn client_ip_drops_the_port_and_normalizes_v6() {
+        let mut request = FakeRequest::with(&[]);
+        assert_eq!(extract(&KeySource::ClientIp, &request), some("10.0.0.7"));
+        request.source = Some("[2001:db8:0::1]:443".into());
+        assert_eq!(extract(&KeySource::ClientIp, &request), some("2001:db8::1"));
+        request.source = None;
+        assert_eq!(extract(&KeySource::ClientIp, &request), KeyValue::Missing);
+    }
+
+    #[test]
+    fn forwarded_for_counts_trusted_hops_from_the_right() {
+        let xff = [("x-forwarded-for", "203.0.113.9, 198.51.100.4 ,10.1.1.1")];
+        assert_eq!(
+            value_of(KeySource::XForwardedFor(1), &xff),
+            some("10.1.1.1")
+        );
+        assert_eq!(
+            value_of(KeySource::XForwardedFor(2), &xff),
+            some("198.51.100.4")
+        );
+        assert_eq!(
+            value_of(KeySource::XForwardedFor(3), &xff),
+            some("203.0.113.9")
+        );
+        assert_eq!(
+            value_of(KeySource::XForwardedFor(4), &xff),
+            KeyValue::Missing,
+            "fewer entries than hops"
+        );
+        let spoofed = [("x-forwarded-for", "not-an-ip, 10.1.1.1")];
+        assert_eq!(
+            value_of(KeySource::XForwardedFor(2), &spoofed),
+            KeyValue::Missing
+        );
+    }
+
+    #[test]
+    fn safe_values_are_verbatim_and_others_encoded() {
+        let name = |v: &[u8]| limiter_name("erl:r", &KeyValue::Value(v.to_vec())).unwrap();
+        assert_eq!(name(b"alice"), "erl:r:alice");
+        assert_eq!(name(b"2001:db8::1"), "erl:r:2001:db8::1");
+        assert_eq!(name(b"a{b} c"), "erl:r:~YXtifSBj");
+        assert_eq!(name(b""), "erl:r:~");
+        assert_eq!(name(&[0, 0xff]), "erl:r:~AP8");
+        assert_eq!(name(&[b'a'; 128]), format!("erl:r:{}", "a".repeat(128)));
+        assert!(name(&[b'a'; 129]).starts_with("erl:r:~"));
+        let long = name(&[b'a'; 257]);
+        assert!(
+            long.starts_with("erl:r:#") && long.len() == "erl:r:#".len() + 43,
+            "{long}"
+        );
+        assert_eq!(
+            limiter_name("erl:g", &KeyValue::Global).as_deref(),
+            Some("erl:g")
+        );
+        assert_eq!(limiter_name("erl:g", &KeyValue::Missing), None);
+    }
+
+    #[test]
+    fn different_values_never_share_a_name() {
+        let values: Vec<Vec<u8>> = vec![
+            b"~YQ".to_vec(),
+            b"a".to_vec(),
+            b"#x".to_vec(),
+            vec![],
+            b"a b".to_vec(),
+            b"a{b}".to_vec(),
+            vec![b'a'; 129],
+            vec![b'a'; 257],
+            vec![b'b'; 257],
+            "é".as_bytes().to_vec(),
+        ];
+        let names: std::collections::HashSet<String> = values
+            .iter()
+            .map(|v| limiter_name("n", &KeyValue::Value(v.clone())).unwrap())
+            .collect();
+        assert_eq!(names.len(), values.len());
+        assert!(names.iter().all(|n| !n.contains('{')));
+    }
+
+    #[test]
+    fn keys_follow_redisson_naming() {
+        let keys = LimiterKeys::new("erl:r:alice", "0b6e-uuid");
+        assert_eq!(keys.config, "erl:r:alice");
+        assert_eq!(keys.value, "{erl:r:alice}:value");
+        assert_eq!(keys.permits, "{erl:r:alice}:permits");
+        assert_eq!(keys.client_value, "{erl:r:alice}:value:0b6e-uuid");
+        assert_eq!(keys.client_permits, "{erl:r:alice}:permits:0b6e-uuid");
+        assert_eq!(
+            redisson_suffix("{tagged}name", "value"),
+            "{tagged}name:value"
+        );
+    }
+}
