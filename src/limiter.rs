@@ -55,6 +55,8 @@ impl fmt::Display for Failure {
         match self {
             Failure::SendRefused(status) => write!(f, "the host refused the Redis call ({status})"),
             Failure::NoReply => write!(f, "no reply from Redis (timeout or connection failure)"),
+            // Envoy answers a callout that exceeds its timeout with a local 504.
+            Failure::BridgeStatus(504) => write!(f, "the Redis bridge timed out (HTTP 504 after redis.timeout)"),
             Failure::BridgeStatus(status) => write!(f, "the Redis bridge answered HTTP {status}"),
             Failure::RedisError(text) => write!(f, "Redis error: {text}"),
             Failure::BadReply(what) => write!(f, "{what}"),
