@@ -29,10 +29,7 @@ pub struct LimiterCache {
 impl LimiterCache {
     /// An empty cache of at most `capacity` limiter names (at least 1).
     pub fn new(capacity: usize) -> Self {
-        LimiterCache {
-            capacity: capacity.max(1),
-            entries: HashMap::new(),
-        }
+        LimiterCache { capacity: capacity.max(1), entries: HashMap::new() }
     }
 
     /// The config last seen in Redis for `name`.
@@ -79,11 +76,7 @@ mod tests {
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn config(rate: u64) -> EffectiveConfig {
-        EffectiveConfig {
-            rate,
-            interval_ms: 1000,
-            limiter_type: LimiterType::Overall,
-        }
+        EffectiveConfig { rate, interval_ms: 1000, limiter_type: LimiterType::Overall }
     }
 
     #[test]
@@ -91,10 +84,7 @@ mod tests {
         let mut cache = LimiterCache::new(10);
         assert_eq!(cache.observe("a", config(5)), Observation::New);
         assert_eq!(cache.observe("a", config(5)), Observation::Unchanged);
-        assert_eq!(
-            cache.observe("a", config(3)),
-            Observation::Changed(config(5))
-        );
+        assert_eq!(cache.observe("a", config(3)), Observation::Changed(config(5)));
         assert_eq!(cache.get("a"), Some(config(3)));
         assert_eq!(cache.get("b"), None);
     }
@@ -106,10 +96,6 @@ mod tests {
             cache.observe(&format!("limiter-{i}"), config(1));
             assert!(cache.len() <= 3);
         }
-        assert_eq!(
-            cache.get("limiter-99"),
-            Some(config(1)),
-            "the newest entry is kept"
-        );
+        assert_eq!(cache.get("limiter-99"), Some(config(1)), "the newest entry is kept");
     }
 }

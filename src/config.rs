@@ -25,10 +25,7 @@ pub struct ConfigError {
 
 impl ConfigError {
     fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-            reason: reason.into(),
-        }
+        Self { field: field.into(), reason: reason.into() }
     }
 }
 
@@ -137,18 +134,14 @@ impl<'de> Deserialize<'de> for DurationMs {
             Text(String),
         }
         match Written::deserialize(deserializer).map_err(|_| {
-            serde::de::Error::custom(
-                "expected milliseconds (a non-negative integer) or a duration such as \"1s\"",
-            )
+            serde::de::Error::custom("expected milliseconds (a non-negative integer) or a duration such as \"1s\"")
         })? {
             Written::Millis(ms) => Ok(DurationMs(ms)),
             Written::Text(text) => {
-                let duration = humantime::parse_duration(text.trim()).map_err(|e| {
-                    serde::de::Error::custom(format!("invalid duration {text:?}: {e}"))
-                })?;
-                let ms = u64::try_from(duration.as_millis()).map_err(|_| {
-                    serde::de::Error::custom(format!("duration {text:?} is too long"))
-                })?;
+                let duration = humantime::parse_duration(text.trim())
+                    .map_err(|e| serde::de::Error::custom(format!("invalid duration {text:?}: {e}")))?;
+                let ms = u64::try_from(duration.as_millis())
+                    .map_err(|_| serde::de::Error::custom(format!("duration {text:?} is too long")))?;
                 if duration.as_nanos() % 1_000_000 != 0 {
                     return Err(serde::de::Error::custom(format!(
                         "duration {text:?} is not a whole number of milliseconds"
@@ -328,9 +321,7 @@ impl PluginConfig {
             let field = if field == "." { String::new() } else { field };
             ConfigError::new(field, e.inner().to_string())
         })?;
-        deserializer
-            .end()
-            .map_err(|e| ConfigError::new("", e.to_string()))?;
+        deserializer.end().map_err(|e| ConfigError::new("", e.to_string()))?;
         raw.validate()
     }
 }
@@ -362,10 +353,7 @@ impl RawConfig {
             rules,
             failure_mode: self.failure_mode,
             failure_status: self.failure_status,
-            rejection: Rejection {
-                status: self.rejected_status,
-                body: self.rejected_body,
-            },
+            rejection: Rejection { status: self.rejected_status, body: self.rejected_body },
             headers: self.rate_limit_headers,
             cache_size: self.cache_size,
         })
@@ -376,10 +364,7 @@ fn check_status(field: &str, status: u16) -> Result<(), ConfigError> {
     if (200..=599).contains(&status) {
         Ok(())
     } else {
-        Err(ConfigError::new(
-            field,
-            format!("{status} is not an HTTP status between 200 and 599"),
-        ))
+        Err(ConfigError::new(field, format!("{status} is not an HTTP status between 200 and 599")))
     }
 }
 
@@ -387,23 +372,12 @@ impl RawRedis {
     fn validate(self) -> Result<RedisConfig, ConfigError> {
         let cluster = match (self.cluster, self.service_name) {
             (Some(_), Some(_)) => {
-                return Err(ConfigError::new(
-                    "redis.cluster",
-                    "set either `cluster` or `service_name`, not both",
-                ))
+                return Err(ConfigError::new("redis.cluster", "set either `cluster` or `service_name`, not both"))
             }
-            (None, None) => {
-                return Err(ConfigError::new(
-                    "redis",
-                    "`cluster` or `service_name` is required",
-                ))
-            }
+            (None, None) => return Err(ConfigError::new("redis", "`cluster` or `service_name` is required")),
             (Some(cluster), None) => {
                 if self.service_port.is_some() {
-                    return Err(ConfigError::new(
-                        "redis.service_port",
-                        "only valid with `service_name`",
-                    ));
+                    return Err(ConfigError::new("redis.service_port", "only valid with `service_name`"));
                 }
                 non_empty("redis.cluster", cluster)?
             }
@@ -411,11 +385,7 @@ impl RawRedis {
                 let name = non_empty("redis.service_name", name)?;
                 let default_port = if name.ends_with(".static") { 80 } else { 6379 };
                 // Higress builds cluster names this way (DESIGN.md, "the Higress host Redis interface").
-                format!(
-                    "outbound|{}||{}",
-                    self.service_port.unwrap_or(default_port),
-                    name
-                )
+                format!("outbound|{}||{}", self.service_port.unwrap_or(default_port), name)
             }
         };
         if self.timeout.0 == 0 {
@@ -430,15 +400,8 @@ impl RawRedis {
         let basic_auth = match (&self.username, &self.password) {
             (None, None) => None,
             (user, password) => {
-                let credentials = format!(
-                    "{}:{}",
-                    user.as_deref().unwrap_or(""),
-                    password.as_deref().unwrap_or("")
-                );
-                Some(format!(
-                    "Basic {}",
-                    base64::engine::general_purpose::STANDARD.encode(credentials)
-                ))
+                let credentials = format!("{}:{}", user.as_deref().unwrap_or(""), password.as_deref().unwrap_or(""));
+                Some(format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(credentials)))
             }
         };
         let authority = match self.authority {
@@ -469,49 +432,30 @@ fn non_empty(field: &str, value: String) -> Result<String, ConfigError> {
 impl RawRule {
     fn validate(self, at: &str) -> Result<Rule, ConfigError> {
         let field = |name: &str| format!("{at}.{name}");
-        if self.name.is_empty()
-            || !self
-                .name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        {
+        if self.name.is_empty() || !self.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
             return Err(ConfigError::new(
                 field("name"),
-                format!(
-                    "{:?} must be non-empty and use only A-Z a-z 0-9 _ -",
-                    self.name
-                ),
+                format!("{:?} must be non-empty and use only A-Z a-z 0-9 _ -", self.name),
             ));
         }
-        self.limit_by
-            .validate()
-            .map_err(|reason| ConfigError::new(field("limit_by"), reason))?;
+        self.limit_by.validate().map_err(|reason| ConfigError::new(field("limit_by"), reason))?;
         if self.rate == 0 {
             return Err(ConfigError::new(field("rate"), "must be at least 1"));
         }
         if self.rate > MAX_RATE {
-            return Err(ConfigError::new(
-                field("rate"),
-                format!("must be at most {MAX_RATE}"),
-            ));
+            return Err(ConfigError::new(field("rate"), format!("must be at most {MAX_RATE}")));
         }
         let interval_ms = self.interval.0;
         if interval_ms == 0 {
             return Err(ConfigError::new(field("interval"), "must be at least 1 ms"));
         }
         if interval_ms > MAX_INTERVAL_MS {
-            return Err(ConfigError::new(
-                field("interval"),
-                format!("must be at most {MAX_INTERVAL_MS} ms"),
-            ));
+            return Err(ConfigError::new(field("interval"), format!("must be at most {MAX_INTERVAL_MS} ms")));
         }
         if self.permits == 0 || self.permits > self.rate {
             return Err(ConfigError::new(
                 field("permits"),
-                format!(
-                    "{} must be between 1 and the rate ({})",
-                    self.permits, self.rate
-                ),
+                format!("{} must be between 1 and the rate ({})", self.permits, self.rate),
             ));
         }
         let keep_alive_ms = match self.keep_alive {
@@ -525,10 +469,7 @@ impl RawRule {
                     ));
                 }
                 if ms > MAX_INTERVAL_MS {
-                    return Err(ConfigError::new(
-                        field("keep_alive"),
-                        format!("must be at most {MAX_INTERVAL_MS} ms"),
-                    ));
+                    return Err(ConfigError::new(field("keep_alive"), format!("must be at most {MAX_INTERVAL_MS} ms")));
                 }
                 ms
             }
@@ -565,12 +506,11 @@ mod tests {
     }
 
     fn error_of(json: &str) -> String {
-        parse(json)
-            .expect_err("configuration should be refused")
-            .to_string()
+        parse(json).expect_err("configuration should be refused").to_string()
     }
 
-    const MINIMAL: &str = r#"{"redis":{"cluster":"webdis"},"rules":[{"name":"r","limit_by":"global","rate":5,"interval":"1s"}]}"#;
+    const MINIMAL: &str =
+        r#"{"redis":{"cluster":"webdis"},"rules":[{"name":"r","limit_by":"global","rate":5,"interval":"1s"}]}"#;
 
     #[test]
     fn minimal_configuration_gets_documented_defaults() {
@@ -581,21 +521,12 @@ mod tests {
         assert_eq!(config.redis.transport, TransportKind::Http);
         assert_eq!(config.failure_mode, FailureMode::Allow);
         assert_eq!(config.failure_status, 503);
-        assert_eq!(
-            config.rejection,
-            Rejection {
-                status: 429,
-                body: "rate limit exceeded\n".into()
-            }
-        );
+        assert_eq!(config.rejection, Rejection { status: 429, body: "rate limit exceeded\n".into() });
         let rule = &config.rules[0];
         assert_eq!((rule.rate, rule.interval_ms, rule.permits), (5, 1000, 1));
         assert_eq!(rule.limiter, "erl:r");
         assert_eq!(rule.limiter_type, LimiterType::Overall);
-        assert_eq!(
-            rule.keep_alive_ms, 0,
-            "a global limiter never expires by default"
-        );
+        assert_eq!(rule.keep_alive_ms, 0, "a global limiter never expires by default");
     }
 
     #[test]
@@ -612,21 +543,13 @@ mod tests {
 
     #[test]
     fn durations_accept_milliseconds_and_human_strings() {
-        for (written, ms) in [
-            ("1500", 1500),
-            ("\"1.5s\"", 1500),
-            ("\"1m\"", 60_000),
-            ("\"1h 30m\"", 5_400_000),
-        ] {
+        for (written, ms) in [("1500", 1500), ("\"1.5s\"", 1500), ("\"1m\"", 60_000), ("\"1h 30m\"", 5_400_000)] {
             let json = MINIMAL.replace("\"1s\"", written);
             assert_eq!(parse(&json).unwrap().rules[0].interval_ms, ms, "{written}");
         }
-        assert!(error_of(&MINIMAL.replace("\"1s\"", "\"soon\""))
-            .starts_with("rules[0].interval: invalid duration"));
-        assert!(error_of(&MINIMAL.replace("\"1s\"", "-5"))
-            .starts_with("rules[0].interval: expected milliseconds"));
-        assert!(error_of(&MINIMAL.replace("\"1s\"", "\"1500us\""))
-            .contains("whole number of milliseconds"));
+        assert!(error_of(&MINIMAL.replace("\"1s\"", "\"soon\"")).starts_with("rules[0].interval: invalid duration"));
+        assert!(error_of(&MINIMAL.replace("\"1s\"", "-5")).starts_with("rules[0].interval: expected milliseconds"));
+        assert!(error_of(&MINIMAL.replace("\"1s\"", "\"1500us\"")).contains("whole number of milliseconds"));
     }
 
     #[test]
@@ -643,45 +566,28 @@ mod tests {
                 "rules":[{"name":"r","limit_by":"global","rate":1,"interval":1}]}"#,
         )
         .unwrap();
-        assert_eq!(
-            config.redis.cluster,
-            "outbound|6380||redis.default.svc.cluster.local"
-        );
+        assert_eq!(config.redis.cluster, "outbound|6380||redis.default.svc.cluster.local");
     }
 
     #[test]
     fn bridge_credentials_become_a_basic_authorization_header() {
-        let config = parse(&MINIMAL.replace(
-            r#""cluster":"webdis""#,
-            r#""cluster":"webdis","username":"u","password":"p""#,
-        ))
-        .unwrap();
+        let config =
+            parse(&MINIMAL.replace(r#""cluster":"webdis""#, r#""cluster":"webdis","username":"u","password":"p""#))
+                .unwrap();
         assert_eq!(config.redis.basic_auth.as_deref(), Some("Basic dTpw"));
     }
 
     #[test]
     fn every_refusal_names_its_field() {
         let cases = [
-            (
-                MINIMAL.replace("\"rate\":5", "\"rate\":0"),
-                "rules[0].rate: must be at least 1",
-            ),
-            (
-                MINIMAL.replace("\"rate\":5", "\"rate\":\"5\""),
-                "rules[0].rate: invalid type",
-            ),
+            (MINIMAL.replace("\"rate\":5", "\"rate\":0"), "rules[0].rate: must be at least 1"),
+            (MINIMAL.replace("\"rate\":5", "\"rate\":\"5\""), "rules[0].rate: invalid type"),
             (
                 MINIMAL.replace("\"rate\":5", "\"rate\":5,\"permits\":6"),
                 "rules[0].permits: 6 must be between 1 and the rate (5)",
             ),
-            (
-                MINIMAL.replace("\"rate\":5", "\"rate\":5,\"colour\":1"),
-                "rules[0].colour: unknown field `colour`",
-            ),
-            (
-                MINIMAL.replace("\"name\":\"r\"", "\"name\":\"a:b\""),
-                "rules[0].name:",
-            ),
+            (MINIMAL.replace("\"rate\":5", "\"rate\":5,\"colour\":1"), "rules[0].colour: unknown field `colour`"),
+            (MINIMAL.replace("\"name\":\"r\"", "\"name\":\"a:b\""), "rules[0].name:"),
             (
                 MINIMAL.replace("\"global\"", "{\"header\":\"\"}"),
                 "rules[0].limit_by: the header name must not be empty",
@@ -690,66 +596,33 @@ mod tests {
                 MINIMAL.replace("\"global\"", "{\"x_forwarded_for\":0}"),
                 "rules[0].limit_by: trusted hops must be at least 1",
             ),
-            (
-                MINIMAL.replace("\"global\"", "\"everything\""),
-                "rules[0].limit_by: unknown variant `everything`",
-            ),
+            (MINIMAL.replace("\"global\"", "\"everything\""), "rules[0].limit_by: unknown variant `everything`"),
             (
                 MINIMAL.replace("\"1s\"", "\"1s\",\"keep_alive\":\"500ms\""),
                 "rules[0].keep_alive: 500 ms is shorter than the interval",
             ),
+            (MINIMAL.replace("\"1s\"", "\"1s\",\"type\":\"per_user\""), "rules[0].type: unknown variant `per_user`"),
             (
-                MINIMAL.replace("\"1s\"", "\"1s\",\"type\":\"per_user\""),
-                "rules[0].type: unknown variant `per_user`",
-            ),
-            (
-                MINIMAL.replace(
-                    "\"cluster\":\"webdis\"",
-                    "\"cluster\":\"webdis\",\"timeout\":0",
-                ),
+                MINIMAL.replace("\"cluster\":\"webdis\"", "\"cluster\":\"webdis\",\"timeout\":0"),
                 "redis.timeout: must be at least 1 ms",
             ),
             (
-                MINIMAL.replace(
-                    "\"cluster\":\"webdis\"",
-                    "\"cluster\":\"webdis\",\"database\":3",
-                ),
+                MINIMAL.replace("\"cluster\":\"webdis\"", "\"cluster\":\"webdis\",\"database\":3"),
                 "redis.database: the http transport cannot select a database",
             ),
+            (MINIMAL.replace("\"cluster\":\"webdis\"", ""), "redis: `cluster` or `service_name` is required"),
             (
-                MINIMAL.replace("\"cluster\":\"webdis\"", ""),
-                "redis: `cluster` or `service_name` is required",
-            ),
-            (
-                MINIMAL.replace(
-                    "\"cluster\":\"webdis\"",
-                    "\"cluster\":\"webdis\",\"transport\":\"tcp\"",
-                ),
+                MINIMAL.replace("\"cluster\":\"webdis\"", "\"cluster\":\"webdis\",\"transport\":\"tcp\""),
                 "redis.transport: unknown variant `tcp`",
             ),
+            (MINIMAL.replace("}]}", "}],\"rejected_status\":99}"), "rejected_status: 99 is not an HTTP status"),
+            (MINIMAL.replace("}]}", "}],\"failure_mode\":\"maybe\"}"), "failure_mode: unknown variant `maybe`"),
             (
-                MINIMAL.replace("}]}", "}],\"rejected_status\":99}"),
-                "rejected_status: 99 is not an HTTP status",
-            ),
-            (
-                MINIMAL.replace("}]}", "}],\"failure_mode\":\"maybe\"}"),
-                "failure_mode: unknown variant `maybe`",
-            ),
-            (
-                MINIMAL.replace(
-                    "}]}",
-                    "},{\"name\":\"r\",\"limit_by\":\"path\",\"rate\":1,\"interval\":1}]}",
-                ),
+                MINIMAL.replace("}]}", "},{\"name\":\"r\",\"limit_by\":\"path\",\"rate\":1,\"interval\":1}]}"),
                 "rules[1].name: duplicate rule name",
             ),
-            (
-                r#"{"redis":{"cluster":"c"},"rules":[]}"#.to_string(),
-                "rules: at least one rule is required",
-            ),
-            (
-                r#"{"redis":{"cluster":"c"}}"#.to_string(),
-                "missing field `rules`",
-            ),
+            (r#"{"redis":{"cluster":"c"},"rules":[]}"#.to_string(), "rules: at least one rule is required"),
+            (r#"{"redis":{"cluster":"c"}}"#.to_string(), "missing field `rules`"),
             ("not json".to_string(), "expected ident"),
             (format!("{MINIMAL} trailing"), "trailing characters"),
         ];

@@ -45,9 +45,7 @@ struct Metrics {
 
 impl Metrics {
     fn define() -> Self {
-        let counter = |name: &str| {
-            hostcalls::define_metric(MetricType::Counter, &format!("{NAME}.{name}")).ok()
-        };
+        let counter = |name: &str| hostcalls::define_metric(MetricType::Counter, &format!("{NAME}.{name}")).ok();
         Metrics {
             allowed: counter("allowed"),
             rejected: counter("rejected"),
@@ -120,7 +118,7 @@ impl Vm {
         let mut random = fastrand::Rng::with_seed(seed);
         let client_id = client_id(&mut random);
         Vm {
-            transport: Box::new(HttpBridge::new(&config.redis)),
+            transport: transport_for(&config),
             cache: RefCell::new(LimiterCache::new(config.cache_size)),
             config,
             failure_log: RefCell::new(FailureLog::default()),
@@ -150,6 +148,21 @@ impl Vm {
     }
 }
 
+/// The transport the configuration asks for (`Root::load` refused the ones this build lacks).
+fn transport_for(config: &PluginConfig) -> Box<dyn RedisTransport> {
+    match config.redis.transport {
+        #[cfg(feature = "host-redis")]
+        TransportKind::Host => {
+            let redis = crate::host_redis::HostRedis::new(&config.redis);
+            if let Err(why) = redis.init() {
+                log(LogLevel::Warn, &format!("proxy_redis_init: {why}; retrying on the next request"));
+            }
+            Box::new(redis)
+        }
+        _ => Box::new(HttpBridge::new(&config.redis)),
+    }
+}
+
 /// This process's Redisson client id: the one in shared data, or a new random UUID published there.
 fn client_id(random: &mut fastrand::Rng) -> String {
     if let Ok((Some(stored), _)) = hostcalls::get_shared_data(CLIENT_ID_KEY) {
@@ -159,10 +172,7 @@ fn client_id(random: &mut fastrand::Rng) -> String {
     }
     let mut bytes = [0u8; 16];
     random.fill(&mut bytes);
-    let id = uuid::Builder::from_random_bytes(bytes)
-        .into_uuid()
-        .hyphenated()
-        .to_string();
+    let id = uuid::Builder::from_random_bytes(bytes).into_uuid().hyphenated().to_string();
     let _ = hostcalls::set_shared_data(CLIENT_ID_KEY, Some(id.as_bytes()), None);
     id
 }
@@ -189,7 +199,7 @@ impl Root {
             Err(status) => return Err(format!("cannot read the plugin configuration: {status:?}")),
         };
         let config = PluginConfig::from_json(&bytes).map_err(|e| e.to_string())?;
-        if config.redis.transport != TransportKind::Http {
+        if config.redis.transport == TransportKind::Host && !cfg!(feature = "host-redis") {
             return Err("redis.transport: \"host\" needs the host-redis build (edge-rate-limiter-higress.wasm); this is the stock Envoy build, which supports \"http\"".into());
         }
         Ok(config)
@@ -204,11 +214,7 @@ impl RootContext for Root {
             Ok(config) => {
                 log(
                     LogLevel::Info,
-                    &format!(
-                        "configured {} rule(s), Redis via cluster {:?}",
-                        config.rules.len(),
-                        config.redis.cluster
-                    ),
+                    &format!("configured {} rule(s), Redis via cluster {:?}", config.rules.len(), config.redis.cluster),
                 );
                 self.vm = Some(Rc::new(Vm::new(config)));
                 true
@@ -220,13 +226,19 @@ impl RootContext for Root {
         }
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
-        Some(Box::new(Request {
-            vm: self.vm.clone(),
-            pending: None,
-            tokens: Vec::new(),
-            response_headers: Vec::new(),
-        }))
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
+        let flow = self.vm.clone().map(|vm| {
+            let flow = Rc::new(RefCell::new(Flow {
+                vm,
+                context_id,
+                pending: None,
+                tokens: Vec::new(),
+                response_headers: Vec::new(),
+            }));
+            flows::register(context_id, &flow);
+            flow
+        });
+        Some(Box::new(Request { flow, context_id }))
     }
 
     fn get_type(&self) -> Option<ContextType> {
@@ -239,37 +251,86 @@ struct HostRequest;
 
 impl RequestView for HostRequest {
     fn header(&self, name: &str) -> Option<Vec<u8>> {
-        hostcalls::get_map_value_bytes(proxy_wasm::types::MapType::HttpRequestHeaders, name)
-            .ok()
-            .flatten()
+        hostcalls::get_map_value_bytes(proxy_wasm::types::MapType::HttpRequestHeaders, name).ok().flatten()
     }
 
     fn source_address(&self) -> Option<String> {
-        let bytes = hostcalls::get_property(vec!["source", "address"])
-            .ok()
-            .flatten()?;
+        let bytes = hostcalls::get_property(vec!["source", "address"]).ok().flatten()?;
         String::from_utf8(bytes).ok()
     }
 }
 
-/// One HTTP request: its pending acquires, their tokens, and the headers for the upstream's response.
-struct Request {
-    /// `None` only if the VM has no valid configuration (the host does not run the filter then).
-    vm: Option<Rc<Vm>>,
+/// What the host must do with a request once the filter has acted on it.
+pub(crate) enum Next {
+    /// The request continues (in `on_http_request_headers`: return `Continue`; later: resume it).
+    Continue,
+    /// The request waits for Redis.
+    Wait,
+    /// The request is answered locally.
+    Respond { status: u16, headers: Vec<(String, String)>, body: String },
+}
+
+/// One HTTP request's way through the limiters: its pending acquires, their tokens, and the headers for
+/// the upstream's response. Both reply paths (the SDK's HTTP callout callback, the Higress Redis export)
+/// drive the same `Flow`; hostcalls that end the request are made by the caller after the flow is released.
+pub(crate) struct Flow {
+    vm: Rc<Vm>,
+    context_id: u32,
     pending: Option<PendingRequest>,
     /// Outstanding calls: host token -> call index in `pending`.
     tokens: Vec<(u32, usize)>,
     response_headers: Vec<(String, String)>,
 }
 
-impl Request {
-    /// Hands one call's reply (or failure) to the pending request.
-    fn feed(&mut self, vm: &Vm, call: usize, reply: Result<&[u8], Failure>) -> Progress {
-        let Some(pending) = self.pending.as_mut() else {
-            return Progress::Waiting;
+impl Flow {
+    /// Starts deciding the request: decided at once, or waiting for the replies of the sent commands.
+    fn start(&mut self) -> Next {
+        let vm = Rc::clone(&self.vm);
+        vm.confirm_client_id();
+        let client_id = vm.client_id.borrow().clone();
+        let start = {
+            let cache = vm.cache.borrow();
+            let ctx = limiter::Context { config: &vm.config, now_ms: now_ms(), client_id: &client_id, cache: &cache };
+            limiter::start(&ctx, &HostRequest, &mut || vm.member_random())
         };
-        let (progress, notice) =
-            pending.on_reply(call, reply, &vm.config, &mut vm.cache.borrow_mut());
+        match start {
+            Start::Decided(decision) => self.finish(decision),
+            Start::Send(pending, commands) => {
+                self.pending = Some(pending);
+                let mut next = Next::Wait;
+                for (call, command) in commands {
+                    let progress = self.send(call, &command);
+                    if let Some(decision) = self.drive(progress) {
+                        next = self.finish(decision);
+                    }
+                }
+                next
+            }
+        }
+    }
+
+    /// Handles the reply (raw RESP bytes) or failure of the call with this host token.
+    pub(crate) fn on_reply(&mut self, token: u32, reply: Result<Vec<u8>, Failure>) -> Next {
+        let Some(at) = self.tokens.iter().position(|(t, _)| *t == token) else { return Next::Wait };
+        let (_, call) = self.tokens.swap_remove(at);
+        let progress = self.feed(call, reply.as_deref().map_err(Clone::clone));
+        match self.drive(progress) {
+            Some(decision) => self.finish(decision),
+            None => Next::Wait,
+        }
+    }
+
+    /// Tells the transport to set its connection up again before the next call.
+    #[cfg_attr(not(feature = "host-redis"), allow(dead_code))]
+    pub(crate) fn reconnect(&self) {
+        self.vm.transport.reconnect();
+    }
+
+    /// Hands one call's reply (or failure) to the pending request.
+    fn feed(&mut self, call: usize, reply: Result<&[u8], Failure>) -> Progress {
+        let vm = &self.vm;
+        let Some(pending) = self.pending.as_mut() else { return Progress::Waiting };
+        let (progress, notice) = pending.on_reply(call, reply, &vm.config, &mut vm.cache.borrow_mut());
         if let Some(notice) = notice {
             log(LogLevel::Warn, &notice.to_string());
         }
@@ -277,31 +338,32 @@ impl Request {
     }
 
     /// Sends a command for a call; a refused send is that call's failure.
-    fn send(&mut self, vm: &Vm, call: usize, command: &Command) -> Progress {
-        match vm.transport.send(command) {
+    fn send(&mut self, call: usize, command: &Command) -> Progress {
+        match self.vm.transport.send(self.context_id, command) {
             Ok(token) => {
-                Metrics::add(vm.metrics.redis_calls, 1);
+                Metrics::add(self.vm.metrics.redis_calls, 1);
                 self.tokens.push((token, call));
                 Progress::Waiting
             }
-            Err(failure) => self.feed(vm, call, Err(failure)),
+            Err(failure) => self.feed(call, Err(failure)),
         }
     }
 
     /// Follows the progress until the request waits for Redis or is decided.
-    fn drive(&mut self, vm: &Vm, mut progress: Progress) -> Option<Decision> {
+    fn drive(&mut self, mut progress: Progress) -> Option<Decision> {
         loop {
             progress = match progress {
-                Progress::Resend(call, command) => self.send(vm, call, &command),
+                Progress::Resend(call, command) => self.send(call, &command),
                 Progress::Waiting => return None,
                 Progress::Done(decision) => return Some(decision),
             };
         }
     }
 
-    /// Counts and logs the decision and applies it: returns whether the request may continue, after
-    /// sending the local reply if not.
-    fn apply(&mut self, vm: &Vm, decision: Decision) -> bool {
+    /// Counts and logs the decision and says what the host must do.
+    fn finish(&mut self, decision: Decision) -> Next {
+        self.pending = None;
+        let vm = &self.vm;
         let metric = match decision.outcome {
             Outcome::Unlimited => None,
             Outcome::Allowed => vm.metrics.allowed,
@@ -316,117 +378,111 @@ impl Request {
             for failure in &decision.failures {
                 failure_log.failed(failure, vm.config.failure_mode);
             }
-            if decision.failures.is_empty()
-                && matches!(decision.outcome, Outcome::Allowed | Outcome::Rejected)
-            {
+            if decision.failures.is_empty() && matches!(decision.outcome, Outcome::Allowed | Outcome::Rejected) {
                 failure_log.recovered();
             }
         }
         match decision.verdict {
             Verdict::Continue { response_headers } => {
                 self.response_headers = response_headers;
-                true
+                Next::Continue
             }
-            Verdict::Respond {
-                status,
-                mut headers,
-                body,
-            } => {
-                headers.push(("content-type".into(), "text/plain".into()));
-                let headers: Vec<(&str, &str)> = headers
-                    .iter()
-                    .map(|(k, v)| (k.as_str(), v.as_str()))
-                    .collect();
-                if let Err(status) =
-                    hostcalls::send_http_response(u32::from(status), headers, Some(body.as_bytes()))
-                {
-                    log(
-                        LogLevel::Error,
-                        &format!("cannot send the local reply: {status:?}"),
-                    );
-                }
-                false
-            }
+            Verdict::Respond { status, headers, body } => Next::Respond { status, headers, body },
         }
     }
 }
 
-impl Context for Request {
-    fn on_http_call_response(
-        &mut self,
-        token_id: u32,
-        num_headers: usize,
-        body_size: usize,
-        _num_trailers: usize,
-    ) {
-        let Some(vm) = self.vm.clone() else { return };
-        let Some(at) = self.tokens.iter().position(|(token, _)| *token == token_id) else {
-            return;
-        };
-        let (_, call) = self.tokens.swap_remove(at);
-        let reply = vm.transport.reply(num_headers, body_size);
-        let progress = self.feed(&vm, call, reply.as_deref().map_err(Clone::clone));
-        if let Some(decision) = self.drive(&vm, progress) {
-            self.pending = None;
-            if self.apply(&vm, decision) {
-                let _ = hostcalls::resume_http_request();
-            }
+/// Carries out `next` for a request that was paused (from a reply callback).
+pub(crate) fn resume_or_respond(next: Next) {
+    match next {
+        Next::Continue => {
+            let _ = hostcalls::resume_http_request();
         }
+        Next::Wait => {}
+        respond @ Next::Respond { .. } => respond_locally(respond),
+    }
+}
+
+fn respond_locally(next: Next) {
+    if let Next::Respond { status, mut headers, body } = next {
+        headers.push(("content-type".into(), "text/plain".into()));
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        if let Err(status) = hostcalls::send_http_response(u32::from(status), headers, Some(body.as_bytes())) {
+            log(LogLevel::Error, &format!("cannot send the local reply: {status:?}"));
+        }
+    }
+}
+
+/// The HTTP context the SDK owns: a handle on the request's [`Flow`], registered by context id so the
+/// Higress Redis callback (which the host delivers to the root context) can find it.
+struct Request {
+    /// `None` only if the VM has no valid configuration (the host does not run the filter then).
+    flow: Option<Rc<RefCell<Flow>>>,
+    context_id: u32,
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        flows::forget(self.context_id);
+    }
+}
+
+impl Context for Request {
+    fn on_http_call_response(&mut self, token_id: u32, num_headers: usize, body_size: usize, _num_trailers: usize) {
+        let Some(flow) = &self.flow else { return };
+        let reply = HttpBridge::reply(num_headers, body_size);
+        let next = flow.borrow_mut().on_reply(token_id, reply);
+        resume_or_respond(next);
     }
 }
 
 impl HttpContext for Request {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let Some(vm) = self.vm.clone() else {
-            return Action::Continue;
-        };
-        vm.confirm_client_id();
-        let client_id = vm.client_id.borrow().clone();
-        let start = {
-            let cache = vm.cache.borrow();
-            let ctx = limiter::Context {
-                config: &vm.config,
-                now_ms: now_ms(),
-                client_id: &client_id,
-                cache: &cache,
-            };
-            limiter::start(&ctx, &HostRequest, &mut || vm.member_random())
-        };
-        let decision = match start {
-            Start::Decided(decision) => Some(decision),
-            Start::Send(pending, commands) => {
-                self.pending = Some(pending);
-                let mut decision = None;
-                for (call, command) in commands {
-                    let progress = self.send(&vm, call, &command);
-                    if let Some(decided) = self.drive(&vm, progress) {
-                        decision = Some(decided);
-                    }
-                }
-                decision
+        let Some(flow) = &self.flow else { return Action::Continue };
+        let next = flow.borrow_mut().start();
+        match next {
+            Next::Continue => Action::Continue,
+            Next::Wait => Action::Pause,
+            respond @ Next::Respond { .. } => {
+                respond_locally(respond);
+                Action::Pause
             }
-        };
-        match decision {
-            Some(decision) => {
-                self.pending = None;
-                if self.apply(&vm, decision) {
-                    Action::Continue
-                } else {
-                    Action::Pause
-                }
-            }
-            None => Action::Pause,
         }
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        for (name, value) in std::mem::take(&mut self.response_headers) {
-            let _ = hostcalls::add_map_value(
-                proxy_wasm::types::MapType::HttpResponseHeaders,
-                &name,
-                &value,
-            );
+        let Some(flow) = &self.flow else { return Action::Continue };
+        let headers = std::mem::take(&mut flow.borrow_mut().response_headers);
+        for (name, value) in headers {
+            let _ = hostcalls::add_map_value(proxy_wasm::types::MapType::HttpResponseHeaders, &name, &value);
         }
         Action::Continue
+    }
+}
+
+/// The flows of the VM's live HTTP contexts, by context id.
+pub(crate) mod flows {
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+    use std::rc::{Rc, Weak};
+
+    use super::Flow;
+
+    thread_local! {
+        static FLOWS: RefCell<HashMap<u32, Weak<RefCell<Flow>>>> = RefCell::new(HashMap::new());
+    }
+
+    pub(super) fn register(context_id: u32, flow: &Rc<RefCell<Flow>>) {
+        FLOWS.with(|flows| flows.borrow_mut().insert(context_id, Rc::downgrade(flow)));
+    }
+
+    pub(super) fn forget(context_id: u32) {
+        FLOWS.with(|flows| flows.borrow_mut().remove(&context_id));
+    }
+
+    /// The flow of a live HTTP context.
+    #[cfg_attr(not(feature = "host-redis"), allow(dead_code))]
+    pub(crate) fn find(context_id: u32) -> Option<Rc<RefCell<Flow>>> {
+        FLOWS.with(|flows| flows.borrow().get(&context_id).and_then(Weak::upgrade))
     }
 }

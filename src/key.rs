@@ -38,18 +38,10 @@ impl KeySource {
     /// A sentence saying what is wrong, for [`crate::config::ConfigError`].
     pub fn validate(&self) -> Result<(), String> {
         match self {
-            KeySource::Header(name) if name.trim().is_empty() => {
-                Err("the header name must not be empty".into())
-            }
-            KeySource::Query(name) if name.is_empty() => {
-                Err("the query parameter name must not be empty".into())
-            }
-            KeySource::Cookie(name) if name.trim().is_empty() => {
-                Err("the cookie name must not be empty".into())
-            }
-            KeySource::XForwardedFor(0) => {
-                Err("trusted hops must be at least 1 (use \"client_ip\" for none)".into())
-            }
+            KeySource::Header(name) if name.trim().is_empty() => Err("the header name must not be empty".into()),
+            KeySource::Query(name) if name.is_empty() => Err("the query parameter name must not be empty".into()),
+            KeySource::Cookie(name) if name.trim().is_empty() => Err("the cookie name must not be empty".into()),
+            KeySource::XForwardedFor(0) => Err("trusted hops must be at least 1 (use \"client_ip\" for none)".into()),
             _ => Ok(()),
         }
     }
@@ -94,11 +86,9 @@ pub fn extract(source: &KeySource, request: &impl RequestView) -> KeyValue {
         KeySource::Path => header.map(|path| split_path(&path).0.to_vec()),
         KeySource::Query(name) => header.and_then(|path| query_parameter(&path, name)),
         KeySource::Cookie(name) => header.and_then(|cookies| cookie(&cookies, name)),
-        KeySource::ClientIp => request
-            .source_address()
-            .as_deref()
-            .and_then(parse_ip)
-            .map(|ip| ip.to_string().into_bytes()),
+        KeySource::ClientIp => {
+            request.source_address().as_deref().and_then(parse_ip).map(|ip| ip.to_string().into_bytes())
+        }
         KeySource::XForwardedFor(hops) => header.and_then(|xff| forwarded_client(&xff, *hops)),
     };
     value.map_or(KeyValue::Missing, KeyValue::Value)
@@ -107,10 +97,7 @@ pub fn extract(source: &KeySource, request: &impl RequestView) -> KeyValue {
 /// Splits `:path` into the path and the query string (without `?`; empty when there is none).
 fn split_path(path: &[u8]) -> (&[u8], &[u8]) {
     match path.iter().position(|&b| b == b'?') {
-        Some(at) => (
-            path.get(..at).unwrap_or_default(),
-            path.get(at + 1..).unwrap_or_default(),
-        ),
+        Some(at) => (path.get(..at).unwrap_or_default(), path.get(at + 1..).unwrap_or_default()),
         None => (path, &[]),
     }
 }
@@ -119,9 +106,7 @@ fn split_path(path: &[u8]) -> (&[u8], &[u8]) {
 fn query_parameter(path: &[u8], name: &str) -> Option<Vec<u8>> {
     let (_, query) = split_path(path);
     let query = query.split(|&b| b == b'#').next().unwrap_or_default();
-    form_urlencoded::parse(query)
-        .find(|(key, _)| key == name)
-        .map(|(_, value)| value.into_owned().into_bytes())
+    form_urlencoded::parse(query).find(|(key, _)| key == name).map(|(_, value)| value.into_owned().into_bytes())
 }
 
 /// The value of a cookie in a `cookie` header.
@@ -150,23 +135,14 @@ fn parse_ip(address: &str) -> Option<IpAddr> {
     address
         .parse::<SocketAddr>()
         .map(|socket| socket.ip())
-        .or_else(|_| {
-            address
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .parse::<IpAddr>()
-        })
+        .or_else(|_| address.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>())
         .ok()
 }
 
 /// The client address `hops` entries from the right of `x-forwarded-for`, normalized, if it is an IP.
 fn forwarded_client(header: &[u8], hops: u32) -> Option<Vec<u8>> {
     let text = std::str::from_utf8(header).ok()?;
-    let entries: Vec<&str> = text
-        .split(',')
-        .map(str::trim)
-        .filter(|e| !e.is_empty())
-        .collect();
+    let entries: Vec<&str> = text.split(',').map(str::trim).filter(|e| !e.is_empty()).collect();
     let index = entries.len().checked_sub(usize::try_from(hops).ok()?)?;
     parse_ip(entries.get(index)?).map(|ip| ip.to_string().into_bytes())
 }
@@ -195,9 +171,7 @@ pub fn limiter_name(base: &str, value: &KeyValue) -> Option<String> {
         KeyValue::Value(bytes) => bytes,
     };
     let engine = &base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    let encoded = if !bytes.is_empty()
-        && bytes.len() <= MAX_VERBATIM_LEN
-        && bytes.iter().copied().all(is_verbatim_byte)
+    let encoded = if !bytes.is_empty() && bytes.len() <= MAX_VERBATIM_LEN && bytes.iter().copied().all(is_verbatim_byte)
     {
         // Only bytes from the verbatim set: valid UTF-8.
         String::from_utf8_lossy(bytes).into_owned()
@@ -266,10 +240,7 @@ pub(crate) mod tests {
     impl FakeRequest {
         pub fn with(headers: &[(&str, &str)]) -> Self {
             FakeRequest {
-                headers: headers
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
-                    .collect(),
+                headers: headers.iter().map(|(k, v)| (k.to_string(), v.as_bytes().to_vec())).collect(),
                 source: Some("10.0.0.7:51234".into()),
             }
         }
@@ -277,10 +248,7 @@ pub(crate) mod tests {
 
     impl RequestView for FakeRequest {
         fn header(&self, name: &str) -> Option<Vec<u8>> {
-            self.headers
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
+            self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
         }
         fn source_address(&self) -> Option<String> {
             self.source.clone()
@@ -297,55 +265,25 @@ pub(crate) mod tests {
 
     #[test]
     fn headers_are_read_case_insensitively() {
-        assert_eq!(
-            value_of(
-                KeySource::Header("X-User-Id".into()),
-                &[("x-user-id", "alice")]
-            ),
-            some("alice")
-        );
-        assert_eq!(
-            value_of(KeySource::Header("x-user-id".into()), &[]),
-            KeyValue::Missing
-        );
+        assert_eq!(value_of(KeySource::Header("X-User-Id".into()), &[("x-user-id", "alice")]), some("alice"));
+        assert_eq!(value_of(KeySource::Header("x-user-id".into()), &[]), KeyValue::Missing);
     }
 
     #[test]
     fn query_parameters_are_form_decoded() {
-        let path = [(
-            ":path",
-            "/v1/items?page=2&api_key=a%2Fb+c&api_key=second#frag",
-        )];
-        assert_eq!(
-            value_of(KeySource::Query("api_key".into()), &path),
-            some("a/b c")
-        );
-        assert_eq!(
-            value_of(KeySource::Query("missing".into()), &path),
-            KeyValue::Missing
-        );
+        let path = [(":path", "/v1/items?page=2&api_key=a%2Fb+c&api_key=second#frag")];
+        assert_eq!(value_of(KeySource::Query("api_key".into()), &path), some("a/b c"));
+        assert_eq!(value_of(KeySource::Query("missing".into()), &path), KeyValue::Missing);
         assert_eq!(value_of(KeySource::Path, &path), some("/v1/items"));
-        assert_eq!(
-            value_of(KeySource::Query("k".into()), &[(":path", "/x?k=")]),
-            some("")
-        );
+        assert_eq!(value_of(KeySource::Query("k".into()), &[(":path", "/x?k=")]), some(""));
     }
 
     #[test]
     fn cookies_are_found_among_others() {
         let cookies = [("cookie", "theme=dark; session=\"s-123\";lang=en")];
-        assert_eq!(
-            value_of(KeySource::Cookie("session".into()), &cookies),
-            some("s-123")
-        );
-        assert_eq!(
-            value_of(KeySource::Cookie("lang".into()), &cookies),
-            some("en")
-        );
-        assert_eq!(
-            value_of(KeySource::Cookie("sess".into()), &cookies),
-            KeyValue::Missing
-        );
+        assert_eq!(value_of(KeySource::Cookie("session".into()), &cookies), some("s-123"));
+        assert_eq!(value_of(KeySource::Cookie("lang".into()), &cookies), some("en"));
+        assert_eq!(value_of(KeySource::Cookie("sess".into()), &cookies), KeyValue::Missing);
     }
 
     #[test]
@@ -361,28 +299,12 @@ pub(crate) mod tests {
     #[test]
     fn forwarded_for_counts_trusted_hops_from_the_right() {
         let xff = [("x-forwarded-for", "203.0.113.9, 198.51.100.4 ,10.1.1.1")];
-        assert_eq!(
-            value_of(KeySource::XForwardedFor(1), &xff),
-            some("10.1.1.1")
-        );
-        assert_eq!(
-            value_of(KeySource::XForwardedFor(2), &xff),
-            some("198.51.100.4")
-        );
-        assert_eq!(
-            value_of(KeySource::XForwardedFor(3), &xff),
-            some("203.0.113.9")
-        );
-        assert_eq!(
-            value_of(KeySource::XForwardedFor(4), &xff),
-            KeyValue::Missing,
-            "fewer entries than hops"
-        );
+        assert_eq!(value_of(KeySource::XForwardedFor(1), &xff), some("10.1.1.1"));
+        assert_eq!(value_of(KeySource::XForwardedFor(2), &xff), some("198.51.100.4"));
+        assert_eq!(value_of(KeySource::XForwardedFor(3), &xff), some("203.0.113.9"));
+        assert_eq!(value_of(KeySource::XForwardedFor(4), &xff), KeyValue::Missing, "fewer entries than hops");
         let spoofed = [("x-forwarded-for", "not-an-ip, 10.1.1.1")];
-        assert_eq!(
-            value_of(KeySource::XForwardedFor(2), &spoofed),
-            KeyValue::Missing
-        );
+        assert_eq!(value_of(KeySource::XForwardedFor(2), &spoofed), KeyValue::Missing);
     }
 
     #[test]
@@ -396,14 +318,8 @@ pub(crate) mod tests {
         assert_eq!(name(&[b'a'; 128]), format!("erl:r:{}", "a".repeat(128)));
         assert!(name(&[b'a'; 129]).starts_with("erl:r:~"));
         let long = name(&[b'a'; 257]);
-        assert!(
-            long.starts_with("erl:r:#") && long.len() == "erl:r:#".len() + 43,
-            "{long}"
-        );
-        assert_eq!(
-            limiter_name("erl:g", &KeyValue::Global).as_deref(),
-            Some("erl:g")
-        );
+        assert!(long.starts_with("erl:r:#") && long.len() == "erl:r:#".len() + 43, "{long}");
+        assert_eq!(limiter_name("erl:g", &KeyValue::Global).as_deref(), Some("erl:g"));
         assert_eq!(limiter_name("erl:g", &KeyValue::Missing), None);
     }
 
@@ -421,10 +337,8 @@ pub(crate) mod tests {
             vec![b'b'; 257],
             "é".as_bytes().to_vec(),
         ];
-        let names: std::collections::HashSet<String> = values
-            .iter()
-            .map(|v| limiter_name("n", &KeyValue::Value(v.clone())).unwrap())
-            .collect();
+        let names: std::collections::HashSet<String> =
+            values.iter().map(|v| limiter_name("n", &KeyValue::Value(v.clone())).unwrap()).collect();
         assert_eq!(names.len(), values.len());
         assert!(names.iter().all(|n| !n.contains('{')));
     }
@@ -437,9 +351,6 @@ pub(crate) mod tests {
         assert_eq!(keys.permits, "{erl:r:alice}:permits");
         assert_eq!(keys.client_value, "{erl:r:alice}:value:0b6e-uuid");
         assert_eq!(keys.client_permits, "{erl:r:alice}:permits:0b6e-uuid");
-        assert_eq!(
-            redisson_suffix("{tagged}name", "value"),
-            "{tagged}name:value"
-        );
+        assert_eq!(redisson_suffix("{tagged}name", "value"), "{tagged}name:value");
     }
 }

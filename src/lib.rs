@@ -16,6 +16,7 @@
 //!
 //! The proxy-wasm glue (feature `filter`, on in the default `http-bridge` build):
 //! - `transport`: the HTTP bridge (webdis) behind a small trait.
+//! - `host_redis` (feature `host-redis`): the Higress host Redis interface, the same trait.
 //! - `filter`: root and HTTP contexts: configuration, metrics, once-per-cause logging, pausing and
 //!   resuming requests.
 
@@ -29,5 +30,7 @@ pub mod script;
 
 #[cfg(feature = "filter")]
 mod filter;
+#[cfg(feature = "host-redis")]
+mod host_redis;
 #[cfg(feature = "filter")]
 mod transport;

@@ -15,8 +15,7 @@ use crate::key::{extract, limiter_name, KeyValue, LimiterKeys, RequestView};
 use crate::resp::{decode_reply, Command};
 use crate::response::{rate_limit_headers, retry_after, Quota};
 use crate::script::{
-    decode_acquire_reply, Acquire, AcquireOutcome, EffectiveConfig, Invocation, ReplyError,
-    MEMBER_RANDOM_LEN,
+    decode_acquire_reply, Acquire, AcquireOutcome, EffectiveConfig, Invocation, ReplyError, MEMBER_RANDOM_LEN,
 };
 
 /// Why a rule could not be decided. Each variant is one cause for once-per-cause logging.
@@ -236,11 +235,7 @@ pub fn start(
         let Some(name) = limiter_name(&rule.limiter, &value) else {
             continue;
         };
-        if ctx
-            .cache
-            .get(&name)
-            .is_some_and(|effective| rule.permits > effective.rate)
-        {
+        if ctx.cache.get(&name).is_some_and(|effective| rule.permits > effective.rate) {
             settled.push(RuleResult::Denied);
             continue;
         }
@@ -255,21 +250,12 @@ pub fn start(
         // Nothing to ask Redis, or the answer is already no: deny before spending a round trip.
         return Start::Decided(pending.decide(ctx.config));
     }
-    let commands = pending
-        .calls
-        .iter()
-        .enumerate()
-        .map(|(i, call)| (i, call.acquire.command(Invocation::BySha)))
-        .collect();
+    let commands =
+        pending.calls.iter().enumerate().map(|(i, call)| (i, call.acquire.command(Invocation::BySha))).collect();
     Start::Send(pending, commands)
 }
 
-fn acquire_for(
-    rule: &Rule,
-    name: &str,
-    ctx: &Context<'_>,
-    member_random: [u8; MEMBER_RANDOM_LEN],
-) -> Acquire {
+fn acquire_for(rule: &Rule, name: &str, ctx: &Context<'_>, member_random: [u8; MEMBER_RANDOM_LEN]) -> Acquire {
     Acquire {
         keys: LimiterKeys::new(name, ctx.client_id),
         permits: rule.permits,
@@ -308,35 +294,23 @@ impl PendingRequest {
         let Some(rule) = config.rules.get(entry.rule) else {
             return (self.progress(config), None);
         };
-        let decoded = reply
-            .and_then(|bytes| decode_reply(bytes).map_err(|e| Failure::BadReply(e.to_string())));
+        let decoded = reply.and_then(|bytes| decode_reply(bytes).map_err(|e| Failure::BadReply(e.to_string())));
         let mut notice = None;
         let result = match decoded.map(|reply| decode_acquire_reply(&reply)) {
             Err(failure) => RuleResult::Failed(failure),
             Ok(Err(ReplyError::NoScript)) if !retried => {
                 entry.state = CallState::Waiting { retried: true };
-                return (
-                    Progress::Resend(call, entry.acquire.command(Invocation::BySource)),
-                    None,
-                );
+                return (Progress::Resend(call, entry.acquire.command(Invocation::BySource)), None);
             }
-            Ok(Err(ReplyError::NoScript)) => {
-                RuleResult::Failed(Failure::RedisError("NOSCRIPT after EVAL".into()))
-            }
+            Ok(Err(ReplyError::NoScript)) => RuleResult::Failed(Failure::RedisError("NOSCRIPT after EVAL".into())),
             Ok(Err(ReplyError::Redis(text))) => RuleResult::Failed(Failure::RedisError(text)),
             Ok(Err(ReplyError::Unexpected(what))) => RuleResult::Failed(Failure::BadReply(what)),
             Ok(Ok(reply)) => {
                 let limiter = entry.acquire.keys.config.clone();
                 let observation = cache.observe(&limiter, reply.effective);
                 let configured = (rule.rate, rule.interval_ms, rule.limiter_type);
-                let held = (
-                    reply.effective.rate,
-                    reply.effective.interval_ms,
-                    reply.effective.limiter_type,
-                );
-                if matches!(observation, Observation::New | Observation::Changed(_))
-                    && configured != held
-                {
+                let held = (reply.effective.rate, reply.effective.interval_ms, reply.effective.limiter_type);
+                if matches!(observation, Observation::New | Observation::Changed(_)) && configured != held {
                     notice = Some(Notice::ConfigDiffers {
                         rule: rule.name.clone(),
                         limiter: limiter.clone(),
@@ -351,18 +325,12 @@ impl PendingRequest {
                     reset_ms,
                 };
                 match reply.outcome {
-                    AcquireOutcome::Acquired { remaining } => {
-                        RuleResult::Acquired(quota(remaining, reply.reset_ms))
+                    AcquireOutcome::Acquired { remaining } => RuleResult::Acquired(quota(remaining, reply.reset_ms)),
+                    AcquireOutcome::Rejected { delay_ms } => {
+                        RuleResult::Rejected { quota: quota(0, delay_ms), delay_ms }
                     }
-                    AcquireOutcome::Rejected { delay_ms } => RuleResult::Rejected {
-                        quota: quota(0, delay_ms),
-                        delay_ms,
-                    },
                     AcquireOutcome::ExceedsRate => {
-                        notice = Some(Notice::ExceedsRate {
-                            rule: rule.name.clone(),
-                            limiter,
-                        });
+                        notice = Some(Notice::ExceedsRate { rule: rule.name.clone(), limiter });
                         RuleResult::Denied
                     }
                 }
@@ -373,11 +341,7 @@ impl PendingRequest {
     }
 
     fn progress(&self, config: &PluginConfig) -> Progress {
-        if self
-            .calls
-            .iter()
-            .any(|c| matches!(c.state, CallState::Waiting { .. }))
-        {
+        if self.calls.iter().any(|c| matches!(c.state, CallState::Waiting { .. })) {
             Progress::Waiting
         } else {
             Progress::Done(self.decide(config))
@@ -398,9 +362,7 @@ impl PendingRequest {
         let quotas: Vec<Quota> = results
             .iter()
             .filter_map(|r| match r {
-                RuleResult::Acquired(quota) | RuleResult::Rejected { quota, .. } => {
-                    Some(quota.clone())
-                }
+                RuleResult::Acquired(quota) | RuleResult::Rejected { quota, .. } => Some(quota.clone()),
                 _ => None,
             })
             .collect();
@@ -413,11 +375,7 @@ impl PendingRequest {
         if let Some(delay_ms) = delay.max() {
             headers.insert(0, retry_after(delay_ms));
         }
-        if denied
-            || results
-                .iter()
-                .any(|r| matches!(r, RuleResult::Rejected { .. }))
-        {
+        if denied || results.iter().any(|r| matches!(r, RuleResult::Rejected { .. })) {
             headers.push(("x-envoy-ratelimited".into(), "true".into()));
             return Decision {
                 verdict: Verdict::Respond {
@@ -437,24 +395,12 @@ impl PendingRequest {
             })
             .collect();
         if failures.is_empty() {
-            let outcome = if results.is_empty() {
-                Outcome::Unlimited
-            } else {
-                Outcome::Allowed
-            };
-            return Decision {
-                verdict: Verdict::Continue {
-                    response_headers: headers,
-                },
-                outcome,
-                failures,
-            };
+            let outcome = if results.is_empty() { Outcome::Unlimited } else { Outcome::Allowed };
+            return Decision { verdict: Verdict::Continue { response_headers: headers }, outcome, failures };
         }
         match config.failure_mode {
             FailureMode::Allow => Decision {
-                verdict: Verdict::Continue {
-                    response_headers: headers,
-                },
+                verdict: Verdict::Continue { response_headers: headers },
                 outcome: Outcome::FailedOpen,
                 failures,
             },
@@ -473,12 +419,7 @@ impl PendingRequest {
 
 #[cfg(test)]
 mod tests {
-    #![allow(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::indexing_slicing,
-        clippy::panic
-    )]
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
     use super::*;
     use crate::key::tests::FakeRequest;
     #[cfg(target_arch = "wasm32")]
@@ -499,20 +440,11 @@ mod tests {
 
     impl Harness {
         fn new(config: PluginConfig) -> Self {
-            Harness {
-                cache: LimiterCache::new(config.cache_size),
-                config,
-                counter: 0,
-            }
+            Harness { cache: LimiterCache::new(config.cache_size), config, counter: 0 }
         }
 
         fn start(&mut self, headers: &[(&str, &str)]) -> Start {
-            let ctx = Context {
-                config: &self.config,
-                now_ms: 1_000_000,
-                client_id: "cid",
-                cache: &self.cache,
-            };
+            let ctx = Context { config: &self.config, now_ms: 1_000_000, client_id: "cid", cache: &self.cache };
             let counter = &mut self.counter;
             start(&ctx, &FakeRequest::with(headers), &mut || {
                 *counter += 1;
@@ -520,15 +452,8 @@ mod tests {
             })
         }
 
-        fn reply(
-            &mut self,
-            pending: &mut PendingRequest,
-            call: usize,
-            reply: Result<&[u8], Failure>,
-        ) -> Progress {
-            pending
-                .on_reply(call, reply, &self.config, &mut self.cache)
-                .0
+        fn reply(&mut self, pending: &mut PendingRequest, call: usize, reply: Result<&[u8], Failure>) -> Progress {
+            pending.on_reply(call, reply, &self.config, &mut self.cache).0
         }
     }
 
@@ -556,10 +481,7 @@ mod tests {
     }
 
     fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
-        headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
+        headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
     }
 
     #[test]
@@ -571,17 +493,9 @@ mod tests {
         assert_eq!(commands[0].1.args()[3], b"erl:per-user:alice");
         let decision = done(h.reply(&mut pending, 0, Ok(&script_reply(1, 4, 2000, 5))));
         assert_eq!(decision.outcome, Outcome::Allowed);
-        let Verdict::Continue { response_headers } = decision.verdict else {
-            panic!()
-        };
-        assert_eq!(
-            header(&response_headers, "ratelimit"),
-            Some("\"per-user\";r=4;t=2")
-        );
-        assert_eq!(
-            header(&response_headers, "ratelimit-policy"),
-            Some("\"per-user\";q=5;w=2")
-        );
+        let Verdict::Continue { response_headers } = decision.verdict else { panic!() };
+        assert_eq!(header(&response_headers, "ratelimit"), Some("\"per-user\";r=4;t=2"));
+        assert_eq!(header(&response_headers, "ratelimit-policy"), Some("\"per-user\";q=5;w=2"));
     }
 
     #[test]
@@ -590,14 +504,7 @@ mod tests {
         let (mut pending, _) = sent(h.start(&[("x-user", "alice")]));
         let decision = done(h.reply(&mut pending, 0, Ok(&script_reply(0, 1503, 1500, 5))));
         assert_eq!(decision.outcome, Outcome::Rejected);
-        let Verdict::Respond {
-            status,
-            headers,
-            body,
-        } = decision.verdict
-        else {
-            panic!()
-        };
+        let Verdict::Respond { status, headers, body } = decision.verdict else { panic!() };
         assert_eq!(status, 429);
         assert_eq!(body, "rate limit exceeded\n");
         assert_eq!(header(&headers, "retry-after"), Some("2"));
@@ -610,9 +517,7 @@ mod tests {
         let mut h = Harness::new(config("", ""));
         let (mut pending, _) = sent(h.start(&[("x-user", "alice")]));
         let noscript = b"-NOSCRIPT No matching script. Please use EVAL.\r\n";
-        let Progress::Resend(0, command) = h.reply(&mut pending, 0, Ok(noscript)) else {
-            panic!()
-        };
+        let Progress::Resend(0, command) = h.reply(&mut pending, 0, Ok(noscript)) else { panic!() };
         assert_eq!(command.args()[0], b"EVAL");
         let decision = done(h.reply(&mut pending, 0, Ok(noscript)));
         assert_eq!(decision.outcome, Outcome::FailedOpen);
@@ -622,18 +527,10 @@ mod tests {
     fn failures_follow_the_failure_mode() {
         for (top, outcome, status) in [
             ("", Outcome::FailedOpen, None),
-            (
-                r#","failure_mode":"deny","failure_status":500"#,
-                Outcome::FailedClosed,
-                Some(500),
-            ),
+            (r#","failure_mode":"deny","failure_status":500"#, Outcome::FailedClosed, Some(500)),
         ] {
             let mut h = Harness::new(config("", top));
-            for failure in [
-                Failure::NoReply,
-                Failure::BridgeStatus(503),
-                Failure::SendRefused("BadArgument".into()),
-            ] {
+            for failure in [Failure::NoReply, Failure::BridgeStatus(503), Failure::SendRefused("BadArgument".into())] {
                 let (mut pending, _) = sent(h.start(&[("x-user", "alice")]));
                 let decision = done(h.reply(&mut pending, 0, Err(failure.clone())));
                 assert_eq!(decision.outcome, outcome);
@@ -645,14 +542,8 @@ mod tests {
                 }
             }
             let (mut pending, _) = sent(h.start(&[("x-user", "alice")]));
-            let decision =
-                done(h.reply(&mut pending, 0, Ok(b"-NOAUTH Authentication required.\r\n")));
-            assert_eq!(
-                decision.failures,
-                vec![Failure::RedisError(
-                    "NOAUTH Authentication required.".into()
-                )]
-            );
+            let decision = done(h.reply(&mut pending, 0, Ok(b"-NOAUTH Authentication required.\r\n")));
+            assert_eq!(decision.failures, vec![Failure::RedisError("NOAUTH Authentication required.".into())]);
             let (mut pending, _) = sent(h.start(&[("x-user", "alice")]));
             let decision = done(h.reply(&mut pending, 0, Ok(b"<html>")));
             assert!(matches!(decision.failures[..], [Failure::BadReply(_)]));
@@ -662,19 +553,12 @@ mod tests {
     #[test]
     fn missing_keys_skip_deny_or_share() {
         let mut skip = Harness::new(config("", ""));
-        let Start::Decided(decision) = skip.start(&[]) else {
-            panic!()
-        };
+        let Start::Decided(decision) = skip.start(&[]) else { panic!() };
         assert_eq!(decision.outcome, Outcome::Unlimited);
         let mut deny = Harness::new(config(r#","on_missing":"deny""#, ""));
-        let Start::Decided(decision) = deny.start(&[]) else {
-            panic!()
-        };
+        let Start::Decided(decision) = deny.start(&[]) else { panic!() };
         assert_eq!(decision.outcome, Outcome::Rejected);
-        assert!(matches!(
-            decision.verdict,
-            Verdict::Respond { status: 429, .. }
-        ));
+        assert!(matches!(decision.verdict, Verdict::Respond { status: 429, .. }));
         let mut share = Harness::new(config(r#","on_missing":"share""#, ""));
         let (_, commands) = sent(share.start(&[]));
         assert_eq!(commands[0].1.args()[3], b"erl:per-user:~");
@@ -684,13 +568,10 @@ mod tests {
     fn a_rate_below_the_permits_is_refused_locally_once_known() {
         let mut h = Harness::new(config(r#","permits":3"#, ""));
         let (mut pending, _) = sent(h.start(&[("x-user", "alice")]));
-        let (progress, notice) =
-            pending.on_reply(0, Ok(&script_reply(2, 0, 0, 2)), &h.config, &mut h.cache);
+        let (progress, notice) = pending.on_reply(0, Ok(&script_reply(2, 0, 0, 2)), &h.config, &mut h.cache);
         assert_eq!(done(progress).outcome, Outcome::Rejected);
         assert!(matches!(notice, Some(Notice::ExceedsRate { .. })));
-        let Start::Decided(decision) = h.start(&[("x-user", "alice")]) else {
-            panic!("the cache should decide")
-        };
+        let Start::Decided(decision) = h.start(&[("x-user", "alice")]) else { panic!("the cache should decide") };
         assert_eq!(decision.outcome, Outcome::Rejected);
     }
 
@@ -700,21 +581,12 @@ mod tests {
         let mut notices = Vec::new();
         for _ in 0..3 {
             let (mut pending, _) = sent(h.start(&[("x-user", "alice")]));
-            notices.push(
-                pending
-                    .on_reply(0, Ok(&script_reply(1, 0, 0, 1)), &h.config, &mut h.cache)
-                    .1,
-            );
+            notices.push(pending.on_reply(0, Ok(&script_reply(1, 0, 0, 1)), &h.config, &mut h.cache).1);
         }
         assert!(matches!(notices[0], Some(Notice::ConfigDiffers { .. })));
         assert_eq!(notices[1..], [None, None]);
         let (mut pending, _) = sent(h.start(&[("x-user", "bob")]));
-        assert_eq!(
-            pending
-                .on_reply(0, Ok(&script_reply(1, 4, 0, 5)), &h.config, &mut h.cache)
-                .1,
-            None
-        );
+        assert_eq!(pending.on_reply(0, Ok(&script_reply(1, 4, 0, 5)), &h.config, &mut h.cache).1, None);
     }
 
     #[test]
@@ -725,27 +597,15 @@ mod tests {
         let mut h = Harness::new(PluginConfig::from_json(json.as_bytes()).unwrap());
         let (mut pending, commands) = sent(h.start(&[]));
         assert_eq!(commands.len(), 2);
-        assert_ne!(
-            commands[0].1.args()[10],
-            commands[1].1.args()[10],
-            "members get different random bytes"
-        );
-        assert!(matches!(
-            h.reply(&mut pending, 1, Ok(&script_reply(0, 900, 900, 5))),
-            Progress::Waiting
-        ));
+        assert_ne!(commands[0].1.args()[10], commands[1].1.args()[10], "members get different random bytes");
+        assert!(matches!(h.reply(&mut pending, 1, Ok(&script_reply(0, 900, 900, 5))), Progress::Waiting));
         assert!(
-            matches!(
-                h.reply(&mut pending, 1, Ok(&script_reply(1, 1, 1, 5))),
-                Progress::Waiting
-            ),
+            matches!(h.reply(&mut pending, 1, Ok(&script_reply(1, 1, 1, 5))), Progress::Waiting),
             "a second reply for a call is ignored"
         );
         let decision = done(h.reply(&mut pending, 0, Err(Failure::NoReply)));
         assert_eq!(decision.outcome, Outcome::Rejected);
-        let Verdict::Respond { headers, .. } = decision.verdict else {
-            panic!()
-        };
+        let Verdict::Respond { headers, .. } = decision.verdict else { panic!() };
         assert_eq!(header(&headers, "retry-after"), Some("1"));
     }
 }

@@ -19,9 +19,7 @@ pub struct Command {
 impl Command {
     /// A command named `name` (e.g. `EVALSHA`) with no arguments yet.
     pub fn new(name: &str) -> Self {
-        Command {
-            args: vec![name.as_bytes().to_vec()],
-        }
+        Command { args: vec![name.as_bytes().to_vec()] }
     }
 
     /// Appends one argument.
@@ -42,11 +40,7 @@ impl Command {
     /// *2\r\n$3\r\nGET\r\n$3\r\nkey\r\n
     /// ```
     pub fn to_resp(&self) -> Vec<u8> {
-        let parts: Vec<BorrowedFrame<'_>> = self
-            .args
-            .iter()
-            .map(|a| BorrowedFrame::BulkString(a))
-            .collect();
+        let parts: Vec<BorrowedFrame<'_>> = self.args.iter().map(|a| BorrowedFrame::BulkString(a)).collect();
         let frame = BorrowedFrame::Array(&parts);
         let mut buffer = vec![0; frame.encode_len(false)];
         // The buffer has exactly the encoded length, which is the only way encoding can fail.
@@ -173,17 +167,12 @@ mod tests {
     #[test]
     fn commands_encode_as_arrays_of_bulk_strings() {
         let command = Command::new("GET").arg("k\r\n").arg([0u8, 255]);
-        assert_eq!(
-            command.to_resp(),
-            b"*3\r\n$3\r\nGET\r\n$3\r\nk\r\n\r\n$2\r\n\x00\xff\r\n".to_vec()
-        );
+        assert_eq!(command.to_resp(), b"*3\r\n$3\r\nGET\r\n$3\r\nk\r\n\r\n$2\r\n\x00\xff\r\n".to_vec());
     }
 
     #[test]
     fn webdis_paths_escape_everything_but_letters_and_digits() {
-        let command = Command::new("EVALSHA")
-            .arg("{erl:a.b}:value")
-            .arg([0u8, 255, b'/']);
+        let command = Command::new("EVALSHA").arg("{erl:a.b}:value").arg([0u8, 255, b'/']);
         assert_eq!(
             String::from_utf8(command.to_webdis_path()).unwrap(),
             "EVALSHA/%7Berl%3Aa%2Eb%7D%3Avalue/%00%FF%2F.raw"
@@ -197,10 +186,7 @@ mod tests {
         assert_eq!(decode_reply(b"*-1\r\n"), Ok(Reply::Null));
         assert_eq!(
             decode_reply(b"*2\r\n$1\r\n7\r\n:3\r\n"),
-            Ok(Reply::Array(vec![
-                Reply::Bulk(b"7".to_vec()),
-                Reply::Integer(3)
-            ]))
+            Ok(Reply::Array(vec![Reply::Bulk(b"7".to_vec()), Reply::Integer(3)]))
         );
         let error = decode_reply(b"-NOSCRIPT No matching script. Please use EVAL.\r\n").unwrap();
         assert_eq!(error.error_code(), Some("NOSCRIPT"));
@@ -218,13 +204,7 @@ mod tests {
     fn anything_but_one_complete_reply_is_an_error() {
         assert_eq!(decode_reply(b"*2\r\n:1\r\n"), Err(RespError::Truncated));
         assert_eq!(decode_reply(b""), Err(RespError::Truncated));
-        assert_eq!(
-            decode_reply(b":1\r\n:2\r\n"),
-            Err(RespError::TrailingBytes(4))
-        );
-        assert!(matches!(
-            decode_reply(b"<html>503</html>"),
-            Err(RespError::Malformed(_))
-        ));
+        assert_eq!(decode_reply(b":1\r\n:2\r\n"), Err(RespError::TrailingBytes(4)));
+        assert!(matches!(decode_reply(b"<html>503</html>"), Err(RespError::Malformed(_))));
     }
 }

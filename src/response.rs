@@ -25,10 +25,7 @@ pub fn seconds_ceil(ms: u64) -> u64 {
 
 /// The `Retry-After` header for a delay in ms: whole seconds, rounded up, at least 1.
 pub fn retry_after(delay_ms: u64) -> (String, String) {
-    (
-        "retry-after".to_string(),
-        seconds_ceil(delay_ms).max(1).to_string(),
-    )
+    ("retry-after".to_string(), seconds_ceil(delay_ms).max(1).to_string())
 }
 
 /// The rate limit headers for the quotas of one request, in the given style.
@@ -42,27 +39,11 @@ pub fn rate_limit_headers(style: HeaderStyle, quotas: &[Quota]) -> Vec<(String, 
         return headers;
     }
     if matches!(style, HeaderStyle::Draft | HeaderStyle::Both) {
-        let policies: Vec<String> = quotas
-            .iter()
-            .map(|q| {
-                format!(
-                    "\"{}\";q={};w={}",
-                    q.policy,
-                    q.limit,
-                    seconds_ceil(q.window_ms)
-                )
-            })
-            .collect();
+        let policies: Vec<String> =
+            quotas.iter().map(|q| format!("\"{}\";q={};w={}", q.policy, q.limit, seconds_ceil(q.window_ms))).collect();
         let states: Vec<String> = quotas
             .iter()
-            .map(|q| {
-                format!(
-                    "\"{}\";r={};t={}",
-                    q.policy,
-                    q.remaining,
-                    seconds_ceil(q.reset_ms)
-                )
-            })
+            .map(|q| format!("\"{}\";r={};t={}", q.policy, q.remaining, seconds_ceil(q.reset_ms)))
             .collect();
         headers.push(("ratelimit-policy".to_string(), policies.join(", ")));
         headers.push(("ratelimit".to_string(), states.join(", ")));
@@ -70,14 +51,8 @@ pub fn rate_limit_headers(style: HeaderStyle, quotas: &[Quota]) -> Vec<(String, 
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
         if let Some(tightest) = quotas.iter().min_by_key(|q| q.remaining) {
             headers.push(("x-ratelimit-limit".to_string(), tightest.limit.to_string()));
-            headers.push((
-                "x-ratelimit-remaining".to_string(),
-                tightest.remaining.to_string(),
-            ));
-            headers.push((
-                "x-ratelimit-reset".to_string(),
-                seconds_ceil(tightest.reset_ms).to_string(),
-            ));
+            headers.push(("x-ratelimit-remaining".to_string(), tightest.remaining.to_string()));
+            headers.push(("x-ratelimit-reset".to_string(), seconds_ceil(tightest.reset_ms).to_string()));
         }
     }
     headers
@@ -91,13 +66,7 @@ mod tests {
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn quota(policy: &str, remaining: u64) -> Quota {
-        Quota {
-            policy: policy.into(),
-            limit: 100,
-            window_ms: 60_000,
-            remaining,
-            reset_ms: 1_001,
-        }
+        Quota { policy: policy.into(), limit: 100, window_ms: 60_000, remaining, reset_ms: 1_001 }
     }
 
     #[test]
@@ -110,21 +79,12 @@ mod tests {
 
     #[test]
     fn draft_headers_list_every_rule() {
-        let headers = rate_limit_headers(
-            HeaderStyle::Draft,
-            &[quota("per-user", 42), quota("per-ip", 7)],
-        );
+        let headers = rate_limit_headers(HeaderStyle::Draft, &[quota("per-user", 42), quota("per-ip", 7)]);
         assert_eq!(
             headers,
             vec![
-                (
-                    "ratelimit-policy".into(),
-                    "\"per-user\";q=100;w=60, \"per-ip\";q=100;w=60".into()
-                ),
-                (
-                    "ratelimit".into(),
-                    "\"per-user\";r=42;t=2, \"per-ip\";r=7;t=2".into()
-                ),
+                ("ratelimit-policy".into(), "\"per-user\";q=100;w=60, \"per-ip\";q=100;w=60".into()),
+                ("ratelimit".into(), "\"per-user\";r=42;t=2, \"per-ip\";r=7;t=2".into()),
             ]
         );
     }
@@ -140,10 +100,7 @@ mod tests {
                 ("x-ratelimit-reset".into(), "2".into()),
             ]
         );
-        assert_eq!(
-            rate_limit_headers(HeaderStyle::Both, &[quota("a", 1)]).len(),
-            5
-        );
+        assert_eq!(rate_limit_headers(HeaderStyle::Both, &[quota("a", 1)]).len(), 5);
         assert!(rate_limit_headers(HeaderStyle::None, &[quota("a", 1)]).is_empty());
         assert!(rate_limit_headers(HeaderStyle::Draft, &[]).is_empty());
     }

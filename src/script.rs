@@ -107,12 +107,8 @@ return {code, amount, reset, rate, interval, limiterType, created}
 
 /// SHA-1 of [`ACQUIRE_SCRIPT`], lowercase hex: the `EVALSHA` name of the script in Redis's script cache.
 pub fn acquire_script_sha() -> &'static str {
-    static SHA: LazyLock<String> = LazyLock::new(|| {
-        Sha1::digest(ACQUIRE_SCRIPT.as_bytes())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
-    });
+    static SHA: LazyLock<String> =
+        LazyLock::new(|| Sha1::digest(ACQUIRE_SCRIPT.as_bytes()).iter().map(|b| format!("{b:02x}")).collect());
     &SHA
 }
 
@@ -255,22 +251,15 @@ pub fn decode_acquire_reply(reply: &Reply) -> Result<AcquireReply, ReplyError> {
     };
     let mut numbers = [0i64; 7];
     for (slot, item) in numbers.iter_mut().zip(items) {
-        *slot = item
-            .as_integer()
-            .ok_or_else(|| ReplyError::Unexpected(format!("not an integer: {item:?}")))?;
+        *slot = item.as_integer().ok_or_else(|| ReplyError::Unexpected(format!("not an integer: {item:?}")))?;
     }
     let [code, amount, reset, rate, interval, limiter_type, created] = numbers;
     let non_negative = |value: i64, what: &str| {
-        u64::try_from(value)
-            .map_err(|_| ReplyError::Unexpected(format!("negative {what}: {value}")))
+        u64::try_from(value).map_err(|_| ReplyError::Unexpected(format!("negative {what}: {value}")))
     };
     let outcome = match code {
-        1 => AcquireOutcome::Acquired {
-            remaining: non_negative(amount, "remaining permits")?,
-        },
-        0 => AcquireOutcome::Rejected {
-            delay_ms: non_negative(amount, "delay")?,
-        },
+        1 => AcquireOutcome::Acquired { remaining: non_negative(amount, "remaining permits")? },
+        0 => AcquireOutcome::Rejected { delay_ms: non_negative(amount, "delay")? },
         2 => AcquireOutcome::ExceedsRate,
         other => return Err(ReplyError::Unexpected(format!("outcome code {other}"))),
     };
@@ -313,14 +302,9 @@ mod tests {
     fn script_sha_is_sha1_hex_of_the_source() {
         let sha = acquire_script_sha();
         assert_eq!(sha.len(), 40);
-        assert!(sha
-            .bytes()
-            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert!(sha.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
         assert_eq!(
-            Sha1::digest(b"abc")
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect::<String>(),
+            Sha1::digest(b"abc").iter().map(|b| format!("{b:02x}")).collect::<String>(),
             "a9993e364706816aba3e25717850c26c9cd0d89d"
         );
     }
@@ -342,18 +326,7 @@ mod tests {
                 b"{erl:r:alice}:permits:client-1"
             ]
         );
-        assert_eq!(
-            &args[8..],
-            &[
-                &b"2"[..],
-                b"1700000000123",
-                &[7u8; 16],
-                b"10",
-                b"60000",
-                b"1",
-                b"3600000"
-            ]
-        );
+        assert_eq!(&args[8..], &[&b"2"[..], b"1700000000123", &[7u8; 16], b"10", b"60000", b"1", b"3600000"]);
         let by_source = acquire().command(Invocation::BySource);
         assert_eq!(by_source.args()[0], b"EVAL");
         assert_eq!(by_source.args()[1], ACQUIRE_SCRIPT.as_bytes());
@@ -362,20 +335,18 @@ mod tests {
 
     #[test]
     fn replies_decode_from_integers_or_webdis_bulk_strings() {
-        let native =
-            decode_reply(b"*7\r\n:1\r\n:8\r\n:59000\r\n:10\r\n:60000\r\n:0\r\n:1\r\n").unwrap();
+        let native = decode_reply(b"*7\r\n:1\r\n:8\r\n:59000\r\n:10\r\n:60000\r\n:0\r\n:1\r\n").unwrap();
         let expected = AcquireReply {
             outcome: AcquireOutcome::Acquired { remaining: 8 },
             reset_ms: 59_000,
-            effective: EffectiveConfig {
-                rate: 10,
-                interval_ms: 60_000,
-                limiter_type: LimiterType::Overall,
-            },
+            effective: EffectiveConfig { rate: 10, interval_ms: 60_000, limiter_type: LimiterType::Overall },
             created: true,
         };
         assert_eq!(decode_acquire_reply(&native), Ok(expected));
-        let webdis = decode_reply(b"*7\r\n$1\r\n0\r\n$4\r\n1503\r\n$4\r\n1500\r\n$1\r\n3\r\n$4\r\n2000\r\n$1\r\n1\r\n$1\r\n0\r\n").unwrap();
+        let webdis = decode_reply(
+            b"*7\r\n$1\r\n0\r\n$4\r\n1503\r\n$4\r\n1500\r\n$1\r\n3\r\n$4\r\n2000\r\n$1\r\n1\r\n$1\r\n0\r\n",
+        )
+        .unwrap();
         let decoded = decode_acquire_reply(&webdis).unwrap();
         assert_eq!(decoded.outcome, AcquireOutcome::Rejected { delay_ms: 1503 });
         assert_eq!(decoded.effective.limiter_type, LimiterType::PerClient);
@@ -387,10 +358,7 @@ mod tests {
         let noscript = decode_reply(b"-NOSCRIPT No matching script. Please use EVAL.\r\n").unwrap();
         assert_eq!(decode_acquire_reply(&noscript), Err(ReplyError::NoScript));
         let noauth = decode_reply(b"-NOAUTH Authentication required.\r\n").unwrap();
-        assert_eq!(
-            decode_acquire_reply(&noauth),
-            Err(ReplyError::Redis("NOAUTH Authentication required.".into()))
-        );
+        assert_eq!(decode_acquire_reply(&noauth), Err(ReplyError::Redis("NOAUTH Authentication required.".into())));
         for bad in [
             &b"$-1\r\n"[..],
             b"*6\r\n:1\r\n:1\r\n:1\r\n:1\r\n:1\r\n:1\r\n",
@@ -399,10 +367,7 @@ mod tests {
             b"*7\r\n:1\r\n:1\r\n:1\r\n:1\r\n:1\r\n:7\r\n:0\r\n",
         ] {
             assert!(
-                matches!(
-                    decode_acquire_reply(&decode_reply(bad).unwrap()),
-                    Err(ReplyError::Unexpected(_))
-                ),
+                matches!(decode_acquire_reply(&decode_reply(bad).unwrap()), Err(ReplyError::Unexpected(_))),
                 "{:?}",
                 String::from_utf8_lossy(bad)
             );

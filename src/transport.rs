@@ -10,20 +10,17 @@ use crate::config::RedisConfig;
 use crate::limiter::Failure;
 use crate::resp::Command;
 
-/// Sends commands; the reply of each arrives later in the HTTP context's callback, with the token.
+/// Sends commands; the reply of each arrives later, with the returned token, to the flow of the HTTP
+/// context that sent it.
 pub trait RedisTransport {
-    /// Sends `command`, returning the host's token for the call.
+    /// Sends `command` for the HTTP context `context_id`, returning the host's token for the call.
     ///
     /// # Errors
     /// [`Failure::SendRefused`] when the host refuses the call (unknown cluster, no healthy host).
-    fn send(&self, command: &Command) -> Result<u32, Failure>;
+    fn send(&self, context_id: u32, command: &Command) -> Result<u32, Failure>;
 
-    /// Reads the reply of the call whose callback is running: the raw RESP bytes.
-    ///
-    /// # Errors
-    /// [`Failure::NoReply`] for a timeout or connection failure, [`Failure::BridgeStatus`] for an HTTP
-    /// answer other than 200, [`Failure::BadReply`] for an empty body.
-    fn reply(&self, num_headers: usize, body_size: usize) -> Result<Vec<u8>, Failure>;
+    /// Drops the connection state so the next call sets it up again (after Redis answered `NOAUTH`).
+    fn reconnect(&self) {}
 }
 
 /// The HTTP-to-Redis bridge (webdis): `POST /` with the command in webdis's path form (see
@@ -47,29 +44,28 @@ impl HttpBridge {
         if let Some(auth) = &redis.basic_auth {
             headers.push(("authorization".to_string(), auth.clone()));
         }
-        HttpBridge {
-            cluster: redis.cluster.clone(),
-            headers,
-            timeout: Duration::from_millis(redis.timeout_ms),
-        }
+        HttpBridge { cluster: redis.cluster.clone(), headers, timeout: Duration::from_millis(redis.timeout_ms) }
     }
 }
 
 impl RedisTransport for HttpBridge {
-    fn send(&self, command: &Command) -> Result<u32, Failure> {
-        let headers: Vec<(&str, &str)> = self
-            .headers
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
+    /// `dispatch_http_call`; the SDK routes the response to the HTTP context that is active now.
+    fn send(&self, _context_id: u32, command: &Command) -> Result<u32, Failure> {
+        let headers: Vec<(&str, &str)> = self.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let body = command.to_webdis_path();
         hostcalls::dispatch_http_call(&self.cluster, headers, Some(&body), vec![], self.timeout)
-            .map_err(|status| {
-                Failure::SendRefused(format!("{status:?} for cluster {:?}", self.cluster))
-            })
+            .map_err(|status| Failure::SendRefused(format!("{status:?} for cluster {:?}", self.cluster)))
     }
+}
 
-    fn reply(&self, num_headers: usize, body_size: usize) -> Result<Vec<u8>, Failure> {
+impl HttpBridge {
+    /// Reads the reply of the call whose callback is running: the raw RESP bytes.
+    ///
+    /// # Errors
+    /// [`Failure::NoReply`] for a failed call, [`Failure::BridgeStatus`] for an HTTP answer other than
+    /// 200 (Envoy synthesizes 504 on timeout; webdis answers 503 without Redis), [`Failure::BadReply`]
+    /// for an empty body.
+    pub fn reply(num_headers: usize, body_size: usize) -> Result<Vec<u8>, Failure> {
         // Envoy reports a timeout or a failed connection as a response with no headers and no body.
         if num_headers == 0 {
             return Err(Failure::NoReply);
@@ -84,9 +80,7 @@ impl RedisTransport for HttpBridge {
         }
         match hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size) {
             Ok(Some(body)) if !body.is_empty() => Ok(body),
-            _ => Err(Failure::BadReply(
-                "the bridge answered 200 with an empty body".into(),
-            )),
+            _ => Err(Failure::BadReply("the bridge answered 200 with an empty body".into())),
         }
     }
 }
