@@ -19,11 +19,19 @@ pub enum Observation {
     Changed(EffectiveConfig),
 }
 
+#[derive(Debug)]
+struct Entry {
+    config: EffectiveConfig,
+    /// The rule's config was applied to this limiter (`rate_source: config`) under the current plugin
+    /// configuration (the cache is made anew with each configuration).
+    applied: bool,
+}
+
 /// Limiter name -> config in Redis, at most `capacity` entries.
 #[derive(Debug)]
 pub struct LimiterCache {
     capacity: usize,
-    entries: HashMap<String, EffectiveConfig>,
+    entries: HashMap<String, Entry>,
 }
 
 impl LimiterCache {
@@ -34,17 +42,30 @@ impl LimiterCache {
 
     /// The config last seen in Redis for `name`.
     pub fn get(&self, name: &str) -> Option<EffectiveConfig> {
-        self.entries.get(name).copied()
+        self.entries.get(name).map(|entry| entry.config)
+    }
+
+    /// Whether the rule's config was applied to limiter `name` under this plugin configuration.
+    pub fn is_applied(&self, name: &str) -> bool {
+        self.entries.get(name).is_some_and(|entry| entry.applied)
+    }
+
+    /// Records that the rule's config was applied to (or found in) limiter `name`: it is not applied
+    /// again under this plugin configuration, so a later change by an operator stands.
+    pub fn mark_applied(&mut self, name: &str) {
+        if let Some(entry) = self.entries.get_mut(name) {
+            entry.applied = true;
+        }
     }
 
     /// Records the config Redis returned for `name`. When the cache is full, an arbitrary entry makes room:
     /// an evicted limiter only loses the local shortcut until its next reply.
     pub fn observe(&mut self, name: &str, config: EffectiveConfig) -> Observation {
         if let Some(known) = self.entries.get_mut(name) {
-            if *known == config {
+            if known.config == config {
                 return Observation::Unchanged;
             }
-            let old = std::mem::replace(known, config);
+            let old = std::mem::replace(&mut known.config, config);
             return Observation::Changed(old);
         }
         if self.entries.len() >= self.capacity {
@@ -52,7 +73,7 @@ impl LimiterCache {
                 self.entries.remove(&victim);
             }
         }
-        self.entries.insert(name.to_string(), config);
+        self.entries.insert(name.to_string(), Entry { config, applied: false });
         Observation::New
     }
 
@@ -87,6 +108,18 @@ mod tests {
         assert_eq!(cache.observe("a", config(3)), Observation::Changed(config(5)));
         assert_eq!(cache.get("a"), Some(config(3)));
         assert_eq!(cache.get("b"), None);
+    }
+
+    #[test]
+    fn applied_marks_stick_to_their_limiter() {
+        let mut cache = LimiterCache::new(10);
+        cache.mark_applied("a");
+        assert!(!cache.is_applied("a"), "an unknown limiter cannot be marked");
+        cache.observe("a", config(5));
+        cache.mark_applied("a");
+        cache.observe("a", config(3));
+        assert!(cache.is_applied("a"), "a later change in Redis does not undo the mark");
+        assert!(!cache.is_applied("b"));
     }
 
     #[test]

@@ -105,6 +105,29 @@ pub enum OnMissing {
     Share,
 }
 
+/// Who wins when Redis holds another rate, interval or type for a limiter than the rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum RateSource {
+    /// Redis wins (trySetRate semantics): an operator or a Java service controls the limit.
+    #[default]
+    Redis,
+    /// The configuration wins: applied once per limiter and configuration with updateRate, keeping
+    /// consumed permits (no burst at the change).
+    Config,
+}
+
+/// Where the acquire time comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ClockSource {
+    /// The gateway's clock, as Redisson uses its client's clock.
+    #[default]
+    Gateway,
+    /// Redis's `TIME`: removes clock skew between gateways (and Redisson clients using it).
+    Redis,
+}
+
 /// Which rate limit headers responses carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -171,6 +194,8 @@ struct RawConfig {
     rate_limit_headers: HeaderStyle,
     #[serde(default = "default_cache_size")]
     cache_size: usize,
+    #[serde(default)]
+    clock: ClockSource,
 }
 
 #[derive(Debug, Deserialize)]
@@ -205,6 +230,8 @@ struct RawRule {
     #[serde(default)]
     on_missing: OnMissing,
     limiter: Option<String>,
+    #[serde(default)]
+    rate_source: RateSource,
 }
 
 fn default_transport() -> TransportKind {
@@ -278,6 +305,8 @@ pub struct Rule {
     pub keep_alive_ms: u64,
     /// What to do when the request has no key value.
     pub on_missing: OnMissing,
+    /// Who wins when Redis holds another config.
+    pub rate_source: RateSource,
 }
 
 /// The response sent for a rejected request.
@@ -306,6 +335,8 @@ pub struct PluginConfig {
     pub headers: HeaderStyle,
     /// How many limiter names the per-VM cache remembers.
     pub cache_size: usize,
+    /// Where acquire times come from.
+    pub clock: ClockSource,
 }
 
 impl PluginConfig {
@@ -356,6 +387,7 @@ impl RawConfig {
             rejection: Rejection { status: self.rejected_status, body: self.rejected_body },
             headers: self.rate_limit_headers,
             cache_size: self.cache_size,
+            clock: self.clock,
         })
     }
 }
@@ -490,6 +522,7 @@ impl RawRule {
             permits: self.permits,
             keep_alive_ms,
             on_missing: self.on_missing,
+            rate_source: self.rate_source,
         })
     }
 }

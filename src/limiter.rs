@@ -10,12 +10,13 @@
 use std::fmt;
 
 use crate::cache::{LimiterCache, Observation};
-use crate::config::{FailureMode, OnMissing, PluginConfig, Rule};
+use crate::config::{ClockSource, FailureMode, OnMissing, PluginConfig, RateSource, Rule};
 use crate::key::{extract, limiter_name, KeyValue, LimiterKeys, RequestView};
 use crate::resp::{decode_reply, Command};
 use crate::response::{rate_limit_headers, retry_after, Quota};
 use crate::script::{
-    decode_acquire_reply, Acquire, AcquireOutcome, EffectiveConfig, Invocation, ReplyError, MEMBER_RANDOM_LEN,
+    decode_acquire_reply, Acquire, AcquireOutcome, Clock, ConfigChange, EffectiveConfig, Invocation, ReplyError,
+    MEMBER_RANDOM_LEN,
 };
 
 /// Why a rule could not be decided. Each variant is one cause for once-per-cause logging.
@@ -120,6 +121,15 @@ pub enum Notice {
         /// What Redis holds.
         effective: EffectiveConfig,
     },
+    /// The rule's config replaced another one in Redis (`rate_source: config`), keeping consumed permits.
+    ConfigApplied {
+        /// The rule.
+        rule: String,
+        /// The limiter name.
+        limiter: String,
+        /// What Redis holds now.
+        effective: EffectiveConfig,
+    },
     /// The rule's permits per request exceed the limiter's rate in Redis: such requests are always rejected.
     ExceedsRate {
         /// The rule.
@@ -135,6 +145,11 @@ impl fmt::Display for Notice {
             Notice::ConfigDiffers { rule, limiter, effective } => write!(
                 f,
                 "rule {rule}: limiter {limiter} exists in Redis with rate {} per {} ms ({:?}), which differs from the configuration; obeying Redis",
+                effective.rate, effective.interval_ms, effective.limiter_type
+            ),
+            Notice::ConfigApplied { rule, limiter, effective } => write!(
+                f,
+                "rule {rule}: limiter {limiter} held another config in Redis; applied rate {} per {} ms ({:?}) keeping consumed permits (rate_source: config)",
                 effective.rate, effective.interval_ms, effective.limiter_type
             ),
             Notice::ExceedsRate { rule, limiter } => write!(
@@ -259,12 +274,16 @@ fn acquire_for(rule: &Rule, name: &str, ctx: &Context<'_>, member_random: [u8; M
     Acquire {
         keys: LimiterKeys::new(name, ctx.client_id),
         permits: rule.permits,
-        now_ms: ctx.now_ms,
+        clock: match ctx.config.clock {
+            ClockSource::Gateway => Clock::Gateway(ctx.now_ms),
+            ClockSource::Redis => Clock::Redis,
+        },
         member_random,
         rate: rule.rate,
         interval_ms: rule.interval_ms,
         limiter_type: rule.limiter_type,
         keep_alive_ms: rule.keep_alive_ms,
+        apply_config: rule.rate_source == RateSource::Config && !ctx.cache.is_applied(name),
     }
 }
 
@@ -310,7 +329,17 @@ impl PendingRequest {
                 let observation = cache.observe(&limiter, reply.effective);
                 let configured = (rule.rate, rule.interval_ms, rule.limiter_type);
                 let held = (reply.effective.rate, reply.effective.interval_ms, reply.effective.limiter_type);
-                if matches!(observation, Observation::New | Observation::Changed(_)) && configured != held {
+                let noticed = matches!(observation, Observation::New | Observation::Changed(_));
+                if entry.acquire.apply_config {
+                    cache.mark_applied(&limiter);
+                }
+                if reply.change == ConfigChange::Updated {
+                    notice = Some(Notice::ConfigApplied {
+                        rule: rule.name.clone(),
+                        limiter: limiter.clone(),
+                        effective: reply.effective,
+                    });
+                } else if noticed && configured != held {
                     notice = Some(Notice::ConfigDiffers {
                         rule: rule.name.clone(),
                         limiter: limiter.clone(),
@@ -587,6 +616,23 @@ mod tests {
         assert_eq!(notices[1..], [None, None]);
         let (mut pending, _) = sent(h.start(&[("x-user", "bob")]));
         assert_eq!(pending.on_reply(0, Ok(&script_reply(1, 4, 0, 5)), &h.config, &mut h.cache).1, None);
+    }
+
+    #[test]
+    fn the_configured_rate_is_applied_once_per_limiter_when_the_config_wins() {
+        let mut h = Harness::new(config(r#","rate_source":"config""#, ""));
+        let (mut pending, commands) = sent(h.start(&[("x-user", "alice")]));
+        assert_eq!(commands[0].1.args()[15], b"1", "the first acquire asks Redis to apply the config");
+        let updated = b"*7\r\n:1\r\n:4\r\n:0\r\n:5\r\n:2000\r\n:0\r\n:2\r\n";
+        let (_, notice) = pending.on_reply(0, Ok(updated), &h.config, &mut h.cache);
+        assert!(matches!(notice, Some(Notice::ConfigApplied { .. })), "{notice:?}");
+        let (_, commands) = sent(h.start(&[("x-user", "alice")]));
+        assert_eq!(commands[0].1.args()[15], b"0", "never again under this configuration");
+        let (_, commands) = sent(h.start(&[("x-user", "bob")]));
+        assert_eq!(commands[0].1.args()[15], b"1", "each limiter once");
+        let mut redis_wins = Harness::new(config("", ""));
+        let (_, commands) = sent(redis_wins.start(&[("x-user", "alice")]));
+        assert_eq!(commands[0].1.args()[15], b"0");
     }
 
     #[test]

@@ -1,10 +1,13 @@
-//! The Redis side of a decision: the acquire Lua script, the command that runs it, and its reply.
+//! The Redis side of the limiter: Lua scripts with the effects of Redisson 4.x `RedissonRateLimiter`
+//! operations (DESIGN.md, "Redisson's RRateLimiter layout"), the commands that run them, and the acquire
+//! script's reply.
 //!
-//! The script has the effects of Redisson 4.x `RedissonRateLimiter.tryAcquire` (DESIGN.md, "Redisson's
-//! RRateLimiter layout"), preceded by Redisson's `trySetRate` when the limiter does not exist: the config
-//! fields are written with `HSETNX`, so a limiter that exists (created by a Java service, an operator, or
-//! another gateway) is obeyed and never overwritten, and a limiter that expired or was deleted is
-//! re-created in the same round trip. One `EVALSHA` per rule and request, atomic in Redis.
+//! Every script takes the same five `KEYS` ([`LimiterKeys`]: config hash, value, client value, permits,
+//! client permits), all in one cluster hash slot, and is built from one Lua prelude, so an operation is
+//! written once. The filter runs [`ACQUIRE`] once per rule and request: Redisson's `tryAcquire`, preceded
+//! by `trySetRate` (`HSETNX`: an existing limiter is obeyed, never overwritten; an expired or deleted one
+//! is re-created in the same round trip), and optionally by `updateRate` when the configuration must win.
+//! The other scripts serve operators and tests.
 
 use std::sync::LazyLock;
 
@@ -14,43 +17,23 @@ use crate::config::LimiterType;
 use crate::key::LimiterKeys;
 use crate::resp::{Command, Reply};
 
-/// The acquire script (Lua 5.1 as embedded in Redis 7, with the `struct` library).
+/// Lua shared by every script (Lua 5.1 as embedded in Redis 7, with the `struct` library).
 ///
-/// `KEYS`: 1 config hash, 2 value, 3 client value, 4 permits, 5 client permits (as [`LimiterKeys`]).
-/// `ARGV`: 1 permits requested, 2 now (ms since the epoch), 3 the new member's random bytes,
-/// 4 rate, 5 interval (ms), 6 type (`0`/`1`), 7 keepAliveTime (ms): 4-7 are written only if the limiter
-/// does not exist.
-///
-/// Reply, an array of integers only (webdis drops nil array elements):
-/// `{code, amount, reset_ms, rate, interval_ms, type, created}` where `code` 1 = acquired and `amount` is
-/// the permits left; 0 = rejected and `amount` is Redisson's delay in ms; 2 = more permits requested than
-/// the limiter's rate (can never succeed; Redisson raises an error). `reset_ms` is when the oldest permit
-/// of the window is released; rate, interval and type are the limiter's config as Redis holds it.
-pub const ACQUIRE_SCRIPT: &str = r"-- edge-rate-limiter acquire: Redisson 4.x RRateLimiter tryAcquire (+ trySetRate when missing)
-local config = redis.call('hmget', KEYS[1], 'rate', 'interval', 'type', 'keepAliveTime')
-local created = 0
-if config[1] == false or config[2] == false or config[3] == false then
-  redis.call('hsetnx', KEYS[1], 'rate', ARGV[4])
-  redis.call('hsetnx', KEYS[1], 'interval', ARGV[5])
-  redis.call('hsetnx', KEYS[1], 'keepAliveTime', ARGV[7])
-  created = redis.call('hsetnx', KEYS[1], 'type', ARGV[6])
-  if created == 1 and tonumber(ARGV[7]) > 0 then
-    redis.call('pexpire', KEYS[1], ARGV[7])
-  end
-  config = redis.call('hmget', KEYS[1], 'rate', 'interval', 'type', 'keepAliveTime')
-end
-local rate = tonumber(config[1])
-local interval = tonumber(config[2])
-local limiterType = tonumber(config[3])
-local keepAlive = tonumber(config[4]) or 0
-local valueName, permitsName = KEYS[2], KEYS[4]
-if config[3] == '1' then
-  valueName, permitsName = KEYS[3], KEYS[5]
-end
-local requested = tonumber(ARGV[1])
-local now = tonumber(ARGV[2])
-if requested > rate then
-  return {2, 0, 0, rate, interval, limiterType, created}
+/// - `nowMs(arg)`: `arg` as ms since the epoch, or Redis's own `TIME` when `arg` is empty.
+/// - `sumPermits(members)`: permits carried by permit members, `struct.pack('Bc0I', #random, random,
+///   permits)` as Redisson 4.x writes them (16 random bytes; 8 for Redisson 3.17-3.20: `Bc0` reads both).
+/// - `names(type)`: the value and permits keys of a limiter type (`'1'` = per client).
+/// - `trySetRate(...)`: `HSETNX` of the four config fields, `PEXPIRE` of the hash if it was created with
+///   a keep-alive; returns 1 if created.
+/// - `updateRate(...)`: `HSET` of the config keeping state: a type change deletes all state; otherwise
+///   permits outside the new window are dropped and value = max(0, rate - permits still in the window).
+macro_rules! lua_prelude {
+    () => {
+        r"
+local function nowMs(arg)
+  if arg ~= nil and arg ~= '' then return tonumber(arg) end
+  local t = redis.call('time')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local function sumPermits(members)
   local total = 0
@@ -59,6 +42,128 @@ local function sumPermits(members)
     total = total + permits
   end
   return total
+end
+local function names(limiterType)
+  if limiterType == '1' then return KEYS[3], KEYS[5] end
+  return KEYS[2], KEYS[4]
+end
+local function trySetRate(rate, interval, limiterType, keepAlive)
+  redis.call('hsetnx', KEYS[1], 'rate', rate)
+  redis.call('hsetnx', KEYS[1], 'interval', interval)
+  redis.call('hsetnx', KEYS[1], 'keepAliveTime', keepAlive)
+  local created = redis.call('hsetnx', KEYS[1], 'type', limiterType)
+  if created == 1 and tonumber(keepAlive) > 0 then
+    redis.call('pexpire', KEYS[1], keepAlive)
+  end
+  return created
+end
+local function updateRate(rate, interval, limiterType, keepAlive, now)
+  local oldType = redis.call('hget', KEYS[1], 'type')
+  redis.call('hset', KEYS[1], 'rate', rate, 'interval', interval, 'type', limiterType, 'keepAliveTime', keepAlive)
+  if oldType ~= limiterType then
+    redis.call('del', KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+  else
+    local valueName, permitsName = names(limiterType)
+    redis.call('zremrangebyscore', permitsName, 0, now - tonumber(interval))
+    if redis.call('exists', valueName) == 1 then
+      local used = sumPermits(redis.call('zrange', permitsName, 0, -1))
+      redis.call('set', valueName, math.max(0, tonumber(rate) - used))
+    end
+  end
+  if tonumber(keepAlive) > 0 then
+    redis.call('pexpire', KEYS[1], keepAlive)
+  end
+end
+local function isInitialized(config)
+  return config[1] ~= false and config[2] ~= false and config[3] ~= false
+end
+"
+    };
+}
+
+/// A Lua script run with `EVALSHA` (falling back to `EVAL` on `NOSCRIPT`).
+#[derive(Debug)]
+pub struct Script {
+    /// Short name for logs and errors.
+    pub name: &'static str,
+    /// The Lua source.
+    pub source: &'static str,
+    sha: LazyLock<String>,
+}
+
+impl Script {
+    const fn new(name: &'static str, source: &'static str, sha: fn() -> String) -> Self {
+        Script { name, source, sha: LazyLock::new(sha) }
+    }
+
+    /// SHA-1 of the source, lowercase hex: the script's name in Redis's script cache.
+    pub fn sha(&self) -> &str {
+        &self.sha
+    }
+
+    /// The command running this script on a limiter's keys with `args` as `ARGV`.
+    pub fn command(&self, invocation: Invocation, keys: &LimiterKeys, args: &[&[u8]]) -> Command {
+        let command = match invocation {
+            Invocation::BySha => Command::new("EVALSHA").arg(self.sha()),
+            Invocation::BySource => Command::new("EVAL").arg(self.source),
+        };
+        let command = command
+            .arg("5")
+            .arg(&keys.config)
+            .arg(&keys.value)
+            .arg(&keys.client_value)
+            .arg(&keys.permits)
+            .arg(&keys.client_permits);
+        args.iter().fold(command, |command, arg| command.arg(arg))
+    }
+}
+
+fn sha1_hex(source: &str) -> String {
+    Sha1::digest(source.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+macro_rules! script {
+    ($name:literal, $body:literal) => {{
+        const SOURCE: &str = concat!("-- edge-rate-limiter ", $name, lua_prelude!(), $body);
+        Script::new($name, SOURCE, || sha1_hex(SOURCE))
+    }};
+}
+
+/// Acquire: Redisson `tryAcquire(permits)`, preceded by `trySetRate` when the limiter does not exist and,
+/// if asked, by `updateRate` when Redis holds another config than the arguments.
+///
+/// `ARGV`: 1 permits requested, 2 now (ms since the epoch; empty = Redis `TIME`), 3 the new member's
+/// random bytes, 4 rate, 5 interval (ms), 6 type (`0`/`1`), 7 keepAliveTime (ms), 8 `1` = apply 4-7 with
+/// `updateRate` (keeping state) if they differ from Redis's.
+///
+/// Reply, an array of integers only (webdis drops nil array elements):
+/// `{code, amount, reset_ms, rate, interval_ms, type, change}`. `code` 1 = acquired and `amount` is the
+/// permits left; 0 = rejected and `amount` is Redisson's delay in ms (`3 + interval - (now - oldest)`);
+/// 2 = more permits requested than the rate (no wait can grant them; Redisson raises an error).
+/// `reset_ms`: until the oldest permit of the window is released. rate, interval and type: the config in
+/// Redis after the call. `change`: 0 none, 1 created (trySetRate), 2 updated (updateRate).
+pub static ACQUIRE: Script = script!(
+    "acquire",
+    r"
+local config = redis.call('hmget', KEYS[1], 'rate', 'interval', 'type', 'keepAliveTime')
+local now = nowMs(ARGV[2])
+local change = 0
+if not isInitialized(config) then
+  change = trySetRate(ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+elseif ARGV[8] == '1' and (config[1] ~= ARGV[4] or config[2] ~= ARGV[5] or config[3] ~= ARGV[6] or (config[4] or '0') ~= ARGV[7]) then
+  updateRate(ARGV[4], ARGV[5], ARGV[6], ARGV[7], now)
+  change = 2
+end
+if change ~= 0 then
+  config = redis.call('hmget', KEYS[1], 'rate', 'interval', 'type', 'keepAliveTime')
+end
+local rate = tonumber(config[1])
+local interval = tonumber(config[2])
+local keepAlive = tonumber(config[4]) or 0
+local valueName, permitsName = names(config[3])
+local requested = tonumber(ARGV[1])
+if requested > rate then
+  return {2, 0, 0, rate, interval, tonumber(config[3]), change}
 end
 local value = redis.call('get', valueName)
 if value == false then
@@ -102,18 +207,91 @@ else
     redis.call('pexpire', permitsName, ttl)
   end
 end
-return {code, amount, reset, rate, interval, limiterType, created}
-";
+return {code, amount, reset, rate, interval, tonumber(config[3]), change}
+"
+);
 
-/// SHA-1 of [`ACQUIRE_SCRIPT`], lowercase hex: the `EVALSHA` name of the script in Redis's script cache.
-pub fn acquire_script_sha() -> &'static str {
-    static SHA: LazyLock<String> =
-        LazyLock::new(|| Sha1::digest(ACQUIRE_SCRIPT.as_bytes()).iter().map(|b| format!("{b:02x}")).collect());
-    &SHA
-}
+/// Redisson `trySetRate`: `ARGV` rate, interval (ms), type, keepAliveTime (ms). Replies 1 if the limiter
+/// was created, 0 if it existed (its config is left as it is).
+pub static TRY_SET_RATE: Script = script!(
+    "trySetRate",
+    r"
+return trySetRate(ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+"
+);
+
+/// Redisson `setRate`: writes the config and resets the state (value and permits, overall and this
+/// client's). `ARGV` rate, interval (ms), type, keepAliveTime (ms). Replies 1.
+pub static SET_RATE: Script = script!(
+    "setRate",
+    r"
+redis.call('hset', KEYS[1], 'rate', ARGV[1], 'interval', ARGV[2], 'type', ARGV[3], 'keepAliveTime', ARGV[4])
+if tonumber(ARGV[4]) > 0 then
+  redis.call('pexpire', KEYS[1], ARGV[4])
+end
+redis.call('del', KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+return 1
+"
+);
+
+/// Redisson 4.4+ `setRate` keeping state (`updateRate`): consumed permits stay consumed, so changing a
+/// rate causes no burst. `ARGV` rate, interval (ms), type, keepAliveTime (ms), now (ms; empty = Redis
+/// `TIME`). Replies 1, or 0 if the limiter does not exist (nothing is written).
+pub static UPDATE_RATE: Script = script!(
+    "updateRate",
+    r"
+local config = redis.call('hmget', KEYS[1], 'rate', 'interval', 'type')
+if not isInitialized(config) then return 0 end
+updateRate(ARGV[1], ARGV[2], ARGV[3], ARGV[4], nowMs(ARGV[5]))
+return 1
+"
+);
+
+/// Redisson `availablePermits`: releases the permits that left the window and replies the permits
+/// available now (a missing value key is set to the rate). `ARGV` now (ms; empty = Redis `TIME`).
+/// Error reply `RateLimiter is not initialized` when the limiter does not exist.
+pub static AVAILABLE_PERMITS: Script = script!(
+    "availablePermits",
+    r"
+local config = redis.call('hmget', KEYS[1], 'rate', 'interval', 'type')
+if not isInitialized(config) then return redis.error_reply('RateLimiter is not initialized') end
+local valueName, permitsName = names(config[3])
+local value = redis.call('get', valueName)
+if value == false then
+  redis.call('set', valueName, config[1])
+  return tonumber(config[1])
+end
+local now = nowMs(ARGV[1])
+local released = sumPermits(redis.call('zrangebyscore', permitsName, 0, now - tonumber(config[2])))
+if released > 0 then
+  redis.call('zremrangebyscore', permitsName, 0, now - tonumber(config[2]))
+  value = tonumber(value) + released
+  redis.call('set', valueName, value)
+end
+return tonumber(value)
+"
+);
+
+/// Redisson `delete`: removes every key of the limiter (config, value and permits, overall and this
+/// client's). Replies the number of keys removed.
+pub static DELETE: Script = script!(
+    "delete",
+    r"
+return redis.call('del', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+"
+);
 
 /// Length of the random part of a permit member, bytes (Redisson 4.x; 3.17-3.20 wrote 8).
 pub const MEMBER_RANDOM_LEN: usize = 16;
+
+/// Where the acquire time comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Clock {
+    /// The gateway's clock, ms since the epoch (Redisson uses the client's clock the same way).
+    Gateway(u64),
+    /// Redis's `TIME`: one clock for every gateway, no skew.
+    Redis,
+}
 
 /// One acquire: which limiter, how many permits, at what time, and the config to create it with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,18 +300,20 @@ pub struct Acquire {
     pub keys: LimiterKeys,
     /// Permits to take.
     pub permits: u64,
-    /// Acquire time, milliseconds since the Unix epoch (the gateway's clock, as Redisson uses the client's).
-    pub now_ms: u64,
+    /// Acquire time.
+    pub clock: Clock,
     /// Random bytes of the new member, unique per acquire.
     pub member_random: [u8; MEMBER_RANDOM_LEN],
-    /// Config written if the limiter does not exist: permits per interval.
+    /// Config written if the limiter does not exist (or applied, with `apply_config`): permits per interval.
     pub rate: u64,
-    /// Config written if the limiter does not exist: interval, ms.
+    /// Config: interval, ms.
     pub interval_ms: u64,
-    /// Config written if the limiter does not exist: type.
+    /// Config: type.
     pub limiter_type: LimiterType,
-    /// Config written if the limiter does not exist: keepAliveTime, ms (0 = none).
+    /// Config: keepAliveTime, ms (0 = none).
     pub keep_alive_ms: u64,
+    /// Whether to apply the config with `updateRate` when Redis holds another one.
+    pub apply_config: bool,
 }
 
 /// How the script is named in the command.
@@ -146,27 +326,27 @@ pub enum Invocation {
 }
 
 impl Acquire {
-    /// The `EVALSHA` (or `EVAL`) command running [`ACQUIRE_SCRIPT`] for this acquire.
+    /// The `EVALSHA` (or `EVAL`) command running [`ACQUIRE`] for this acquire.
     pub fn command(&self, invocation: Invocation) -> Command {
-        let command = match invocation {
-            Invocation::BySha => Command::new("EVALSHA").arg(acquire_script_sha()),
-            Invocation::BySource => Command::new("EVAL").arg(ACQUIRE_SCRIPT),
+        let now = match self.clock {
+            Clock::Gateway(ms) => ms.to_string(),
+            Clock::Redis => String::new(),
         };
-        let k = &self.keys;
-        command
-            .arg("5")
-            .arg(&k.config)
-            .arg(&k.value)
-            .arg(&k.client_value)
-            .arg(&k.permits)
-            .arg(&k.client_permits)
-            .arg(self.permits.to_string())
-            .arg(self.now_ms.to_string())
-            .arg(self.member_random)
-            .arg(self.rate.to_string())
-            .arg(self.interval_ms.to_string())
-            .arg(self.limiter_type.redisson_ordinal().to_string())
-            .arg(self.keep_alive_ms.to_string())
+        let args = [
+            self.permits.to_string(),
+            now,
+            String::new(),
+            self.rate.to_string(),
+            self.interval_ms.to_string(),
+            self.limiter_type.redisson_ordinal().to_string(),
+            self.keep_alive_ms.to_string(),
+            if self.apply_config { "1" } else { "0" }.to_string(),
+        ];
+        let mut argv: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        if let Some(random) = argv.get_mut(2) {
+            *random = &self.member_random;
+        }
+        ACQUIRE.command(invocation, &self.keys, &argv)
     }
 }
 
@@ -207,8 +387,19 @@ pub struct AcquireReply {
     pub reset_ms: u64,
     /// The limiter's config in Redis.
     pub effective: EffectiveConfig,
-    /// Whether this call created the limiter (trySetRate wrote the config).
-    pub created: bool,
+    /// Whether this call wrote the limiter's config.
+    pub change: ConfigChange,
+}
+
+/// What an acquire did to the limiter's config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigChange {
+    /// Nothing: the limiter existed and was used as it is.
+    None,
+    /// The limiter did not exist and was created (trySetRate).
+    Created,
+    /// Redis held another config, replaced keeping state (updateRate), as asked.
+    Updated,
 }
 
 /// Why a reply is not an acquire decision.
@@ -253,7 +444,7 @@ pub fn decode_acquire_reply(reply: &Reply) -> Result<AcquireReply, ReplyError> {
     for (slot, item) in numbers.iter_mut().zip(items) {
         *slot = item.as_integer().ok_or_else(|| ReplyError::Unexpected(format!("not an integer: {item:?}")))?;
     }
-    let [code, amount, reset, rate, interval, limiter_type, created] = numbers;
+    let [code, amount, reset, rate, interval, limiter_type, change] = numbers;
     let non_negative = |value: i64, what: &str| {
         u64::try_from(value).map_err(|_| ReplyError::Unexpected(format!("negative {what}: {value}")))
     };
@@ -273,7 +464,12 @@ pub fn decode_acquire_reply(reply: &Reply) -> Result<AcquireReply, ReplyError> {
             interval_ms: non_negative(interval, "interval")?,
             limiter_type,
         },
-        created: created == 1,
+        change: match change {
+            0 => ConfigChange::None,
+            1 => ConfigChange::Created,
+            2 => ConfigChange::Updated,
+            other => return Err(ReplyError::Unexpected(format!("config change code {other}"))),
+        },
     })
 }
 
@@ -289,18 +485,19 @@ mod tests {
         Acquire {
             keys: LimiterKeys::new("erl:r:alice", "client-1"),
             permits: 2,
-            now_ms: 1_700_000_000_123,
+            clock: Clock::Gateway(1_700_000_000_123),
             member_random: [7; MEMBER_RANDOM_LEN],
             rate: 10,
             interval_ms: 60_000,
             limiter_type: LimiterType::PerClient,
             keep_alive_ms: 3_600_000,
+            apply_config: false,
         }
     }
 
     #[test]
     fn script_sha_is_sha1_hex_of_the_source() {
-        let sha = acquire_script_sha();
+        let sha = ACQUIRE.sha();
         assert_eq!(sha.len(), 40);
         assert!(sha.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
         assert_eq!(
@@ -314,7 +511,7 @@ mod tests {
         let command = acquire().command(Invocation::BySha);
         let args: Vec<&[u8]> = command.args().iter().map(Vec::as_slice).collect();
         assert_eq!(args[0], b"EVALSHA");
-        assert_eq!(args[1], acquire_script_sha().as_bytes());
+        assert_eq!(args[1], ACQUIRE.sha().as_bytes());
         assert_eq!(
             &args[2..8],
             &[
@@ -326,11 +523,29 @@ mod tests {
                 b"{erl:r:alice}:permits:client-1"
             ]
         );
-        assert_eq!(&args[8..], &[&b"2"[..], b"1700000000123", &[7u8; 16], b"10", b"60000", b"1", b"3600000"]);
+        assert_eq!(&args[8..], &[&b"2"[..], b"1700000000123", &[7u8; 16], b"10", b"60000", b"1", b"3600000", b"0"]);
         let by_source = acquire().command(Invocation::BySource);
         assert_eq!(by_source.args()[0], b"EVAL");
-        assert_eq!(by_source.args()[1], ACQUIRE_SCRIPT.as_bytes());
+        assert_eq!(by_source.args()[1], ACQUIRE.source.as_bytes());
         assert_eq!(&by_source.args()[2..], &command.args()[2..]);
+    }
+
+    #[test]
+    fn redis_clock_sends_no_time_and_apply_config_sets_the_flag() {
+        let mut acquire = acquire();
+        acquire.clock = Clock::Redis;
+        acquire.apply_config = true;
+        let command = acquire.command(Invocation::BySha);
+        assert_eq!(command.args()[9], b"", "an empty time makes the script read Redis TIME");
+        assert_eq!(command.args()[15], b"1");
+    }
+
+    #[test]
+    fn every_script_shares_the_prelude_and_has_its_own_sha() {
+        let scripts = [&ACQUIRE, &TRY_SET_RATE, &SET_RATE, &UPDATE_RATE, &AVAILABLE_PERMITS, &DELETE];
+        let shas: std::collections::HashSet<&str> = scripts.iter().map(|s| s.sha()).collect();
+        assert_eq!(shas.len(), scripts.len());
+        assert!(scripts.iter().all(|s| s.source.contains("local function sumPermits")));
     }
 
     #[test]
@@ -340,7 +555,7 @@ mod tests {
             outcome: AcquireOutcome::Acquired { remaining: 8 },
             reset_ms: 59_000,
             effective: EffectiveConfig { rate: 10, interval_ms: 60_000, limiter_type: LimiterType::Overall },
-            created: true,
+            change: ConfigChange::Created,
         };
         assert_eq!(decode_acquire_reply(&native), Ok(expected));
         let webdis = decode_reply(
@@ -350,7 +565,7 @@ mod tests {
         let decoded = decode_acquire_reply(&webdis).unwrap();
         assert_eq!(decoded.outcome, AcquireOutcome::Rejected { delay_ms: 1503 });
         assert_eq!(decoded.effective.limiter_type, LimiterType::PerClient);
-        assert!(!decoded.created);
+        assert_eq!(decoded.change, ConfigChange::None);
     }
 
     #[test]
