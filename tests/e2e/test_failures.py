@@ -1,0 +1,70 @@
+"""When Redis is down or hangs: fail open or closed, within the configured timeout, and recover."""
+
+from __future__ import annotations
+
+import time
+
+from harness import plugin_config, rule, wait_until
+
+TIMEOUT_MS = 300
+TIMEOUT_S = TIMEOUT_MS / 1000
+MARGIN_S = 0.7  # Envoy, webdis and the test client on a busy CI machine
+
+
+def gateways(stack):
+    """One Envoy failing open (the default) and one failing closed, both with a 300 ms Redis timeout."""
+    limit = rule(rate=1, interval="1m")
+    fail_open = stack.envoy(plugin_config(limit, timeout=f"{TIMEOUT_MS}ms"))
+    fail_closed = stack.envoy(plugin_config(limit, timeout=TIMEOUT_MS, failure_mode="deny"))
+    return fail_open, fail_closed
+
+
+def timed(envoy, who: str = "alice"):
+    started = time.monotonic()
+    response = envoy.send(headers={"x-user-id": who})
+    return response, time.monotonic() - started
+
+
+def test_redis_down_fails_open_or_closed_quickly_and_limiting_resumes(stack):
+    fail_open, fail_closed = gateways(stack)
+    stack.redis.stop()
+
+    for _ in range(3):
+        response, elapsed = timed(fail_open)
+        assert (response.status, response.body) == (200, "upstream ok\n")
+        assert elapsed < TIMEOUT_S + MARGIN_S
+        response, elapsed = timed(fail_closed)
+        assert response.status == 503
+        assert elapsed < TIMEOUT_S + MARGIN_S
+    assert fail_open.metrics()["failure_allowed"] == 3
+    assert fail_closed.metrics()["failure_denied"] == 3
+    assert fail_closed.metrics()["redis_errors"] >= 3
+
+    # Redis comes back (empty): both gateways limit again, rate 1 per minute.
+    stack.redis.start()
+    wait_until(lambda: timed(fail_closed, "bob")[0].status == 200, 10.0, "the fail-closed gateway to allow")
+    assert timed(fail_closed, "bob")[0].status == 429
+    assert timed(fail_open, "bob")[0].status == 429
+
+
+def test_hung_redis_fails_open_or_closed_after_the_timeout(stack):
+    fail_open, fail_closed = gateways(stack)
+    stack.redis.pause(3000)
+    try:
+        response, elapsed = timed(fail_open)
+        assert (response.status, response.body) == (200, "upstream ok\n")
+        assert TIMEOUT_S - 0.05 <= elapsed < TIMEOUT_S + MARGIN_S, "waited for the Redis timeout, no longer"
+
+        response, elapsed = timed(fail_closed)
+        assert response.status == 503
+        assert TIMEOUT_S - 0.05 <= elapsed < TIMEOUT_S + MARGIN_S
+    finally:
+        stack.redis.unpause()
+    assert fail_open.metrics()["failure_allowed"] == 1
+    assert fail_closed.metrics()["failure_denied"] == 1
+
+
+def test_failure_status_is_configurable(stack):
+    envoy = stack.envoy(plugin_config(rule(), failure_mode="deny", failure_status=500))
+    stack.redis.stop()
+    assert envoy.send(headers={"x-user-id": "alice"}).status == 500
