@@ -50,9 +50,10 @@ dist/edge-rate-limiter-%.wasm: FORCE | setup
 
 test: build test-unit test-wasm test-e2e
 
-# The hostcall-free core, natively.
+# The hostcall-free core and the operator tool, natively.
 test-unit: setup
 	$(CARGO) test -q --lib --no-default-features
+	$(CARGO) test -q -p erl-admin
 
 # The same tests on wasm32 under Node (wasm-bindgen-test). Compiled with -q, but run without: cargo would
 # pass --quiet on to wasm-bindgen-test-runner, which rejects it. Debug info off: the test module is ~7x
@@ -64,8 +65,9 @@ test-wasm: setup
 	$(CARGO) test -q --no-run $(WASM_TEST_ARGS)
 	$(CARGO) test $(WASM_TEST_ARGS)
 
-# Real redis-server, webdis and Envoy with dist/edge-rate-limiter-envoy.wasm.
+# Real redis-server, webdis and Envoy with dist/edge-rate-limiter-envoy.wasm, and the operator tool.
 test-e2e: build
+	$(CARGO) build -q -p erl-admin
 	$(PYTHON) -m pytest -q tests/e2e $(PYTEST_ARGS)
 
 # RUN_ONCE=1 on the command line reaches scripts/run.py through the environment (make exports

@@ -176,7 +176,12 @@ pub struct Context<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum RuleResult {
     Acquired(Quota),
-    Rejected { quota: Quota, delay_ms: u64 },
+    /// Rejected by the limiter; `delay_ms` is `None` when no wait can help (more permits than the rate).
+    Rejected {
+        quota: Quota,
+        delay_ms: Option<u64>,
+    },
+    /// Rejected without asking Redis (no key value and `on_missing: deny`).
     Denied,
     Failed(Failure),
 }
@@ -250,10 +255,6 @@ pub fn start(
         let Some(name) = limiter_name(&rule.limiter, &value) else {
             continue;
         };
-        if ctx.cache.get(&name).is_some_and(|effective| rule.permits > effective.rate) {
-            settled.push(RuleResult::Denied);
-            continue;
-        }
         calls.push(RuleCall {
             rule: index,
             acquire: acquire_for(rule, &name, ctx, random()),
@@ -356,11 +357,13 @@ impl PendingRequest {
                 match reply.outcome {
                     AcquireOutcome::Acquired { remaining } => RuleResult::Acquired(quota(remaining, reply.reset_ms)),
                     AcquireOutcome::Rejected { delay_ms } => {
-                        RuleResult::Rejected { quota: quota(0, delay_ms), delay_ms }
+                        RuleResult::Rejected { quota: quota(0, delay_ms), delay_ms: Some(delay_ms) }
                     }
                     AcquireOutcome::ExceedsRate => {
-                        notice = Some(Notice::ExceedsRate { rule: rule.name.clone(), limiter });
-                        RuleResult::Denied
+                        if noticed {
+                            notice = Some(Notice::ExceedsRate { rule: rule.name.clone(), limiter });
+                        }
+                        RuleResult::Rejected { quota: quota(0, reply.reset_ms), delay_ms: None }
                     }
                 }
             }
@@ -397,7 +400,7 @@ impl PendingRequest {
             .collect();
         let mut headers = rate_limit_headers(config.headers, &quotas);
         let delay = results.iter().filter_map(|r| match r {
-            RuleResult::Rejected { delay_ms, .. } => Some(*delay_ms),
+            RuleResult::Rejected { delay_ms, .. } => *delay_ms,
             _ => None,
         });
         let denied = results.iter().any(|r| matches!(r, RuleResult::Denied));
@@ -594,14 +597,18 @@ mod tests {
     }
 
     #[test]
-    fn a_rate_below_the_permits_is_refused_locally_once_known() {
+    fn more_permits_than_the_rate_are_rejected_without_retry_after_and_asked_again_next_time() {
         let mut h = Harness::new(config(r#","permits":3"#, ""));
         let (mut pending, _) = sent(h.start(&[("x-user", "alice")]));
-        let (progress, notice) = pending.on_reply(0, Ok(&script_reply(2, 0, 0, 2)), &h.config, &mut h.cache);
-        assert_eq!(done(progress).outcome, Outcome::Rejected);
-        assert!(matches!(notice, Some(Notice::ExceedsRate { .. })));
-        let Start::Decided(decision) = h.start(&[("x-user", "alice")]) else { panic!("the cache should decide") };
+        let (progress, notice) = pending.on_reply(0, Ok(&script_reply(2, 0, 700, 2)), &h.config, &mut h.cache);
+        let decision = done(progress);
         assert_eq!(decision.outcome, Outcome::Rejected);
+        let Verdict::Respond { headers, .. } = decision.verdict else { panic!() };
+        assert_eq!(header(&headers, "retry-after"), None, "no wait can grant more permits than the rate");
+        assert_eq!(header(&headers, "ratelimit-policy"), Some("\"per-user\";q=2;w=2"));
+        assert!(matches!(notice, Some(Notice::ExceedsRate { .. })));
+        // The rate may be raised in Redis at any moment: the next request asks Redis again.
+        assert!(matches!(h.start(&[("x-user", "alice")]), Start::Send(..)));
     }
 
     #[test]

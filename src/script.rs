@@ -23,10 +23,17 @@ use crate::resp::{Command, Reply};
 /// - `sumPermits(members)`: permits carried by permit members, `struct.pack('Bc0I', #random, random,
 ///   permits)` as Redisson 4.x writes them (16 random bytes; 8 for Redisson 3.17-3.20: `Bc0` reads both).
 /// - `names(type)`: the value and permits keys of a limiter type (`'1'` = per client).
-/// - `trySetRate(...)`: `HSETNX` of the four config fields, `PEXPIRE` of the hash if it was created with
-///   a keep-alive; returns 1 if created.
+/// - `keepAliveOrPersist(keepAlive)`: `PEXPIRE` of the hash, or `PERSIST` when keepAlive is 0 (a
+///   limiter written without keep-alive never expires, even if it had a TTL before).
+/// - `syncTtl(type)`: the value and permits keys take the hash's TTL (or none), so no key of a limiter
+///   outlives its config: a plain `SET` drops a key's TTL, and a stale value key left behind an expired
+///   limiter would skew the limiter re-created later.
+/// - `trySetRate(...)`: `HSETNX` of the four config fields; when it creates the limiter, `PEXPIRE` of the
+///   hash with the keep-alive and deletion of any value and permits keys left from an earlier life, so a
+///   new limiter starts full; returns 1 if created.
 /// - `updateRate(...)`: `HSET` of the config keeping state: a type change deletes all state; otherwise
-///   permits outside the new window are dropped and value = max(0, rate - permits still in the window).
+///   permits outside the new window are dropped and value = max(0, rate - permits still in the window);
+///   then the keep-alive is applied to every key.
 macro_rules! lua_prelude {
     () => {
         r"
@@ -47,13 +54,34 @@ local function names(limiterType)
   if limiterType == '1' then return KEYS[3], KEYS[5] end
   return KEYS[2], KEYS[4]
 end
+local function keepAliveOrPersist(keepAlive)
+  if tonumber(keepAlive) > 0 then
+    redis.call('pexpire', KEYS[1], keepAlive)
+  else
+    redis.call('persist', KEYS[1])
+  end
+end
+local function syncTtl(limiterType)
+  local valueName, permitsName = names(limiterType)
+  local ttl = redis.call('pttl', KEYS[1])
+  if ttl > 0 then
+    redis.call('pexpire', valueName, ttl)
+    redis.call('pexpire', permitsName, ttl)
+  else
+    redis.call('persist', valueName)
+    redis.call('persist', permitsName)
+  end
+end
 local function trySetRate(rate, interval, limiterType, keepAlive)
   redis.call('hsetnx', KEYS[1], 'rate', rate)
   redis.call('hsetnx', KEYS[1], 'interval', interval)
   redis.call('hsetnx', KEYS[1], 'keepAliveTime', keepAlive)
   local created = redis.call('hsetnx', KEYS[1], 'type', limiterType)
-  if created == 1 and tonumber(keepAlive) > 0 then
-    redis.call('pexpire', KEYS[1], keepAlive)
+  if created == 1 then
+    if tonumber(keepAlive) > 0 then
+      redis.call('pexpire', KEYS[1], keepAlive)
+    end
+    redis.call('del', KEYS[2], KEYS[3], KEYS[4], KEYS[5])
   end
   return created
 end
@@ -70,9 +98,8 @@ local function updateRate(rate, interval, limiterType, keepAlive, now)
       redis.call('set', valueName, math.max(0, tonumber(rate) - used))
     end
   end
-  if tonumber(keepAlive) > 0 then
-    redis.call('pexpire', KEYS[1], keepAlive)
-  end
+  keepAliveOrPersist(keepAlive)
+  syncTtl(limiterType)
 end
 local function isInitialized(config)
   return config[1] ~= false and config[2] ~= false and config[3] ~= false
@@ -221,14 +248,13 @@ return trySetRate(ARGV[1], ARGV[2], ARGV[3], ARGV[4])
 );
 
 /// Redisson `setRate`: writes the config and resets the state (value and permits, overall and this
-/// client's). `ARGV` rate, interval (ms), type, keepAliveTime (ms). Replies 1.
+/// client's). `ARGV` rate, interval (ms), type, keepAliveTime (ms; 0 also removes an earlier TTL).
+/// Replies 1.
 pub static SET_RATE: Script = script!(
     "setRate",
     r"
 redis.call('hset', KEYS[1], 'rate', ARGV[1], 'interval', ARGV[2], 'type', ARGV[3], 'keepAliveTime', ARGV[4])
-if tonumber(ARGV[4]) > 0 then
-  redis.call('pexpire', KEYS[1], ARGV[4])
-end
+keepAliveOrPersist(ARGV[4])
 redis.call('del', KEYS[2], KEYS[3], KEYS[4], KEYS[5])
 return 1
 "
@@ -248,7 +274,8 @@ return 1
 );
 
 /// Redisson `availablePermits`: releases the permits that left the window and replies the permits
-/// available now (a missing value key is set to the rate). `ARGV` now (ms; empty = Redis `TIME`).
+/// available now (a missing value key is set to the rate). The keys it writes take the hash's TTL
+/// (Redisson's plain `SET` would leave a value key without one). `ARGV` now (ms; empty = Redis `TIME`).
 /// Error reply `RateLimiter is not initialized` when the limiter does not exist.
 pub static AVAILABLE_PERMITS: Script = script!(
     "availablePermits",
@@ -259,6 +286,7 @@ local valueName, permitsName = names(config[3])
 local value = redis.call('get', valueName)
 if value == false then
   redis.call('set', valueName, config[1])
+  syncTtl(config[3])
   return tonumber(config[1])
 end
 local now = nowMs(ARGV[1])
@@ -267,6 +295,7 @@ if released > 0 then
   redis.call('zremrangebyscore', permitsName, 0, now - tonumber(config[2]))
   value = tonumber(value) + released
   redis.call('set', valueName, value)
+  syncTtl(config[3])
 end
 return tonumber(value)
 "

@@ -9,6 +9,8 @@ One place starts everything the filter needs, on 127.0.0.1 with free ports, and 
 - `Envoy`: stock Envoy 1.40 (`.venv/bin/envoy` or `$ENVOY_BIN`) loading the filter (`$ERL_WASM`, default
   `dist/edge-rate-limiter-envoy.wasm`) from `envoy/envoy.yaml`, the same template users read as the example.
 - `Stack`: all of the above as a context manager; leaving it stops every process, also when a test fails.
+- `erl_admin()`: runs the operator tool (`target/debug/erl-admin` or `$ERL_ADMIN_BIN`, built by
+  `cargo build -p erl-admin`, never by the tests) against a `Redis` of the harness.
 
 `rule()` and `plugin_config()` build plugin configurations (README.md, "Configuration") as small dicts;
 `limiter_name()`, `limiter_key()`, `decode_permit()` and `retry_after_range()` spell out the Redis layout
@@ -48,6 +50,7 @@ ENVOY_BIN = os.environ.get("ENVOY_BIN", str(REPO / ".venv" / "bin" / "envoy"))
 ENVOY_TEMPLATE = REPO / "envoy" / "envoy.yaml"
 REDIS_BIN = os.environ.get("REDIS_SERVER_BIN", "redis-server")
 WEBDIS_BIN = os.environ.get("WEBDIS_BIN", "webdis")
+ADMIN_BIN = Path(os.environ.get("ERL_ADMIN_BIN", REPO / "target" / "debug" / "erl-admin"))
 
 HOST = "127.0.0.1"
 UPSTREAM_BODY = b"upstream ok\n"
@@ -226,6 +229,33 @@ def http_request(
         conn.close()
 
 
+class AdminResult(NamedTuple):
+    """One run of `erl-admin`: exit code, stdout, stderr."""
+
+    code: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> Any:
+        """stdout parsed as JSON (the tool's `--json` output)."""
+        return json.loads(self.stdout)
+
+
+def erl_admin(redis: "Redis | None", *args: str, env: dict[str, str] | None = None,
+              timeout: float = 30.0) -> AdminResult:
+    """Runs `erl-admin --url <redis's URL> ARGS...` (no `--url` when `redis` is None) and waits for it."""
+    if not ADMIN_BIN.is_file():
+        raise HarnessError(f"no erl-admin at {ADMIN_BIN}: build it (cargo build -p erl-admin) or set ERL_ADMIN_BIN")
+    argv = [str(ADMIN_BIN)]
+    if redis is not None:
+        argv += ["--url", redis.url]
+    run_env = {key: value for key, value in os.environ.items() if key != "ERL_REDIS_URL"}
+    run_env.update(env or {})
+    result = subprocess.run(argv + list(args), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                            timeout=timeout, check=False, env=run_env)
+    return AdminResult(result.returncode, result.stdout, result.stderr)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Child processes
 
@@ -337,6 +367,12 @@ class Redis:
     @property
     def running(self) -> bool:
         return self.process is not None and self.process.alive()
+
+    @property
+    def url(self) -> str:
+        """`redis://[:password@]127.0.0.1:port/0`, as `erl-admin --url` takes it."""
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}{HOST}:{self.port}/0"
 
     @property
     def client(self) -> redis_py.Redis:

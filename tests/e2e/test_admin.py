@@ -1,0 +1,262 @@
+"""The operator tool `erl-admin` on limiters the filter made through Envoy, and its errors.
+
+The binary is built outside the tests (`cargo build -p erl-admin`; `make test` does it): the tests use
+`target/debug/erl-admin`, or `$ERL_ADMIN_BIN`.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from harness import (
+    AdminResult,
+    Redis,
+    erl_admin,
+    epoch_ms,
+    free_port,
+    limiter_key,
+    plugin_config,
+    rule,
+)
+
+ALICE = "erl:per-user:alice"
+UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def user(name: str) -> dict[str, str]:
+    return {"x-user-id": name}
+
+
+def admin(redis: Redis, *args: str) -> AdminResult:
+    """`erl-admin` on this Redis; fails the test with its output unless it exits 0."""
+    result = erl_admin(redis, *args)
+    assert result.code == 0, f"erl-admin {' '.join(args)} exited {result.code}: {result.stderr}{result.stdout}"
+    return result
+
+
+def failing(redis: Redis | None, *args: str, **kwargs) -> AdminResult:
+    """`erl-admin` expected to fail: exit code 1, one error line on stderr."""
+    result = erl_admin(redis, *args, **kwargs)
+    assert result.code == 1, f"erl-admin {' '.join(args)} exited {result.code}: {result.stderr}{result.stdout}"
+    assert result.stderr.startswith("erl-admin: error: "), result.stderr
+    return result
+
+
+def test_show_reports_config_available_permits_window_and_ttls_of_a_limiter_the_filter_made(stack):
+    envoy = stack.envoy(plugin_config(rule(rate=5, interval="1m")))
+    before_ms = epoch_ms()
+    assert [envoy.send(headers=user("alice")).status for _ in range(3)] == [200, 200, 200]
+    after_ms = epoch_ms()
+
+    report = admin(stack.redis, "show", ALICE, "--json").json()
+    assert report["name"] == ALICE
+    assert report["config"] == {"rate": 5, "interval_ms": 60000, "type": "overall", "keep_alive_ms": 3600000}
+    state = report["state"]
+    assert state["available"] == 2
+    window = state["window"]
+    assert (window["acquires"], window["permits"], window["unreadable"]) == (3, 3, 0)
+    assert before_ms - 1000 <= window["oldest_ms"] <= window["newest_ms"] <= after_ms + 1000
+    assert 0 <= window["newest_age_ms"] <= window["oldest_age_ms"] < 10_000
+    assert 0 < report["config_ttl_ms"] <= 3_600_000
+    assert {ttl["key"] for ttl in state["ttl"]} == {limiter_key(ALICE, "value"), limiter_key(ALICE, "permits")}
+    assert all(0 < ttl["ttl_ms"] <= 3_600_000 for ttl in state["ttl"])
+    assert report["clients"] == []
+
+    text = admin(stack.redis, "show", ALICE).stdout
+    assert f"limiter      {ALICE}\n" in text
+    assert "rate         5 per 60000 ms (1m)\n" in text
+    assert "keepAlive    3600000 ms (1h)\n" in text
+    assert "available    2 of 5\n" in text
+    assert "in window    3 permits in 3 acquires (last 1m)\n" in text
+    assert re.search(r"oldest +\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z \(\d+ms ago\)", text), text
+    # show changed nothing the filter counts on.
+    assert envoy.send(headers=user("alice")).status == 200
+    assert stack.redis.client.get(limiter_key(ALICE, "value")) == b"1"
+
+
+def test_set_rate_resets_the_limiter_so_the_filter_allows_again_at_once(stack):
+    envoy = stack.envoy(plugin_config(rule(rate=3, interval="1m")))
+    assert [envoy.send(headers=user("alice")).status for _ in range(4)] == [200, 200, 200, 429]
+
+    report = admin(stack.redis, "set-rate", ALICE, "--rate", "3", "--interval", "1m", "--json").json()
+    assert report["config"] == {"rate": 3, "interval_ms": 60000, "type": "overall", "keep_alive_ms": 0}
+    redis = stack.redis.client
+    assert not redis.exists(limiter_key(ALICE, "permits"), limiter_key(ALICE, "value"))
+    assert redis.pttl(ALICE) == -1, "keep-alive 0: the config no longer expires"
+
+    assert [envoy.send(headers=user("alice")).status for _ in range(4)] == [200, 200, 200, 429]
+
+
+def test_update_rate_keeps_consumed_permits_so_raising_the_rate_causes_no_burst(stack):
+    envoy = stack.envoy(plugin_config(rule(rate=3, interval="1m")))
+    assert [envoy.send(headers=user("alice")).status for _ in range(4)] == [200, 200, 200, 429]
+
+    text = admin(stack.redis, "update-rate", ALICE, "--rate", "5").stdout
+    assert text == f"{ALICE}: rate updated, consumed permits kept: 5 per 1m (overall, keepAlive 1h)\n"
+
+    # 3 of the 5 permits are still taken: exactly 2 more pass through Envoy.
+    assert [envoy.send(headers=user("alice")).status for _ in range(3)] == [200, 200, 429]
+    assert stack.redis.client.hget(ALICE, "rate") == b"5"
+
+
+def test_show_and_update_rate_leave_the_value_key_expiring_with_the_limiter(stack):
+    envoy = stack.envoy(plugin_config(rule(rate=2, interval="1s")))
+    assert [envoy.send(headers=user("alice")).status for _ in range(2)] == [200, 200]
+    time.sleep(1.1)  # both permits leave the window: show's availablePermits releases them (a SET)
+
+    assert admin(stack.redis, "show", ALICE, "--json").json()["state"]["available"] == 2
+    assert 0 < stack.redis.client.pttl(limiter_key(ALICE, "value")) <= 3_600_000
+    admin(stack.redis, "update-rate", ALICE, "--rate", "4")
+    assert 0 < stack.redis.client.pttl(limiter_key(ALICE, "value")) <= 3_600_000
+
+
+def test_update_rate_of_a_limiter_that_does_not_exist_fails_and_creates_nothing(stack):
+    result = failing(stack.redis, "update-rate", "erl:nobody", "--rate", "5")
+    assert result.stderr == "erl-admin: error: no limiter named erl:nobody (no config hash)\n"
+    assert stack.redis.client.keys("*") == []
+
+
+def test_try_set_rate_creates_a_limiter_once_and_never_overwrites_it(stack):
+    created = admin(stack.redis, "try-set-rate", "erl:orders", "--rate", "10", "--interval", "1s",
+                    "--keep-alive", "1h", "--json").json()
+    assert created["changed"] is True
+    assert created["config"] == {"rate": 10, "interval_ms": 1000, "type": "overall", "keep_alive_ms": 3600000}
+    assert 0 < stack.redis.client.pttl("erl:orders") <= 3_600_000
+
+    kept = admin(stack.redis, "try-set-rate", "erl:orders", "--rate", "99", "--interval", "1m")
+    assert kept.stdout == "erl:orders: exists, left as it is: 10 per 1s (overall, keepAlive 1h)\n"
+    assert stack.redis.client.hget("erl:orders", "rate") == b"10"
+
+
+def test_delete_removes_every_key_and_the_filter_starts_afresh(stack):
+    envoy = stack.envoy(plugin_config(rule(rate=5, interval="1m")))
+    assert [envoy.send(headers=user("alice")).status for _ in range(3)] == [200, 200, 200]
+
+    assert admin(stack.redis, "delete", ALICE, "--json").json() == {"name": ALICE, "keys_removed": 3}
+    assert stack.redis.client.keys("*") == []
+
+    again = envoy.send(headers=user("alice"))
+    assert again.status == 200
+    assert again.headers["ratelimit"].startswith('"per-user";r=4;')
+
+    result = failing(stack.redis, "delete", "erl:nobody")
+    assert result.stderr == "erl-admin: error: no limiter named erl:nobody (no config hash)\n"
+
+
+def test_list_shows_the_limiters_whose_name_starts_with_a_prefix(stack):
+    envoy = stack.envoy(plugin_config(rule(rate=5, interval="1m")))
+    for name, requests in (("alice", 2), ("bob", 1)):
+        for _ in range(requests):
+            assert envoy.send(headers=user(name)).status == 200
+    admin(stack.redis, "try-set-rate", "other:thing", "--rate", "7", "--interval", "2s")
+    redis = stack.redis.client
+    redis.hset("erl:not-a-limiter", "foo", "bar")
+    redis.hset("erl:half", "rate", "1")  # no interval
+    redis.set("erl:a-string", "x")
+
+    listed = admin(stack.redis, "list", "--json").json()
+    assert [(entry["name"], entry["available"]) for entry in listed] == [("erl:per-user:alice", 3),
+                                                                           ("erl:per-user:bob", 4)]
+    assert listed[0]["config"] == {"rate": 5, "interval_ms": 60000, "type": "overall", "keep_alive_ms": 3600000}
+
+    assert admin(stack.redis, "list", "erl:per-user:a").stdout.splitlines() == [
+        "NAME                RATE  TYPE     KEEPALIVE  AVAILABLE",
+        "erl:per-user:alice  5/1m  overall  1h         3",
+    ]
+    assert [entry["name"] for entry in admin(stack.redis, "list", "other:", "--json").json()] == ["other:thing"]
+    # The prefix is literal: glob characters match only themselves.
+    assert admin(stack.redis, "list", "erl:per-user:*", "--json").json() == []
+
+
+def test_per_client_limiters_show_their_clients_and_update_every_one(stack):
+    envoy = stack.envoy(plugin_config(rule(rate=4, interval="1m", type="per_client")))
+    assert [envoy.send(headers=user("alice")).status for _ in range(3)] == [200, 200, 200]
+
+    report = admin(stack.redis, "show", ALICE, "--json").json()
+    assert report["config"]["type"] == "per-client"
+    assert report["state"] is None, "no --client-id: no single window to show"
+    [client] = report["clients"]
+    assert UUID.match(client["client_id"]), client
+    assert (client["available"], client["window"]["permits"]) == (1, 3)
+    client_id = client["client_id"]
+    assert stack.redis.client.exists(f"{limiter_key(ALICE, 'value')}:{client_id}")
+
+    selected = admin(stack.redis, "show", ALICE, "--client-id", client_id, "--json").json()["state"]
+    assert (selected["client_id"], selected["available"], selected["window"]["acquires"]) == (client_id, 1, 3)
+    assert f"  {client_id}\n" in admin(stack.redis, "show", ALICE).stdout
+
+    # Raised to 6 keeping state: the gateway's client has 3 more, not 6.
+    update = admin(stack.redis, "update-rate", ALICE, "--rate", "6", "--json").json()
+    assert update["clients_updated"] == 1
+    assert [envoy.send(headers=user("alice")).status for _ in range(4)] == [200, 200, 200, 429]
+
+
+def test_scripts_are_sent_again_after_redis_forgot_them(stack):
+    envoy = stack.envoy(plugin_config(rule(rate=5, interval="1m")))
+    assert envoy.send(headers=user("alice")).status == 200
+    stack.redis.client.script_flush()
+    evals_before = stack.redis.command_calls().get("eval", 0)
+
+    assert admin(stack.redis, "show", ALICE, "--json").json()["state"]["available"] == 4
+    assert stack.redis.command_calls().get("eval", 0) == evals_before + 1, "EVALSHA, NOSCRIPT, then EVAL once"
+
+
+def test_the_url_comes_from_erl_redis_url_when_not_given(stack):
+    admin(stack.redis, "try-set-rate", "erl:x", "--rate", "1", "--interval", "1s")
+    result = erl_admin(None, "show", "erl:x", "--json", env={"ERL_REDIS_URL": stack.redis.url})
+    assert result.code == 0, result.stderr
+    assert result.json()["config"]["rate"] == 1
+
+
+@pytest.mark.parametrize(
+    ("setup", "args", "message"),
+    [
+        (None, ["show", "erl:nobody"], "no limiter named erl:nobody (no config hash)"),
+        (lambda r: r.hset("erl:half", "type", "0"), ["show", "erl:half"],
+         "limiter erl:half is not initialized (its hash has no rate field)"),
+        (lambda r: r.set("erl:str", "x"), ["show", "erl:str"],
+         "wrong type of key: erl:str is a string, but a limiter's config is a hash"),
+        (lambda r: r.set("erl:str", "x"), ["delete", "erl:str"],
+         "wrong type of key: erl:str is a string, but a limiter's config is a hash"),
+        (lambda r: r.hset("erl:bad", mapping={"rate": "many", "interval": "1000", "type": "0"}), ["show", "erl:bad"],
+         "limiter erl:bad has an invalid rate: \"many\""),
+        (None, ["show", "erl:x", "--client-id", "gateway-1"],
+         "invalid client id \"gateway-1\": expected a UUID (a Redisson client instance id)"),
+        (None, ["set-rate", "erl:x", "--rate", "1", "--interval", "1m", "--keep-alive", "1s"],
+         "keep-alive 1s is shorter than the interval 1m: use 0 (never expire) or at least the interval"),
+    ],
+    ids=["unknown", "uninitialized", "wrong-type", "delete-wrong-type", "invalid-field", "bad-client-id",
+         "short-keep-alive"],
+)
+def test_errors_are_one_clear_line_and_exit_code_1(stack, setup, args, message):
+    if setup is not None:
+        setup(stack.redis.client)
+    keys_before = sorted(stack.redis.client.keys("*"))
+
+    result = failing(stack.redis, *args)
+    assert result.stderr == f"erl-admin: error: {message}\n"
+    assert result.stdout == ""
+    assert sorted(stack.redis.client.keys("*")) == keys_before, "a failed command changes nothing"
+
+    as_json = failing(stack.redis, *args, "--json")
+    assert as_json.json() == {"error": message}
+
+
+def test_an_unreachable_redis_is_named_by_its_url(stack):
+    url = f"redis://:secret@127.0.0.1:{free_port()}/0"
+    started = time.monotonic()
+    result = failing(None, "--url", url, "--timeout", "2s", "show", ALICE)
+    assert result.stderr.startswith(f"erl-admin: error: cannot reach Redis at redis://:***@127.0.0.1:"), result.stderr
+    assert "secret" not in result.stderr
+    assert time.monotonic() - started < 5
+
+
+def test_usage_errors_exit_with_code_2(stack):
+    assert erl_admin(stack.redis, "set-rate", ALICE, "--rate", "0", "--interval", "1m").code == 2
+    assert erl_admin(stack.redis, "set-rate", ALICE, "--rate", "1", "--interval", "soon").code == 2
+    assert erl_admin(stack.redis, "set-rate", ALICE, "--rate", "1", "--interval", "1m", "--type", "x").code == 2
+    nothing = failing(stack.redis, "update-rate", ALICE)
+    assert "nothing to change" in nothing.stderr

@@ -1,0 +1,79 @@
+//! The one error type of the tool: every failure an operator can meet, each with the message printed
+//! before exiting with code 1.
+
+use thiserror::Error;
+
+/// What went wrong, worded for the operator (the `Display` text is what `erl-admin` prints).
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum AdminError {
+    /// The `--url` (or `ERL_REDIS_URL`) is not a Redis URL.
+    #[error("invalid Redis URL {url}: {reason}")]
+    BadUrl {
+        /// The URL, password hidden.
+        url: String,
+        /// The parser's complaint.
+        reason: String,
+    },
+    /// Redis could not be reached (connection refused, timeout, dropped connection).
+    #[error("cannot reach Redis at {url}: {reason}")]
+    Unreachable {
+        /// The URL, password hidden.
+        url: String,
+        /// The I/O error.
+        reason: String,
+    },
+    /// Redis refused the credentials of the URL.
+    #[error("Redis at {url} refused the credentials: {reason}")]
+    AuthFailed {
+        /// The URL, password hidden.
+        url: String,
+        /// Redis's answer.
+        reason: String,
+    },
+    /// No key named like the limiter: it was never created, was deleted, or expired (keepAliveTime).
+    #[error("no limiter named {0} (no config hash)")]
+    NoLimiter(String),
+    /// The config hash exists but lacks a field Redisson requires (`rate`, `interval`, `type`).
+    #[error("limiter {name} is not initialized (its hash has no {field} field)")]
+    NotInitialized {
+        /// The limiter name.
+        name: String,
+        /// The first missing field.
+        field: &'static str,
+    },
+    /// The limiter name holds another type of key than a hash.
+    #[error("wrong type of key: {key} is a {found}, but a limiter's config is a hash")]
+    WrongType {
+        /// The key.
+        key: String,
+        /// Its Redis type (`string`, `list`, `zset`...).
+        found: String,
+    },
+    /// A config field holds something Redisson never writes.
+    #[error("limiter {name} has an invalid {field}: {value:?}")]
+    InvalidConfig {
+        /// The limiter name.
+        name: String,
+        /// The field.
+        field: &'static str,
+        /// Its value, as text.
+        value: String,
+    },
+    /// `--client-id` is not a UUID.
+    #[error("invalid client id {0:?}: expected a UUID (a Redisson client instance id)")]
+    BadClientId(String),
+    /// Arguments that parse but make no sense together.
+    #[error("{0}")]
+    Usage(String),
+    /// Any other Redis error reply, with what the tool was doing.
+    #[error("Redis error while {context}: {reason}")]
+    Redis {
+        /// What the tool was doing.
+        context: String,
+        /// Redis's answer.
+        reason: String,
+    },
+}
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = AdminError> = std::result::Result<T, E>;

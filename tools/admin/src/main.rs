@@ -1,0 +1,328 @@
+//! `erl-admin`: inspect and change edge-rate-limiter limiters in Redis. They are Redisson 4.x
+//! `RRateLimiter`s (DESIGN.md, "Redisson's RRateLimiter layout"), so the tool works as well on limiters
+//! a Java service made with Redisson.
+//!
+//! # Layout
+//!
+//! - `main` (this file): the command line (`clap`), dispatch, exit codes (0 ok, 1 error, 2 usage).
+//! - [`limiter`]: the operations (show, set-rate, update-rate, try-set-rate, delete, list) and their
+//!   reports, on the filter's own scripts and key layout (the `edge_rate_limiter` crate).
+//! - [`redis_io`]: one synchronous connection; scripts by `EVALSHA`, `EVAL` on `NOSCRIPT`.
+//! - [`output`]: the reports as text (`--json`: as JSON).
+//! - [`error`]: every failure, worded for the operator.
+
+pub mod error;
+pub mod limiter;
+pub mod output;
+pub mod redis_io;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use edge_rate_limiter::config::LimiterType;
+use serde::Serialize;
+
+use crate::error::{AdminError, Result};
+use crate::limiter::{Config, Update};
+use crate::redis_io::{local_now_ms, Redis};
+
+/// Inspect and change edge-rate-limiter limiters in Redis (Redisson RRateLimiter, 4.x layout).
+///
+/// A limiter NAME is the Redis key of its config hash, e.g. `erl:per-user:alice` (README.md, "Limiter
+/// names in Redis"); Redisson limiters are named as the Java code named them.
+#[derive(Debug, Parser)]
+#[command(name = "erl-admin", version, max_term_width = 110)]
+pub struct Cli {
+    /// Redis URL: redis://[user:password@]host:port/db
+    #[arg(long, env = "ERL_REDIS_URL", default_value = "redis://127.0.0.1:6379/0", global = true)]
+    url: String,
+    /// Client id (a UUID) whose keys of a per-client limiter to show or change
+    #[arg(long, value_name = "UUID", global = true)]
+    client_id: Option<String>,
+    /// Print JSON instead of text
+    #[arg(long, global = true)]
+    json: bool,
+    /// Clock for "now" (window, ages): local, as Redisson clients and the gateway by default, or Redis TIME
+    #[arg(long, value_enum, default_value_t = ClockArg::Local, global = true)]
+    clock: ClockArg,
+    /// Connect and command timeout (e.g. 500ms, 5s)
+    #[arg(long, default_value = "5s", value_parser = parse_duration, global = true)]
+    timeout: Duration,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ClockArg {
+    /// This machine's clock
+    Local,
+    /// Redis's TIME
+    Redis,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum TypeArg {
+    /// One window for every gateway and Redisson client (Redisson RateType.OVERALL)
+    Overall,
+    /// One window per client instance (Redisson RateType.PER_CLIENT)
+    #[value(alias = "per_client")]
+    PerClient,
+}
+
+impl From<TypeArg> for LimiterType {
+    fn from(arg: TypeArg) -> Self {
+        match arg {
+            TypeArg::Overall => LimiterType::Overall,
+            TypeArg::PerClient => LimiterType::PerClient,
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Config, available permits, permits in the window, TTLs (per-client limiters: every client found)
+    Show {
+        /// Limiter name
+        name: String,
+    },
+    /// Write the config and reset the state (Redisson setRate)
+    SetRate {
+        /// Limiter name
+        name: String,
+        #[command(flatten)]
+        rate: RateArgs,
+    },
+    /// Change the config keeping consumed permits, no burst (Redisson 4.4+ setRate keeping state);
+    /// options not given keep their current value
+    UpdateRate {
+        /// Limiter name
+        name: String,
+        /// Permits per interval
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        rate: Option<u64>,
+        /// Window length: 1s, 1m, 1h 30m, or ms as a number
+        #[arg(long, value_parser = parse_interval)]
+        interval: Option<u64>,
+        /// Limiter type (a change resets the state)
+        #[arg(long = "type", value_enum)]
+        limiter_type: Option<TypeArg>,
+        /// keepAliveTime: unused keys expire after this long; 0 = never
+        #[arg(long, value_parser = parse_keep_alive)]
+        keep_alive: Option<u64>,
+    },
+    /// Create the limiter unless it exists; an existing one is left as it is (Redisson trySetRate)
+    TrySetRate {
+        /// Limiter name
+        name: String,
+        #[command(flatten)]
+        rate: RateArgs,
+    },
+    /// Remove every key of the limiter, every client's state too (Redisson delete)
+    Delete {
+        /// Limiter name
+        name: String,
+    },
+    /// Limiters whose name starts with PREFIX: hashes with the fields rate and interval
+    List {
+        /// Name prefix
+        #[arg(default_value = "erl:")]
+        prefix: String,
+    },
+}
+
+#[derive(Debug, Args)]
+struct RateArgs {
+    /// Permits per interval
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    rate: u64,
+    /// Window length: 1s, 1m, 1h 30m, or ms as a number
+    #[arg(long, value_parser = parse_interval)]
+    interval: u64,
+    /// Limiter type
+    #[arg(long = "type", value_enum, default_value_t = TypeArg::Overall)]
+    limiter_type: TypeArg,
+    /// keepAliveTime: unused keys expire after this long; 0 = never (a TTL left on the hash is removed)
+    #[arg(long, value_parser = parse_keep_alive, default_value = "0")]
+    keep_alive: u64,
+}
+
+impl RateArgs {
+    fn config(&self) -> Result<Config> {
+        let config = Config {
+            rate: self.rate,
+            interval_ms: self.interval,
+            limiter_type: self.limiter_type.into(),
+            keep_alive_ms: self.keep_alive,
+        };
+        limiter::check_keep_alive(&config)?;
+        Ok(config)
+    }
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if let Ok(ms) = text.parse::<u64>() {
+        return Ok(Duration::from_millis(ms));
+    }
+    humantime::parse_duration(text).map_err(|error| format!("{error} (examples: 500ms, 1s, 1m, 1h 30m)"))
+}
+
+fn duration_ms(text: &str) -> Result<u64, String> {
+    let duration = parse_duration(text)?;
+    if duration.subsec_nanos() % 1_000_000 != 0 {
+        return Err("must be whole milliseconds".to_string());
+    }
+    u64::try_from(duration.as_millis()).map_err(|_| "too long".to_string())
+}
+
+fn parse_interval(text: &str) -> Result<u64, String> {
+    match duration_ms(text)? {
+        0 => Err("must be at least 1ms".to_string()),
+        ms => Ok(ms),
+    }
+}
+
+fn parse_keep_alive(text: &str) -> Result<u64, String> {
+    duration_ms(text)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            if cli.json {
+                let body = serde_json::json!({ "error": error.to_string() });
+                println!("{body}");
+            }
+            eprintln!("erl-admin: error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the command; returns what to print.
+fn run(cli: &Cli) -> Result<String> {
+    let client_id = match &cli.client_id {
+        Some(id) => Some(validate_client_id(id)?),
+        None => None,
+    };
+    let client_id = client_id.as_deref();
+    let mut redis = Redis::connect(&cli.url, cli.timeout)?;
+    let now_ms = match cli.clock {
+        ClockArg::Local => local_now_ms(),
+        ClockArg::Redis => redis.time_ms()?,
+    };
+    match &cli.command {
+        Command::Show { name } => {
+            let report = limiter::show(&mut redis, name, client_id, now_ms)?;
+            render(cli.json, &report, output::show)
+        }
+        Command::SetRate { name, rate } => {
+            let report = limiter::set_rate(&mut redis, name, rate.config()?, client_id)?;
+            render(cli.json, &report, output::change)
+        }
+        Command::TrySetRate { name, rate } => {
+            let report = limiter::try_set_rate(&mut redis, name, rate.config()?, client_id)?;
+            render(cli.json, &report, output::change)
+        }
+        Command::UpdateRate { name, rate, interval, limiter_type, keep_alive } => {
+            let update = Update {
+                rate: *rate,
+                interval_ms: *interval,
+                limiter_type: limiter_type.map(Into::into),
+                keep_alive_ms: *keep_alive,
+            };
+            if update == Update::default() {
+                return Err(AdminError::Usage(
+                    "update-rate: nothing to change (give --rate, --interval, --type or --keep-alive)".to_string(),
+                ));
+            }
+            let report = limiter::update_rate(&mut redis, name, update, client_id, now_ms)?;
+            render(cli.json, &report, output::change)
+        }
+        Command::Delete { name } => {
+            let report = limiter::delete(&mut redis, name, client_id)?;
+            render(cli.json, &report, output::delete)
+        }
+        Command::List { prefix } => {
+            let entries = limiter::list(&mut redis, prefix, now_ms)?;
+            render(cli.json, &entries, |entries| output::list(entries))
+        }
+    }
+}
+
+fn render<T: Serialize + ?Sized>(json: bool, report: &T, text: impl Fn(&T) -> String) -> Result<String> {
+    if json {
+        serde_json::to_string_pretty(report)
+            .map(|mut body| {
+                body.push('\n');
+                body
+            })
+            .map_err(|error| AdminError::Usage(format!("cannot write JSON: {error}")))
+    } else {
+        Ok(text(report))
+    }
+}
+
+/// A client id as Redisson writes it: the hyphenated lowercase form of a UUID.
+fn validate_client_id(id: &str) -> Result<String> {
+    uuid::Uuid::parse_str(id)
+        .map(|uuid| uuid.hyphenated().to_string())
+        .map_err(|_| AdminError::BadClientId(id.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations_accept_humantime_and_ms() {
+        assert_eq!(parse_interval("1m"), Ok(60_000));
+        assert_eq!(parse_interval("1h 30m"), Ok(5_400_000));
+        assert_eq!(parse_interval("250"), Ok(250));
+        assert!(parse_interval("0s").is_err());
+        assert!(parse_interval("soon").is_err());
+        assert_eq!(parse_keep_alive("0"), Ok(0));
+    }
+
+    #[test]
+    fn options_may_follow_the_subcommand() {
+        let cli = Cli::try_parse_from([
+            "erl-admin",
+            "set-rate",
+            "erl:x",
+            "--rate",
+            "3",
+            "--interval",
+            "1m",
+            "--type",
+            "per_client",
+            "--json",
+        ])
+        .unwrap();
+        assert!(cli.json);
+        let Command::SetRate { rate, .. } = cli.command else { panic!("set-rate") };
+        assert_eq!(rate.config().unwrap().limiter_type, LimiterType::PerClient);
+        assert_eq!(rate.config().unwrap().keep_alive_ms, 0);
+    }
+
+    #[test]
+    fn client_ids_are_uuids() {
+        assert_eq!(
+            validate_client_id("6F9619FF-8B86-D011-B42D-00C04FC964FF").unwrap(),
+            "6f9619ff-8b86-d011-b42d-00c04fc964ff"
+        );
+        assert_eq!(validate_client_id("gateway-1"), Err(AdminError::BadClientId("gateway-1".into())));
+    }
+}

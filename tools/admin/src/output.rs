@@ -1,0 +1,193 @@
+//! Text output: the reports of `limiter` as aligned, human-readable lines (`--json` prints the same
+//! reports with `serde_json` instead).
+
+use std::fmt::Write as _;
+use std::time::{Duration, UNIX_EPOCH};
+
+use crate::limiter::{type_name, ChangeReport, Config, DeleteReport, KeyTtl, ListEntry, ShowReport, State};
+
+/// A duration in ms as humantime writes it: `1m`, `2s 500ms`, `0s`.
+pub fn human_ms(ms: u64) -> String {
+    if ms == 0 {
+        return "0s".to_string();
+    }
+    humantime::format_duration(Duration::from_millis(ms)).to_string()
+}
+
+/// An epoch-ms time as RFC 3339 UTC with ms: `2026-11-22T02:40:01.123Z`.
+pub fn timestamp(ms: u64) -> String {
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+fn ttl_text(ttl_ms: i64) -> String {
+    match ttl_ms {
+        -2 => "no such key".to_string(),
+        -1 => "no expiry".to_string(),
+        ms => format!("{} ({ms} ms)", human_ms(u64::try_from(ms).unwrap_or(0))),
+    }
+}
+
+fn keep_alive_text(ms: u64) -> String {
+    if ms == 0 {
+        "0 (never expires)".to_string()
+    } else {
+        format!("{ms} ms ({})", human_ms(ms))
+    }
+}
+
+fn config_lines(out: &mut String, config: &Config) {
+    let _ = writeln!(out, "type         {}", type_name(config.limiter_type));
+    let _ =
+        writeln!(out, "rate         {} per {} ms ({})", config.rate, config.interval_ms, human_ms(config.interval_ms));
+    let _ = writeln!(out, "keepAlive    {}", keep_alive_text(config.keep_alive_ms));
+}
+
+fn ttl_lines(out: &mut String, indent: &str, ttls: &[KeyTtl]) {
+    let width = ttls.iter().map(|t| t.key.len()).max().unwrap_or(0);
+    for ttl in ttls {
+        let _ = writeln!(out, "{indent}{:<width$}  {}", ttl.key, ttl_text(ttl.ttl_ms));
+    }
+}
+
+fn state_lines(out: &mut String, indent: &str, state: &State, config: &Config) {
+    let window = &state.window;
+    let _ = writeln!(out, "{indent}available    {} of {}", state.available, config.rate);
+    let _ = writeln!(
+        out,
+        "{indent}in window    {} permits in {} acquires (last {})",
+        window.permits,
+        window.acquires,
+        human_ms(config.interval_ms)
+    );
+    if let (Some(oldest), Some(age)) = (window.oldest_ms, window.oldest_age_ms) {
+        let _ = writeln!(out, "{indent}  oldest     {} ({} ago)", timestamp(oldest), human_ms(age));
+    }
+    if let (Some(newest), Some(age)) = (window.newest_ms, window.newest_age_ms) {
+        let _ = writeln!(out, "{indent}  newest     {} ({} ago)", timestamp(newest), human_ms(age));
+    }
+    if window.unreadable > 0 {
+        let _ = writeln!(out, "{indent}  unreadable {} members not in Redisson's format", window.unreadable);
+    }
+    if state.expired > 0 {
+        let _ = writeln!(
+            out,
+            "{indent}  expired    {} members older than the window (released by the next acquire)",
+            state.expired
+        );
+    }
+    ttl_lines(out, &format!("{indent}ttl  "), &state.ttl);
+}
+
+/// `show` as text.
+pub fn show(report: &ShowReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "limiter      {}", report.name);
+    config_lines(&mut out, &report.config);
+    let _ = writeln!(out, "now          {}", timestamp(report.now_ms));
+    ttl_lines(&mut out, "ttl  ", &[KeyTtl { key: report.name.clone(), ttl_ms: report.config_ttl_ms }]);
+    if let Some(state) = &report.state {
+        if let Some(id) = &state.client_id {
+            let _ = writeln!(out, "client       {id}");
+        }
+        state_lines(&mut out, "", state, &report.config);
+    }
+    if report.config.limiter_type == edge_rate_limiter::config::LimiterType::PerClient {
+        let _ = writeln!(out, "clients      {}", report.clients.len());
+        for client in &report.clients {
+            let _ = writeln!(out, "  {}", client.client_id.as_deref().unwrap_or("?"));
+            state_lines(&mut out, "    ", client, &report.config);
+        }
+    }
+    out
+}
+
+/// `set-rate`, `try-set-rate`, `update-rate` as text.
+pub fn change(report: &ChangeReport) -> String {
+    let config = &report.config;
+    let what = match (report.action, report.changed) {
+        ("try-set-rate", true) => "created",
+        ("try-set-rate", false) => "exists, left as it is",
+        ("set-rate", _) => "rate set, state reset",
+        _ => "rate updated, consumed permits kept",
+    };
+    let mut out = format!(
+        "{}: {what}: {} per {} ({}, keepAlive {})\n",
+        report.name,
+        config.rate,
+        human_ms(config.interval_ms),
+        type_name(config.limiter_type),
+        if config.keep_alive_ms == 0 { "none".to_string() } else { human_ms(config.keep_alive_ms) },
+    );
+    if report.client_keys_removed > 0 {
+        let _ = writeln!(out, "{}: removed {} keys of per-client state", report.name, report.client_keys_removed);
+    }
+    if report.clients_updated > 0 {
+        let _ =
+            writeln!(out, "{}: recomputed the available permits of {} clients", report.name, report.clients_updated);
+    }
+    out
+}
+
+/// `delete` as text.
+pub fn delete(report: &DeleteReport) -> String {
+    format!("{}: deleted ({} keys)\n", report.name, report.keys_removed)
+}
+
+/// `list` as an aligned table.
+pub fn list(entries: &[ListEntry]) -> String {
+    let rows: Vec<[String; 5]> = entries
+        .iter()
+        .map(|entry| match &entry.config {
+            Some(config) => [
+                entry.name.clone(),
+                format!("{}/{}", config.rate, human_ms(config.interval_ms)),
+                type_name(config.limiter_type).to_string(),
+                if config.keep_alive_ms == 0 { "none".to_string() } else { human_ms(config.keep_alive_ms) },
+                entry.available.map_or_else(|| "-".to_string(), |n| n.to_string()),
+            ],
+            None => [
+                entry.name.clone(),
+                "?".to_string(),
+                "?".to_string(),
+                "?".to_string(),
+                entry.problem.clone().unwrap_or_default(),
+            ],
+        })
+        .collect();
+    let header = ["NAME", "RATE", "TYPE", "KEEPALIVE", "AVAILABLE"].map(str::to_string);
+    let mut widths = [0usize; 5];
+    for row in std::iter::once(&header).chain(rows.iter()) {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.len());
+        }
+    }
+    let mut out = String::new();
+    for row in std::iter::once(&header).chain(rows.iter()) {
+        let mut line = String::new();
+        for (index, (width, cell)) in widths.iter().zip(row).enumerate() {
+            if index > 0 {
+                line.push_str("  ");
+            }
+            let _ = write!(line, "{cell:<width$}");
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_times_are_human() {
+        assert_eq!(human_ms(60_000), "1m");
+        assert_eq!(human_ms(2_500), "2s 500ms");
+        assert_eq!(human_ms(0), "0s");
+        assert_eq!(timestamp(1_000), "1970-01-01T00:00:01.000Z");
+        assert_eq!(ttl_text(-1), "no expiry");
+        assert_eq!(ttl_text(-2), "no such key");
+        assert_eq!(ttl_text(1_500), "1s 500ms (1500 ms)");
+    }
+}
