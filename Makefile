@@ -35,7 +35,7 @@ CARGO_FLAGS_higress := --no-default-features --features host-redis
 
 DIST := $(ARTIFACTS:%=dist/edge-rate-limiter-%.wasm)
 
-.PHONY: build setup test test-unit test-wasm test-e2e run lint bench clean distclean FORCE
+.PHONY: build setup test test-unit test-wasm test-parity test-e2e run lint bench clean distclean FORCE
 
 build: setup $(DIST)
 
@@ -48,7 +48,7 @@ dist/edge-rate-limiter-%.wasm: FORCE | setup
 	$(CARGO) build -q --release --target $(WASM_TARGET)$(if $(CARGO_FLAGS_$*), $(CARGO_FLAGS_$*))
 	@$(POSTBUILD) --profile $* $(WASM_BUILT) $@
 
-test: build test-unit test-wasm test-e2e
+test: build test-unit test-wasm test-parity test-e2e
 
 # The hostcall-free core and the operator tool, natively.
 test-unit: setup
@@ -64,6 +64,11 @@ test-wasm: export CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER := $(CURDIR)/.tools
 test-wasm: setup
 	$(CARGO) test -q --no-run $(WASM_TEST_ARGS)
 	$(CARGO) test $(WASM_TEST_ARGS)
+
+# The project's Lua scripts against an independent model of Redisson's RRateLimiter on a real redis-server:
+# property tests over thousands of random steps (PROPTEST_CASES scales them) and real-time scenarios.
+test-parity: setup
+	$(CARGO) test -q --no-default-features --test parity
 
 # Real redis-server, webdis and Envoy with dist/edge-rate-limiter-envoy.wasm, and the operator tool.
 test-e2e: build

@@ -93,10 +93,8 @@ local function updateRate(rate, interval, limiterType, keepAlive, now)
   else
     local valueName, permitsName = names(limiterType)
     redis.call('zremrangebyscore', permitsName, 0, now - tonumber(interval))
-    if redis.call('exists', valueName) == 1 then
-      local used = sumPermits(redis.call('zrange', permitsName, 0, -1))
-      redis.call('set', valueName, math.max(0, tonumber(rate) - used))
-    end
+    local used = sumPermits(redis.call('zrange', permitsName, 0, -1))
+    redis.call('set', valueName, math.max(0, tonumber(rate) - used))
   end
   keepAliveOrPersist(keepAlive)
   syncTtl(limiterType)

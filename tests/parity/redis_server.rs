@@ -1,0 +1,148 @@
+//! A real `redis-server` per test: started on a free loopback port, ready once it answers `PING` (bounded
+//! wait), stopped by PID when the fixture is dropped, also when the test panics. Plus the two ways the tests
+//! talk to it: [`ScriptClient`] sends the crate's own commands as their RESP bytes and decodes the replies
+//! with the crate's decoder (what the host-redis transport does), and [`RedisServer::inspector`] is a
+//! `redis` crate connection for reading and ageing keys independently of the crate under test.
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command as Process, Stdio};
+use std::time::{Duration, Instant};
+
+use edge_rate_limiter::key::LimiterKeys;
+use edge_rate_limiter::resp::{decode_reply, Command, Reply, RespError};
+use edge_rate_limiter::script::{Invocation, Script};
+use redis::io::tcp::TcpSettings;
+use redis::IntoConnectionInfo;
+
+/// How long a server may take to answer its first `PING`.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a reply may take before the test calls it a hang.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A `redis-server` child process (Redis 7.0 from Debian: Lua 5.1 with `struct`), no persistence.
+pub struct RedisServer {
+    child: Child,
+    port: u16,
+}
+
+impl RedisServer {
+    /// Starts a server on a free loopback port and waits until it answers `PING`.
+    ///
+    /// # Panics
+    /// When no server comes up within [`START_TIMEOUT`] (after a few port attempts).
+    pub fn start() -> Self {
+        for _attempt in 0..5 {
+            // The kernel picks a free port; the listener is closed before Redis binds it (a small race,
+            // hence the attempts).
+            let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap();
+            let child = Process::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .args(["--dir", &std::env::temp_dir().to_string_lossy()])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server must be installed (Debian package redis-server)");
+            let mut server = RedisServer { child, port };
+            if server.wait_for_ping() {
+                return server;
+            }
+            // Dropping `server` stops the child.
+        }
+        panic!("redis-server did not answer PING on any of 5 free ports within {START_TIMEOUT:?}");
+    }
+
+    fn wait_for_ping(&mut self) -> bool {
+        let deadline = Instant::now() + START_TIMEOUT;
+        while Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return false; // exited: most likely the port was taken meanwhile
+            }
+            if let Ok(mut client) = ScriptClient::connect(self.port) {
+                if client.call(&Command::new("PING")) == Reply::Simple(b"PONG".to_vec()) {
+                    return true;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+
+    /// A client for the crate's commands.
+    pub fn script_client(&self) -> ScriptClient {
+        ScriptClient::connect(self.port).expect("connect to the test redis-server")
+    }
+
+    /// A `redis` crate connection (TCP_NODELAY) for reading and writing keys directly.
+    pub fn inspector(&self) -> redis::Connection {
+        let info = format!("redis://127.0.0.1:{}/", self.port)
+            .into_connection_info()
+            .unwrap()
+            .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+        redis::Client::open(info).unwrap().get_connection().unwrap()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        // `Child::kill` signals this child's PID only (SIGKILL: no persistence to flush).
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A plain TCP connection that writes a [`Command`]'s RESP bytes ([`Command::to_resp`]) and reads exactly
+/// one reply with [`decode_reply`]: the same bytes the filter sends through the host's Redis interface.
+pub struct ScriptClient {
+    stream: TcpStream,
+}
+
+impl ScriptClient {
+    fn connect(port: u16) -> std::io::Result<Self> {
+        let stream = TcpStream::connect(("127.0.0.1", port))?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(REPLY_TIMEOUT))?;
+        Ok(ScriptClient { stream })
+    }
+
+    /// Sends one command and returns its reply.
+    ///
+    /// # Panics
+    /// On I/O errors, on no reply within [`REPLY_TIMEOUT`], on bytes that are not one RESP reply.
+    pub fn call(&mut self, command: &Command) -> Reply {
+        self.stream.write_all(&command.to_resp()).expect("send the command");
+        let mut buffer = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let read =
+                self.stream.read(&mut chunk).unwrap_or_else(|e| panic!("no reply within {REPLY_TIMEOUT:?}: {e}"));
+            assert!(read > 0, "redis-server closed the connection");
+            buffer.extend_from_slice(&chunk[..read]);
+            match decode_reply(&buffer) {
+                Ok(reply) => return reply,
+                Err(RespError::Truncated) => continue,
+                Err(other) => panic!("not one RESP reply: {other}"),
+            }
+        }
+    }
+
+    /// Runs `script` as the filter does: `EVALSHA`, then `EVAL` with the source after `NOSCRIPT`.
+    pub fn run(&mut self, script: &Script, keys: &LimiterKeys, args: &[&[u8]]) -> Reply {
+        let reply = self.call(&script.command(Invocation::BySha, keys, args));
+        if reply.error_code() == Some("NOSCRIPT") {
+            return self.call(&script.command(Invocation::BySource, keys, args));
+        }
+        reply
+    }
+
+    /// Sends a command built elsewhere (e.g. [`edge_rate_limiter::script::Acquire::command`]) the same way.
+    pub fn run_command(&mut self, by_sha: &Command, by_source: impl FnOnce() -> Command) -> Reply {
+        let reply = self.call(by_sha);
+        if reply.error_code() == Some("NOSCRIPT") {
+            return self.call(&by_source());
+        }
+        reply
+    }
+}

@@ -1,0 +1,353 @@
+//! Redisson's documented behaviour, in real time: the scripts get `now` from the test's real clock (the
+//! gateway clock), the test sleeps, and Redis's own TTLs do the expiring. Each test has its own
+//! redis-server; together they sleep about 11 s, mostly in parallel.
+//!
+//! Sources: Redisson's `RRateLimiter` javadoc and `RedissonRateLimiterTest` (sliding window, trySetRate
+//! never overwrites, rate 10 per second in rounds, permits above the rate refused, availablePermits,
+//! keepAliveTime), DESIGN.md ("Facts: Redisson's RRateLimiter layout") and the seed articles.
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::sleep;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::redis_server::{RedisServer, ScriptClient};
+use edge_rate_limiter::config::LimiterType;
+use edge_rate_limiter::key::LimiterKeys;
+use edge_rate_limiter::resp::Reply;
+use edge_rate_limiter::script::{
+    decode_acquire_reply, Acquire, AcquireOutcome, AcquireReply, Clock, ConfigChange, Invocation, AVAILABLE_PERMITS,
+    MEMBER_RANDOM_LEN, TRY_SET_RATE, UPDATE_RATE,
+};
+
+const CLIENT: &str = "6d1f3b9a-2c4e-4a8b-b5d7-9e0f1a2b3c4d";
+const OTHER_CLIENT: &str = "c0ffee00-1234-4abc-8def-0123456789ab";
+
+/// Wall-clock ms since the epoch: the gateway's clock.
+fn wall_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+fn sleep_until(deadline: Instant) {
+    sleep(deadline.saturating_duration_since(Instant::now()));
+}
+
+/// A fresh 16-byte member id per acquire (Redisson 4.x: `generateIdArray()`).
+fn fresh_random() -> [u8; MEMBER_RANDOM_LEN] {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let mut random = [0xA5; MEMBER_RANDOM_LEN];
+    random[..8].copy_from_slice(&NEXT.fetch_add(1, Ordering::Relaxed).to_be_bytes());
+    random
+}
+
+/// A gateway rule: one limiter, its configured rate, and a connection to Redis.
+struct Gateway {
+    scripts: ScriptClient,
+    keys: LimiterKeys,
+    rate: u64,
+    interval_ms: u64,
+    limiter_type: LimiterType,
+    keep_alive_ms: u64,
+}
+
+impl Gateway {
+    fn new(server: &RedisServer, name: &str, rate: u64, interval_ms: u64, keep_alive_ms: u64) -> Self {
+        Gateway {
+            scripts: server.script_client(),
+            keys: LimiterKeys::new(name, CLIENT),
+            rate,
+            interval_ms,
+            limiter_type: LimiterType::Overall,
+            keep_alive_ms,
+        }
+    }
+
+    /// The filter's acquire at `clock`, decoded as the filter decodes it; returns the member id too.
+    fn acquire_with(&mut self, permits: u64, clock: Clock) -> (AcquireReply, [u8; MEMBER_RANDOM_LEN]) {
+        let acquire = Acquire {
+            keys: self.keys.clone(),
+            permits,
+            clock,
+            member_random: fresh_random(),
+            rate: self.rate,
+            interval_ms: self.interval_ms,
+            limiter_type: self.limiter_type,
+            keep_alive_ms: self.keep_alive_ms,
+            apply_config: false,
+        };
+        let reply =
+            self.scripts.run_command(&acquire.command(Invocation::BySha), || acquire.command(Invocation::BySource));
+        (decode_acquire_reply(&reply).unwrap_or_else(|e| panic!("{e}")), acquire.member_random)
+    }
+
+    /// The filter's acquire now, by the gateway's clock.
+    fn acquire(&mut self, permits: u64) -> AcquireReply {
+        self.acquire_at(permits, wall_ms())
+    }
+
+    /// The filter's acquire with the gateway's clock reading `now_ms`.
+    fn acquire_at(&mut self, permits: u64, now_ms: u64) -> AcquireReply {
+        self.acquire_with(permits, Clock::Gateway(now_ms)).0
+    }
+
+    fn config_args(&self, rate: u64) -> [String; 4] {
+        [
+            rate.to_string(),
+            self.interval_ms.to_string(),
+            self.limiter_type.redisson_ordinal().to_string(),
+            self.keep_alive_ms.to_string(),
+        ]
+    }
+
+    /// Redisson's trySetRate with this gateway's interval, type and keepAlive, and `rate`.
+    fn try_set_rate(&mut self, rate: u64) -> Reply {
+        let args = self.config_args(rate);
+        let argv: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        self.scripts.run(&TRY_SET_RATE, &self.keys, &argv)
+    }
+
+    /// Redisson's availablePermits now.
+    fn available_permits(&mut self) -> Reply {
+        let now = wall_ms().to_string();
+        self.scripts.run(&AVAILABLE_PERMITS, &self.keys, &[now.as_bytes()])
+    }
+
+    /// Every key of the limiter for this client: hash, value, client value, permits, client permits.
+    fn key_names(&self) -> [&str; 5] {
+        [&self.keys.config, &self.keys.value, &self.keys.client_value, &self.keys.permits, &self.keys.client_permits]
+    }
+}
+
+fn remaining(reply: &AcquireReply) -> u64 {
+    match reply.outcome {
+        AcquireOutcome::Acquired { remaining } => remaining,
+        other => panic!("expected an acquire, got {other:?} ({reply:?})"),
+    }
+}
+
+fn delay(reply: &AcquireReply) -> u64 {
+    match reply.outcome {
+        AcquireOutcome::Rejected { delay_ms } => delay_ms,
+        other => panic!("expected a rejection, got {other:?} ({reply:?})"),
+    }
+}
+
+fn pttl(inspector: &mut redis::Connection, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query(inspector).unwrap()
+}
+
+/// `ZRANGE key 0 -1 WITHSCORES`: (member bytes, score ms).
+fn members(inspector: &mut redis::Connection, key: &str) -> Vec<(Vec<u8>, u64)> {
+    let scored: Vec<(Vec<u8>, f64)> =
+        redis::cmd("ZRANGE").arg(key).arg(0).arg(-1).arg("WITHSCORES").query(inspector).unwrap();
+    scored.into_iter().map(|(member, score)| (member, score as u64)).collect()
+}
+
+/// Redis's `TIME`, ms.
+fn redis_time_ms(inspector: &mut redis::Connection) -> u64 {
+    let (seconds, micros): (u64, u64) = redis::cmd("TIME").query(inspector).unwrap();
+    seconds * 1000 + micros / 1000
+}
+
+/// Redisson's member bytes for this gateway's acquire: `struct.pack('Bc0I', 16, random, permits)`.
+fn member_bytes(random: &[u8; MEMBER_RANDOM_LEN], permits: u32) -> Vec<u8> {
+    [&[16u8][..], random, &permits.to_le_bytes()].concat()
+}
+
+/// (a) The window slides: rate 2 per 5 s, acquires at 0 s and 4 s succeed; at 5.05 s the permit of 0 s has
+/// left the window, so one more succeeds, and one right after fails because the permit of 4 s is still in
+/// it (a fixed window restarting at 5 s would allow two). The delay is Redisson's, to the ms, from the
+/// acquire times the gateway sent.
+#[test]
+fn a_window_slides_rather_than_resetting() {
+    let server = RedisServer::start();
+    let mut gateway = Gateway::new(&server, "scenario:sliding", 2, 5000, 0);
+    let start = Instant::now();
+    let at_0s = wall_ms();
+    let first = gateway.acquire_at(1, at_0s);
+    assert_eq!((first.change, remaining(&first)), (ConfigChange::Created, 1));
+    sleep_until(start + Duration::from_millis(4000));
+    let at_4s = wall_ms();
+    assert_eq!(remaining(&gateway.acquire_at(1, at_4s)), 0);
+    sleep_until(start + Duration::from_millis(5050));
+    let at_5s = wall_ms();
+    assert!(at_5s >= at_0s + 5000 && at_5s < at_4s + 5000, "the test ran too late to check anything");
+    assert_eq!(remaining(&gateway.acquire_at(1, at_5s)), 0, "the permit taken at 0 s was released at 5 s");
+    let now = wall_ms();
+    let rejected = gateway.acquire_at(1, now);
+    assert_eq!(delay(&rejected), 3 + 5000 - (now - at_4s), "Redisson: 3 + interval - (now - oldest)");
+    assert_eq!(rejected.reset_ms, at_4s + 5000 - now);
+}
+
+/// (b) trySetRate never overwrites; then rate 10 per second, in three rounds: 10 acquire, the next 10 are
+/// refused, and 1.05 s later (between rounds) the window is full again.
+#[test]
+fn try_set_rate_keeps_the_first_config_and_rounds_of_ten_per_second() {
+    let server = RedisServer::start();
+    let mut inspector = server.inspector();
+    let mut gateway = Gateway::new(&server, "scenario:rounds", 10, 1000, 0);
+    assert_eq!(gateway.try_set_rate(10), Reply::Integer(1));
+    assert_eq!(gateway.try_set_rate(10), Reply::Integer(0), "second trySetRate");
+    assert_eq!(gateway.try_set_rate(5), Reply::Integer(0), "trySetRate cannot change a rate");
+    let rate: String = redis::cmd("HGET").arg(&gateway.keys.config).arg("rate").query(&mut inspector).unwrap();
+    assert_eq!(rate, "10");
+    for round in 0..3 {
+        let round_start = wall_ms();
+        for taken in 1..=10 {
+            let reply = gateway.acquire_at(1, if taken == 1 { round_start } else { wall_ms() });
+            assert_eq!(reply.change, ConfigChange::None);
+            assert_eq!(remaining(&reply), 10 - taken, "round {round}");
+        }
+        for _ in 0..10 {
+            let now = wall_ms();
+            assert_eq!(delay(&gateway.acquire_at(1, now)), 3 + 1000 - (now - round_start), "round {round}");
+        }
+        if round < 2 {
+            sleep(Duration::from_millis(1050));
+        }
+    }
+}
+
+/// (c) More permits than the rate: Redisson raises "Requested permits amount cannot exceed defined rate";
+/// the gateway answers code 2 at once (no wait would ever grant them), consumes nothing, and the rate that
+/// counts is the one in Redis.
+#[test]
+fn more_permits_than_the_rate_are_refused_at_once() {
+    let server = RedisServer::start();
+    let mut inspector = server.inspector();
+    let mut gateway = Gateway::new(&server, "scenario:too-many", 3, 1000, 0);
+    let asked = Instant::now();
+    let refused = gateway.acquire(4);
+    assert!(asked.elapsed() < Duration::from_secs(1), "answered in {:?}", asked.elapsed());
+    assert_eq!(refused.outcome, AcquireOutcome::ExceedsRate);
+    assert_eq!(refused.effective.rate, 3);
+    let exists: i64 =
+        redis::cmd("EXISTS").arg(&gateway.keys.value).arg(&gateway.keys.permits).query(&mut inspector).unwrap();
+    assert_eq!(exists, 0, "nothing consumed");
+    assert_eq!(remaining(&gateway.acquire(3)), 0, "the whole rate at once is fine");
+    // A Java service created the limiter first with rate 2: Redis wins over the gateway's 3.
+    let mut other = Gateway::new(&server, "scenario:too-many-java", 3, 1000, 0);
+    assert_eq!(other.try_set_rate(2), Reply::Integer(1));
+    let refused = other.acquire(3);
+    assert_eq!((refused.outcome, refused.effective.rate), (AcquireOutcome::ExceedsRate, 2));
+}
+
+/// (d) availablePermits: the full rate on a new limiter, less after acquires, the full rate again once the
+/// window has passed.
+#[test]
+fn available_permits_come_back_after_a_window() {
+    let server = RedisServer::start();
+    let mut gateway = Gateway::new(&server, "scenario:available", 3, 1000, 0);
+    assert!(gateway.available_permits().error_code().is_some(), "not initialized yet");
+    assert_eq!(gateway.try_set_rate(3), Reply::Integer(1));
+    assert_eq!(gateway.available_permits(), Reply::Integer(3));
+    assert_eq!(remaining(&gateway.acquire(2)), 1);
+    assert_eq!(gateway.available_permits(), Reply::Integer(1));
+    sleep(Duration::from_millis(1050));
+    assert_eq!(gateway.available_permits(), Reply::Integer(3));
+}
+
+/// (e) keepAliveTime 1500 ms, interval 1000 ms: after an acquire every key carries a TTL in (0, 1500]; after
+/// 1.7 s unused every key is gone, and the next gateway acquire re-creates the limiter.
+#[test]
+fn keep_alive_expires_an_idle_limiter_and_the_gateway_recreates_it() {
+    let server = RedisServer::start();
+    let mut inspector = server.inspector();
+    let mut gateway = Gateway::new(&server, "scenario:keep-alive", 5, 1000, 1500);
+    let first = gateway.acquire(1);
+    assert_eq!((first.change, remaining(&first)), (ConfigChange::Created, 4));
+    for key in [&gateway.keys.config, &gateway.keys.value, &gateway.keys.permits] {
+        let ttl = pttl(&mut inspector, key);
+        assert!(ttl > 0 && ttl <= 1500, "{key}: PTTL {ttl}");
+    }
+    sleep(Duration::from_millis(1700));
+    let names = gateway.key_names();
+    let exists: i64 = redis::cmd("EXISTS").arg(&names[..]).query(&mut inspector).unwrap();
+    assert_eq!(exists, 0, "every key expired");
+    let again = gateway.acquire(1);
+    assert_eq!((again.change, remaining(&again)), (ConfigChange::Created, 4));
+}
+
+/// (f) The clock: an empty `now` makes the script use Redis's `TIME` (the member's score lies between two
+/// `TIME` reads around the call); a gateway clock 10 s ahead is used as given (Redisson trusts the
+/// client's clock the same way).
+#[test]
+fn redis_time_or_the_given_clock_scores_the_member() {
+    let server = RedisServer::start();
+    let mut inspector = server.inspector();
+    let mut gateway = Gateway::new(&server, "scenario:clock", 5, 60_000, 0);
+    let before = redis_time_ms(&mut inspector);
+    let (reply, random) = gateway.acquire_with(1, Clock::Redis);
+    let after = redis_time_ms(&mut inspector);
+    assert_eq!(remaining(&reply), 4);
+    let scored = members(&mut inspector, &gateway.keys.permits);
+    assert_eq!(scored.len(), 1);
+    assert_eq!(scored[0].0, member_bytes(&random, 1));
+    assert!((before..=after).contains(&scored[0].1), "score {} not in Redis TIME [{before}, {after}]", scored[0].1);
+    let skewed = wall_ms() + 10_000;
+    let (_, random) = gateway.acquire_with(2, Clock::Gateway(skewed));
+    let scored = members(&mut inspector, &gateway.keys.permits);
+    assert!(scored.contains(&(member_bytes(&random, 2), skewed)), "{scored:?} lacks score {skewed}");
+}
+
+/// PER_CLIENT: each client instance has its own window (its own value and permits keys).
+#[test]
+fn per_client_limiters_give_each_client_its_own_window() {
+    let server = RedisServer::start();
+    let mut a = Gateway::new(&server, "scenario:per-client", 2, 60_000, 0);
+    a.limiter_type = LimiterType::PerClient;
+    let mut b = Gateway {
+        keys: LimiterKeys::new("scenario:per-client", OTHER_CLIENT),
+        ..Gateway::new(&server, "", 2, 60_000, 0)
+    };
+    b.limiter_type = LimiterType::PerClient;
+    assert_eq!(remaining(&a.acquire(2)), 0);
+    assert!(delay(&a.acquire(1)) > 0);
+    assert_eq!(remaining(&b.acquire(1)), 1, "client b's window is untouched by a");
+    let mut inspector = server.inspector();
+    let exists: i64 = redis::cmd("EXISTS").arg(&a.keys.value).arg(&a.keys.permits).query(&mut inspector).unwrap();
+    assert_eq!(exists, 0, "no overall keys for a PER_CLIENT limiter");
+}
+
+/// Redisson 4.4+ updateRate (keepState) ends like every write script: with keepAliveTime > 0 the hash,
+/// value and permits keys all get it, so an idle limiter still expires as a whole and comes back fresh.
+/// (A value key left without a TTL outlives its permits: once the hash and permits expired, the gateway
+/// re-creates the hash, finds value 0 and no permit to release, and rejects that limiter forever.)
+#[test]
+fn update_rate_leaves_every_key_on_the_keep_alive() {
+    let server = RedisServer::start();
+    let mut inspector = server.inspector();
+    let mut gateway = Gateway::new(&server, "scenario:update-keep-alive", 1, 200, 300);
+    assert_eq!(remaining(&gateway.acquire(1)), 0);
+    let args = gateway.config_args(1);
+    let now = wall_ms().to_string();
+    let argv: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).chain([now.as_bytes()]).collect();
+    assert_eq!(gateway.scripts.run(&UPDATE_RATE, &gateway.keys, &argv), Reply::Integer(1));
+    for key in [&gateway.keys.config, &gateway.keys.value, &gateway.keys.permits] {
+        let ttl = pttl(&mut inspector, key);
+        assert!(ttl > 0 && ttl <= 300, "after updateRate, {key}: PTTL {ttl}");
+    }
+    sleep(Duration::from_millis(400));
+    let names = gateway.key_names();
+    let exists: i64 = redis::cmd("EXISTS").arg(&names[..]).query(&mut inspector).unwrap();
+    assert_eq!(exists, 0, "every key expired");
+    let again = gateway.acquire(1);
+    assert_eq!((again.change, again.outcome), (ConfigChange::Created, AcquireOutcome::Acquired { remaining: 0 }));
+}
+
+/// The member layout in Redis is Redisson's: 21 bytes, `Bc0I`, read back exactly.
+#[test]
+fn members_are_written_in_redisson_layout() {
+    let server = RedisServer::start();
+    let mut inspector = server.inspector();
+    let mut gateway = Gateway::new(&server, "{scenario}:layout", 300, 60_000, 0);
+    let now = wall_ms();
+    let (_, random) = gateway.acquire_with(258, Clock::Gateway(now));
+    assert_eq!(gateway.keys.permits, "{scenario}:layout:permits", "a hash-tagged name keeps its tag");
+    let scored = members(&mut inspector, &gateway.keys.permits);
+    let expected = member_bytes(&random, 258);
+    assert_eq!(expected.len(), 21);
+    assert_eq!(scored, vec![(expected, now)]);
+    let value: Option<String> = redis::cmd("GET").arg(&gateway.keys.value).query(&mut inspector).unwrap();
+    assert_eq!(value.as_deref(), Some("42"));
+}
