@@ -35,7 +35,7 @@ CARGO_FLAGS_higress := --no-default-features --features host-redis
 
 DIST := $(ARTIFACTS:%=dist/edge-rate-limiter-%.wasm)
 
-.PHONY: build setup test test-unit test-wasm test-parity test-e2e run lint bench clean distclean FORCE
+.PHONY: build setup test test-unit test-wasm test-parity test-host test-e2e run lint bench clean distclean FORCE
 
 build: setup $(DIST)
 
@@ -48,7 +48,7 @@ dist/edge-rate-limiter-%.wasm: FORCE | setup
 	$(CARGO) build -q --release --target $(WASM_TARGET)$(if $(CARGO_FLAGS_$*), $(CARGO_FLAGS_$*))
 	@$(POSTBUILD) --profile $* $(WASM_BUILT) $@
 
-test: build test-unit test-wasm test-parity test-e2e
+test: build test-unit test-wasm test-parity test-host test-e2e
 
 # The hostcall-free core and the operator tool, natively.
 test-unit: setup
@@ -70,9 +70,15 @@ test-wasm: setup
 test-parity: setup
 	$(CARGO) test -q --no-default-features --test parity
 
+# The proxy-wasm host emulator (tests/host, on wasmtime) against real Redis and webdis, running both built
+# artifacts (dist/), and checked against Envoy 1.40 observations.
+test-host: build
+	ERL_WASM=$(CURDIR)/dist/edge-rate-limiter-envoy.wasm ERL_WASM_HOST_REDIS=$(CURDIR)/dist/edge-rate-limiter-higress.wasm \
+		$(CARGO) test -q -p proxy-wasm-host-emulator
+
 # Real redis-server, webdis and Envoy with dist/edge-rate-limiter-envoy.wasm, and the operator tool.
 test-e2e: build
-	$(CARGO) build -q -p erl-admin
+	$(CARGO) build -q -p erl-admin -p proxy-wasm-host-emulator
 	$(PYTHON) -m pytest -q tests/e2e $(PYTEST_ARGS)
 
 # RUN_ONCE=1 on the command line reaches scripts/run.py through the environment (make exports

@@ -1,0 +1,371 @@
+//! `wasm-host`: run a proxy-wasm module in the emulator from the command line.
+//!
+//! ```text
+//! wasm-host serve  --module M.wasm --config cfg.json --vms K --cluster NAME=127.0.0.1:PORT ...
+//! wasm-host replay --module M.wasm --config cfg.json --vms K --requests file.jsonl --cluster ...
+//! ```
+//!
+//! `serve` reads JSON lines on stdin and answers one JSON line each:
+//! - a request: `{"headers": [["x-user-id","alice"]], "source_address": "10.0.0.1:1234",
+//!   "route_name": "r", "body": "...", "vm": 0}` (every field optional; without `vm`, VMs take turns)
+//!   -> `{"kind": "local_reply", "status": 429, "headers": [...], "body": "...", "fuel": ...,
+//!   "redis_calls": 1, "http_calls": 0, "guest_calls": ..., "elapsed_ms": ..., "vm": 0}`;
+//! - `{"batch": [request, ...]}`: all in flight at once -> `{"batch": [result, ...]}`;
+//! - `{"metrics": true}` -> `{"metrics": {...}}`; `{"logs": true}` -> `{"logs": [...]}` (lines since the
+//!   last such request); `{"wait_ms": 500}` runs the event loop (ticks, late replies) -> `{"waited_ms": 500}`.
+//!
+//! `replay` runs every request of a file of such lines (`--concurrency N` at a time) and prints a summary:
+//! outcomes by kind and status, Redis round trips and HTTP calls per request, fuel per allowed and per
+//! rejected request (mean, p50, p99), latency. `--json` prints it as JSON.
+//!
+//! When the plugin refuses its configuration, both print the module's log lines on stderr and exit 2.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Parser, Subcommand};
+use proxy_wasm_host::summary::Distribution;
+use proxy_wasm_host::{Host, HostBuilder, LogLevel, Outcome, RequestSpec};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+#[derive(Parser)]
+#[command(name = "wasm-host", version, about = "Run a proxy-wasm module in an Envoy-faithful emulator")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Read requests as JSON lines on stdin, answer one JSON line each.
+    Serve(Common),
+    /// Run a file of requests and print a summary.
+    Replay {
+        #[command(flatten)]
+        common: Common,
+        /// JSON lines, one request each (as `serve` reads them).
+        #[arg(long)]
+        requests: PathBuf,
+        /// Requests in flight at once.
+        #[arg(long, default_value_t = 1)]
+        concurrency: usize,
+        /// Print the summary as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args)]
+struct Common {
+    /// The proxy-wasm module.
+    #[arg(long)]
+    module: PathBuf,
+    /// File with the plugin configuration (e.g. JSON); none if omitted.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Number of VMs (Envoy: worker threads).
+    #[arg(long, default_value_t = 1)]
+    vms: usize,
+    /// A cluster for HTTP calls and Redis: NAME=127.0.0.1:PORT (repeatable).
+    #[arg(long = "cluster", value_name = "NAME=127.0.0.1:PORT")]
+    clusters: Vec<String>,
+    /// A property: PATH=VALUE, e.g. node.id=gw-1 (repeatable).
+    #[arg(long = "property", value_name = "PATH=VALUE")]
+    properties: Vec<String>,
+    /// Log level of the module's lines (trace, debug, info, warn, error, critical).
+    #[arg(long, default_value = "info")]
+    log_level: String,
+    /// Print the module's log lines on stderr as they come.
+    #[arg(long)]
+    echo_logs: bool,
+    /// How long a paused request may wait, in ms, before it counts as stuck.
+    #[arg(long, default_value_t = 5000)]
+    pause_deadline_ms: u64,
+    /// Envoy's fail_open: let requests through when the VM failed.
+    #[arg(long)]
+    fail_open: bool,
+}
+
+/// One request line (a [`RequestSpec`] plus the VM).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RequestLine {
+    #[serde(default)]
+    headers: Vec<(String, String)>,
+    #[serde(default)]
+    source_address: Option<String>,
+    #[serde(default)]
+    route_name: Option<String>,
+    #[serde(default)]
+    body: Option<String>,
+    #[serde(default)]
+    vm: Option<usize>,
+}
+
+impl RequestLine {
+    fn split(self) -> (Option<usize>, RequestSpec) {
+        let spec = RequestSpec {
+            headers: self.headers,
+            source_address: self.source_address,
+            route_name: self.route_name,
+            body: self.body,
+        };
+        (self.vm, spec)
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(common) => build(&common).and_then(serve),
+        Command::Replay { common, requests, concurrency, json } => {
+            build(&common).and_then(|host| replay(host, &requests, concurrency.max(1), json))
+        }
+    };
+    match result {
+        Ok(code) => code,
+        Err(message) => {
+            eprintln!("wasm-host: {message}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn parse_level(text: &str) -> Result<LogLevel, String> {
+    serde_json::from_value(json!(text)).map_err(|_| format!("unknown log level {text:?}"))
+}
+
+fn build(common: &Common) -> Result<Host, String> {
+    let mut builder = HostBuilder::new(&common.module)
+        .vms(common.vms)
+        .log_level(parse_level(&common.log_level)?)
+        .echo_logs(common.echo_logs)
+        .pause_deadline(Duration::from_millis(common.pause_deadline_ms))
+        .fail_open(common.fail_open);
+    if let Some(path) = &common.config {
+        let config = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        builder = builder.plugin_config(config);
+    }
+    for spec in &common.clusters {
+        builder = builder.cluster_spec(spec).map_err(|e| e.to_string())?;
+    }
+    for property in &common.properties {
+        let (path, value) = property.split_once('=').ok_or_else(|| format!("bad property {property:?}: PATH=VALUE"))?;
+        builder = builder.property(path, value.as_bytes().to_vec());
+    }
+    builder.build().map_err(|e| e.to_string())
+}
+
+/// Prints the refusal and the module's log lines; exit code 2.
+fn refused(host: &Host) -> Option<ExitCode> {
+    let reason = host.refusal()?;
+    eprintln!("wasm-host: the plugin refused its configuration: {reason}");
+    Some(ExitCode::from(2))
+}
+
+fn serve(mut host: Host) -> Result<ExitCode, String> {
+    if let Some(code) = refused(&host) {
+        return Ok(code);
+    }
+    let stdin = std::io::stdin();
+    let mut stdout = std::io::stdout().lock();
+    let mut turn = 0usize;
+    for line in stdin.lock().lines() {
+        let line = line.map_err(|e| format!("stdin: {e}"))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let answer = serve_line(&mut host, &line, &mut turn);
+        writeln!(stdout, "{answer}").map_err(|e| format!("stdout: {e}"))?;
+        stdout.flush().map_err(|e| format!("stdout: {e}"))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn serve_line(host: &mut Host, line: &str, turn: &mut usize) -> Value {
+    let value: Value = match serde_json::from_str(line) {
+        Ok(value) => value,
+        Err(e) => return json!({"error": format!("not JSON: {e}")}),
+    };
+    if value.get("metrics").is_some() {
+        return json!({"metrics": host.metrics()});
+    }
+    if value.get("logs").is_some() {
+        return json!({"logs": host.take_logs()});
+    }
+    if let Some(ms) = value.get("wait_ms").and_then(Value::as_u64) {
+        host.run_for(Duration::from_millis(ms));
+        return json!({"waited_ms": ms});
+    }
+    if let Some(batch) = value.get("batch").and_then(Value::as_array) {
+        let mut requests = Vec::new();
+        for item in batch {
+            match parse_request(item.clone(), host, turn) {
+                Ok(request) => requests.push(request),
+                Err(e) => return json!({"error": e}),
+            }
+        }
+        let vms: Vec<usize> = requests.iter().map(|(vm, _)| *vm).collect();
+        return match host.send_batch(requests) {
+            Ok(outcomes) => {
+                json!({"batch": outcomes.iter().zip(vms).map(|(o, vm)| with_vm(o, vm)).collect::<Vec<_>>()})
+            }
+            Err(e) => json!({"error": e.to_string()}),
+        };
+    }
+    match parse_request(value, host, turn) {
+        Ok((vm, spec)) => match host.send_request(vm, spec) {
+            Ok(outcome) => with_vm(&outcome, vm),
+            Err(e) => json!({"error": e.to_string()}),
+        },
+        Err(e) => json!({"error": e}),
+    }
+}
+
+fn with_vm(outcome: &Outcome, vm: usize) -> Value {
+    let mut value = outcome.to_json();
+    if let Some(map) = value.as_object_mut() {
+        map.insert("vm".into(), json!(vm));
+    }
+    value
+}
+
+fn parse_request(value: Value, host: &Host, turn: &mut usize) -> Result<(usize, RequestSpec), String> {
+    let line: RequestLine = serde_json::from_value(value).map_err(|e| format!("bad request: {e}"))?;
+    let (vm, spec) = line.split();
+    let vm = vm.unwrap_or_else(|| {
+        let vm = *turn % host.vm_count();
+        *turn += 1;
+        vm
+    });
+    Ok((vm, spec))
+}
+
+fn replay(mut host: Host, path: &PathBuf, concurrency: usize, as_json: bool) -> Result<ExitCode, String> {
+    if let Some(code) = refused(&host) {
+        return Ok(code);
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut requests = Vec::new();
+    let mut turn = 0usize;
+    for (number, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let value: Value = serde_json::from_str(line).map_err(|e| format!("{}:{}: {e}", path.display(), number + 1))?;
+        requests.push(
+            parse_request(value, &host, &mut turn).map_err(|e| format!("{}:{}: {e}", path.display(), number + 1))?,
+        );
+    }
+    let started = Instant::now();
+    let mut outcomes = Vec::with_capacity(requests.len());
+    let mut pending = requests.into_iter().peekable();
+    while pending.peek().is_some() {
+        let batch: Vec<_> = pending.by_ref().take(concurrency).collect();
+        outcomes.extend(host.send_batch(batch).map_err(|e| e.to_string())?);
+    }
+    let elapsed = started.elapsed();
+    let summary = summarize(&outcomes, elapsed, &host);
+    if as_json {
+        println!("{summary}");
+    } else {
+        print_table(&summary);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn dist(samples: &[f64]) -> Value {
+    json!(Distribution::of(samples))
+}
+
+fn summarize(outcomes: &[Outcome], elapsed: Duration, host: &Host) -> Value {
+    let mut by_kind: BTreeMap<String, usize> = BTreeMap::new();
+    let mut round_trips: BTreeMap<u32, usize> = BTreeMap::new();
+    let (mut redis, mut http, mut latency, mut allowed, mut rejected) = (vec![], vec![], vec![], vec![], vec![]);
+    for outcome in outcomes {
+        let key = match outcome.status() {
+            Some(status) => format!("{} {status}", outcome.kind()),
+            None => outcome.kind().to_string(),
+        };
+        *by_kind.entry(key).or_default() += 1;
+        if let Some(cost) = outcome.cost() {
+            *round_trips.entry(cost.redis_calls).or_default() += 1;
+            redis.push(f64::from(cost.redis_calls));
+            http.push(f64::from(cost.http_calls));
+            latency.push(cost.elapsed.as_secs_f64() * 1000.0);
+            let fuel = cost.fuel as f64;
+            match outcome {
+                Outcome::Continued { .. } => allowed.push(fuel),
+                Outcome::LocalReply { .. } => rejected.push(fuel),
+                _ => {}
+            }
+        }
+    }
+    let seconds = elapsed.as_secs_f64();
+    json!({
+        "requests": outcomes.len(),
+        "elapsed_s": seconds,
+        "requests_per_s": if seconds > 0.0 { outcomes.len() as f64 / seconds } else { 0.0 },
+        "outcomes": by_kind,
+        "redis_round_trips": {"per_request": dist(&redis), "histogram": round_trips},
+        "http_calls_per_request": dist(&http),
+        "fuel_allowed": dist(&allowed),
+        "fuel_rejected": dist(&rejected),
+        "latency_ms": dist(&latency),
+        "metrics": host.metrics().into_iter().map(|(k, v)| (k, v.value)).collect::<BTreeMap<_, _>>(),
+    })
+}
+
+/// A field of a JSON object (`Null` if absent).
+fn field<'a>(value: &'a Value, key: &str) -> &'a Value {
+    value.get(key).unwrap_or(&Value::Null)
+}
+
+fn print_table(summary: &Value) {
+    let num = |v: &Value, k: &str| field(v, k).as_f64().unwrap_or(0.0);
+    println!(
+        "requests: {}   elapsed: {:.3} s   ({:.1} req/s)",
+        field(summary, "requests"),
+        num(summary, "elapsed_s"),
+        num(summary, "requests_per_s")
+    );
+    println!("\noutcome                 count");
+    if let Some(map) = field(summary, "outcomes").as_object() {
+        for (kind, n) in map {
+            println!("  {kind:<20} {n:>6}");
+        }
+    }
+    let row = |name: &str, d: &Value| {
+        println!(
+            "  {name:<28} {:>8} {:>14.1} {:>14.1} {:>14.1} {:>14.1}",
+            field(d, "count"),
+            num(d, "mean"),
+            num(d, "p50"),
+            num(d, "p99"),
+            num(d, "max")
+        );
+    };
+    let round_trips = field(summary, "redis_round_trips");
+    println!("\n  {:<28} {:>8} {:>14} {:>14} {:>14} {:>14}", "per request", "count", "mean", "p50", "p99", "max");
+    row("redis round trips", field(round_trips, "per_request"));
+    row("http calls", field(summary, "http_calls_per_request"));
+    row("fuel (allowed: continued)", field(summary, "fuel_allowed"));
+    row("fuel (rejected: local reply)", field(summary, "fuel_rejected"));
+    row("latency (ms)", field(summary, "latency_ms"));
+    if let Some(map) = field(round_trips, "histogram").as_object() {
+        let parts: Vec<String> = map.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+        println!("\nredis round trips per request (round trips: requests): {}", parts.join(", "));
+    }
+    if let Some(map) = field(summary, "metrics").as_object() {
+        if !map.is_empty() {
+            println!("\nmetrics");
+            for (name, value) in map {
+                println!("  {name:<40} {value}");
+            }
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! Guest memory as the hostcalls see it: bounds-checked reads and writes (a bad pointer is the status
+//! `InvalidMemoryAccess`, as in proxy-wasm-cpp-host, never a host panic) and allocation through the guest's
+//! own allocator (`proxy_on_memory_allocate`, or `malloc`), as `WasmBase::allocMemory` does.
+
+use wasmtime::Caller;
+
+use crate::abi::Status;
+use crate::vm::VmState;
+
+/// Reads `len` bytes at `ptr`.
+pub fn read(caller: &mut Caller<'_, VmState>, ptr: u32, len: u32) -> Result<Vec<u8>, Status> {
+    let memory = caller.data().memory.ok_or(Status::InvalidMemoryAccess)?;
+    let start = usize::try_from(ptr).map_err(|_| Status::InvalidMemoryAccess)?;
+    let len = usize::try_from(len).map_err(|_| Status::InvalidMemoryAccess)?;
+    let end = start.checked_add(len).ok_or(Status::InvalidMemoryAccess)?;
+    memory.data(&*caller).get(start..end).map(<[u8]>::to_vec).ok_or(Status::InvalidMemoryAccess)
+}
+
+/// Writes `bytes` at `ptr`.
+pub fn write(caller: &mut Caller<'_, VmState>, ptr: u32, bytes: &[u8]) -> Result<(), Status> {
+    let memory = caller.data().memory.ok_or(Status::InvalidMemoryAccess)?;
+    let start = usize::try_from(ptr).map_err(|_| Status::InvalidMemoryAccess)?;
+    let end = start.checked_add(bytes.len()).ok_or(Status::InvalidMemoryAccess)?;
+    memory.data_mut(&mut *caller).get_mut(start..end).ok_or(Status::InvalidMemoryAccess)?.copy_from_slice(bytes);
+    Ok(())
+}
+
+/// Writes a little-endian u32 at `ptr`.
+pub fn write_u32(caller: &mut Caller<'_, VmState>, ptr: u32, value: u32) -> Result<(), Status> {
+    write(caller, ptr, &value.to_le_bytes())
+}
+
+/// Writes a little-endian u64 at `ptr`.
+pub fn write_u64(caller: &mut Caller<'_, VmState>, ptr: u32, value: u64) -> Result<(), Status> {
+    write(caller, ptr, &value.to_le_bytes())
+}
+
+/// Copies `bytes` into a fresh guest allocation and stores its address and size at `ptr_ptr` and
+/// `size_ptr` (cpp-host `copyToPointerSize`; empty data stores 0 and 0 without allocating, which the Rust
+/// SDK reads as "none").
+///
+/// # Errors
+/// `InvalidMemoryAccess` for a bad pointer or a failed allocation; a trap inside the guest's allocator is
+/// returned as `Err(Err(trap))` so the hostcall can fail the VM.
+pub fn copy_out(
+    caller: &mut Caller<'_, VmState>,
+    bytes: &[u8],
+    ptr_ptr: u32,
+    size_ptr: u32,
+) -> Result<Result<(), Status>, wasmtime::Error> {
+    let size = match u32::try_from(bytes.len()) {
+        Ok(size) => size,
+        Err(_) => return Ok(Err(Status::InvalidMemoryAccess)),
+    };
+    let mut address = 0;
+    if size > 0 {
+        address = match allocate(caller, size)? {
+            Some(address) => address,
+            None => return Ok(Err(Status::InvalidMemoryAccess)),
+        };
+        if let Err(status) = write(caller, address, bytes) {
+            return Ok(Err(status));
+        }
+    }
+    if let Err(status) = write_u32(caller, ptr_ptr, address) {
+        return Ok(Err(status));
+    }
+    Ok(write_u32(caller, size_ptr, size))
+}
+
+/// Allocates `size` bytes in the guest; `None` if the allocator returned 0 or there is none.
+pub fn allocate(caller: &mut Caller<'_, VmState>, size: u32) -> Result<Option<u32>, wasmtime::Error> {
+    let Some(alloc) = caller.data().alloc.clone() else {
+        return Ok(None);
+    };
+    let address = alloc.call(&mut *caller, size)?;
+    Ok((address != 0).then_some(address))
+}

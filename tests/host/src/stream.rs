@@ -1,0 +1,659 @@
+//! One HTTP stream through the filter, as Envoy drives it.
+//!
+//! Order of callbacks (observed in Envoy 1.40, `probe/envoy-1.40-observed.txt`):
+//! - `proxy_on_context_create(ctx, root)`, `proxy_on_request_headers(ctx, n, end_of_stream)` (end of
+//!   stream when there is no body); with a body `proxy_on_request_body(ctx, len, false)` then
+//!   `proxy_on_request_body(ctx, 0, true)` (or the whole buffered body again if the first call stopped);
+//! - upstream: `proxy_on_response_headers(ctx, n, false)`, `proxy_on_response_body(ctx, len, false)`,
+//!   `proxy_on_response_body(ctx, 0, true)`;
+//! - end: `proxy_on_log`, `proxy_on_done`, `proxy_on_delete`;
+//! - a local reply (`proxy_send_local_response`, sent after the guest call returns) goes through the
+//!   sending filter's encoder path too: `proxy_on_response_headers(ctx, n, body_empty)` with `:status`,
+//!   the guest's headers, then `content-length` and `content-type: text/plain` (unless given) for a
+//!   non-empty body; then `proxy_on_response_body(ctx, len, true)`; the request headers stay readable;
+//! - a client that gives up on a paused stream: `proxy_on_log` (no response code), `proxy_on_done`,
+//!   `proxy_on_delete`; the pending call's reply is still delivered to the root context later;
+//! - a non-zero return from a headers/body callback pauses the stream until `proxy_continue_stream`;
+//! - a trap fails the VM: that stream gets a 503 with an empty body (no more guest calls), and every
+//!   later request of the VM too (Envoy `CHECK_FAIL`, observed); with `fail_open` requests pass instead.
+
+use std::time::Instant;
+
+use crate::abi::LogLevel;
+use crate::abi::StreamType;
+use crate::error::HostError;
+use crate::exchange::{Cost, Headers, Outcome, RequestSpec};
+use crate::host::Host;
+use crate::shared::LogSource;
+use crate::vm::{Action, BodyView, Context, LocalReplySpec, Pairs, StreamData, StreamInfo};
+
+/// A change to a stream's flags.
+type Apply = Box<dyn FnOnce(&mut StreamRun)>;
+
+/// Where a paused stream resumes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Resume {
+    /// Paused in `proxy_on_request_headers`: next, the request body or the upstream.
+    RequestHeaders,
+    /// Paused in `proxy_on_request_body`: next, the upstream.
+    RequestBody,
+    /// Paused in `proxy_on_response_headers`: next, the response body.
+    ResponseHeaders,
+    /// Paused in `proxy_on_response_body`: next, the end.
+    ResponseBody,
+}
+
+/// The host's record of a stream.
+pub(crate) struct StreamRun {
+    pub started: Instant,
+    pub deadline: Instant,
+    pub cost: Cost,
+    pub waiting: Option<Resume>,
+    pub has_body: bool,
+    pub local_reply: Option<LocalReplySpec>,
+    pub in_local_reply: bool,
+    pub local_reply_status: Option<(u16, String)>,
+    pub reset: bool,
+    pub continue_request: bool,
+    pub continue_response: bool,
+    pub request_headers_after: Headers,
+    pub outcome: Option<Outcome>,
+}
+
+fn headers_to_pairs(headers: &Headers) -> Pairs {
+    headers.iter().map(|(k, v)| (k.to_ascii_lowercase().into_bytes(), v.clone().into_bytes())).collect()
+}
+
+fn pairs_to_headers(pairs: &Pairs) -> Headers {
+    pairs
+        .iter()
+        .map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), String::from_utf8_lossy(v).into_owned()))
+        .collect()
+}
+
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// The request headers Envoy's connection manager hands the filters (see [`RequestSpec`]).
+fn request_headers(spec: &RequestSpec) -> Pairs {
+    let given = &spec.headers;
+    let get = |name: &str| given.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.clone());
+    let method = if spec.body.is_some() { "POST" } else { "GET" };
+    let mut headers: Headers = vec![
+        (":authority".into(), get(":authority").or_else(|| get("host")).unwrap_or_else(|| "localhost".into())),
+        (":path".into(), get(":path").unwrap_or_else(|| "/".into())),
+        (":method".into(), get(":method").unwrap_or_else(|| method.into())),
+        (":scheme".into(), get(":scheme").unwrap_or_else(|| "http".into())),
+    ];
+    for (k, v) in given {
+        let k = k.to_ascii_lowercase();
+        if k.starts_with(':') || k == "host" {
+            continue;
+        }
+        headers.push((k, v.clone()));
+    }
+    if let Some(body) = &spec.body {
+        if get("content-length").is_none() {
+            headers.push(("content-length".into(), body.len().to_string()));
+        }
+    }
+    if get("x-forwarded-proto").is_none() {
+        headers.push(("x-forwarded-proto".into(), "http".into()));
+    }
+    if get("x-request-id").is_none() {
+        headers.push(("x-request-id".into(), request_id()));
+    }
+    headers_to_pairs(&headers)
+}
+
+fn request_id() -> String {
+    let mut b = [0u8; 16];
+    let _ = getrandom::fill(&mut b);
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        hex.get(0..8).unwrap_or_default(),
+        hex.get(8..12).unwrap_or_default(),
+        hex.get(12..16).unwrap_or_default(),
+        hex.get(16..20).unwrap_or_default(),
+        hex.get(20..32).unwrap_or_default()
+    )
+}
+
+impl Host {
+    /// Creates the stream's context and runs it as far as it goes without waiting.
+    pub(crate) fn start_stream(&mut self, vm: usize, spec: RequestSpec) -> Result<(usize, u32), HostError> {
+        let source = spec.source_address.clone().unwrap_or_else(|| "127.0.0.1:40000".into());
+        if !source.contains(':') {
+            return Err(HostError::BadRequest(format!("source_address {source:?} is not ip:port")));
+        }
+        let connection_id = self.connection_id();
+        let now = Instant::now();
+        let deadline = now + self.pause_deadline;
+        let body = spec.body.clone().map(String::into_bytes);
+        let data = StreamData {
+            request_headers: request_headers(&spec),
+            request_body: body.clone().unwrap_or_default(),
+            info: StreamInfo {
+                source_address: source,
+                route_name: spec.route_name.clone().unwrap_or_else(|| "route".into()),
+                connection_id,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let context = self
+            .with_state(vm, |s| {
+                let id = s.allocate_context();
+                s.contexts.insert(id, Context::Stream(Box::new(data)));
+                id
+            })
+            .ok_or(HostError::NoSuchVm { index: vm, count: self.vm_count() })?;
+        let key = (vm, context);
+        self.streams.insert(
+            key,
+            StreamRun {
+                started: now,
+                deadline,
+                cost: Cost::default(),
+                waiting: None,
+                has_body: body.is_some(),
+                local_reply: None,
+                in_local_reply: false,
+                local_reply_status: None,
+                reset: false,
+                continue_request: false,
+                continue_response: false,
+                request_headers_after: Vec::new(),
+                outcome: None,
+            },
+        );
+        // A VM that already failed: Envoy answers without calling it.
+        if self.vms.get(vm).is_some_and(|v| v.failed.is_some()) {
+            self.fail_stream(key);
+            return Ok(key);
+        }
+        let root = self.with_state(vm, |s| s.root_id).unwrap_or(0);
+        if let Some(f) = self.vms.get(vm).and_then(|v| v.exports.on_context_create.clone()) {
+            let called =
+                self.call(vm, "proxy_on_context_create", context, Some(context), |s| f.call(s, (context, root)));
+            if self.settle(key, called.trapped) {
+                return Ok(key);
+            }
+        }
+        self.request_headers(key);
+        Ok(key)
+    }
+
+    /// After a guest call: applies the deferred actions of the VM; for the stream `key`, handles a trap,
+    /// a reset or a local reply. True if the stream is over (or took another path).
+    fn settle(&mut self, key: (usize, u32), trapped: bool) -> bool {
+        self.after_call(key.0);
+        if trapped || self.vms.get(key.0).is_some_and(|v| v.failed.is_some()) {
+            if self.is_open(key) && self.streams.get(&key).is_some_and(|s| s.waiting.is_none()) {
+                self.fail_stream(key);
+            }
+            return true;
+        }
+        let Some(run) = self.streams.get_mut(&key) else { return true };
+        if run.outcome.is_some() {
+            return true;
+        }
+        if run.reset {
+            self.finish(key, |cost| Outcome::Reset { cost });
+            return true;
+        }
+        if let Some(reply) = run.local_reply.take() {
+            self.local_reply(key, reply);
+            return true;
+        }
+        false
+    }
+
+    fn is_open(&self, key: (usize, u32)) -> bool {
+        self.streams.get(&key).is_some_and(|s| s.outcome.is_none())
+    }
+
+    /// Takes the VM's deferred actions and applies them to their streams; wakes streams waiting elsewhere.
+    pub(crate) fn after_call(&mut self, vm: usize) {
+        self.reschedule_tick(vm, Instant::now());
+        let actions = self.with_state(vm, |s| std::mem::take(&mut s.actions)).unwrap_or_default();
+        let mut touched = Vec::new();
+        for action in actions {
+            let (context, apply): (u32, Apply) = match action {
+                Action::Continue { context, stream: StreamType::Request } => {
+                    (context, Box::new(|r: &mut StreamRun| r.continue_request = true))
+                }
+                Action::Continue { context, .. } => (context, Box::new(|r: &mut StreamRun| r.continue_response = true)),
+                Action::LocalReply { context, reply } => (
+                    context,
+                    Box::new(move |r: &mut StreamRun| {
+                        // Envoy sends one local reply; a second one during the first one's encoding is
+                        // not emulated (it is dropped).
+                        if !r.in_local_reply && r.local_reply.is_none() {
+                            r.local_reply = Some(reply);
+                        }
+                    }),
+                ),
+                Action::Close { context } => (context, Box::new(|r: &mut StreamRun| r.reset = true)),
+            };
+            if let Some(run) = self.streams.get_mut(&(vm, context)) {
+                if run.outcome.is_none() {
+                    apply(run);
+                    touched.push((vm, context));
+                }
+            }
+        }
+        touched.dedup();
+        for key in touched {
+            self.wake(key);
+        }
+    }
+
+    /// Resumes a waiting stream whose flags say so.
+    fn wake(&mut self, key: (usize, u32)) {
+        let Some(run) = self.streams.get_mut(&key) else { return };
+        let Some(waiting) = run.waiting else { return };
+        if run.reset {
+            run.waiting = None;
+            self.finish(key, |cost| Outcome::Reset { cost });
+        } else if let Some(reply) = run.local_reply.take() {
+            run.waiting = None;
+            self.local_reply(key, reply);
+        } else if matches!(waiting, Resume::RequestHeaders | Resume::RequestBody) && run.continue_request {
+            run.continue_request = false;
+            run.waiting = None;
+            self.resume(key, waiting);
+        } else if matches!(waiting, Resume::ResponseHeaders | Resume::ResponseBody) && run.continue_response {
+            run.continue_response = false;
+            run.waiting = None;
+            self.resume(key, waiting);
+        }
+    }
+
+    fn resume(&mut self, key: (usize, u32), from: Resume) {
+        match from {
+            Resume::RequestHeaders => {
+                let has_body = self.streams.get(&key).is_some_and(|s| s.has_body);
+                if has_body {
+                    self.request_body(key);
+                } else {
+                    self.upstream(key);
+                }
+            }
+            Resume::RequestBody => self.upstream(key),
+            Resume::ResponseHeaders => self.response_body(key),
+            Resume::ResponseBody => self.finish_continued(key),
+        }
+    }
+
+    /// Decides after a headers/body callback: stop (wait for `proxy_continue_stream`) or go on.
+    fn stopped(&mut self, key: (usize, u32), result: Option<u32>, at: Resume) -> bool {
+        let stop_iteration = self.with_state(key.0, |s| s.stop_iteration).unwrap_or(false);
+        let Some(run) = self.streams.get_mut(&key) else { return true };
+        let continued = match at {
+            Resume::RequestHeaders | Resume::RequestBody => std::mem::take(&mut run.continue_request),
+            Resume::ResponseHeaders | Resume::ResponseBody => std::mem::take(&mut run.continue_response),
+        };
+        if result.unwrap_or(0) == 0 && !stop_iteration {
+            return false;
+        }
+        if continued {
+            // The guest continued the stream during the very callback that stops it. Envoy asserts
+            // against this in debug builds; release builds go on.
+            self.shared.log(
+                Some(key.0),
+                LogLevel::Warn,
+                key.1,
+                LogSource::Host,
+                "proxy_continue_stream was called during the callback that then paused the stream; the stream goes on (Envoy asserts against this in debug builds)".into(),
+            );
+            return false;
+        }
+        run.waiting = Some(at);
+        true
+    }
+
+    fn request_headers(&mut self, key: (usize, u32)) {
+        let (vm, ctx) = key;
+        let has_body = self.streams.get(&key).is_some_and(|s| s.has_body);
+        let n = self
+            .with_state(vm, |s| {
+                s.stream_by_id(ctx).map(|d| {
+                    d.request_headers_open = true;
+                    count(d.request_headers.len())
+                })
+            })
+            .flatten()
+            .unwrap_or(0);
+        let Some(f) = self.vms.get(vm).and_then(|v| v.exports.on_request_headers.clone()) else {
+            self.set_request_headers_open(key, false);
+            return self.after_request_headers(key);
+        };
+        let called =
+            self.call(vm, "proxy_on_request_headers", ctx, Some(ctx), |s| f.call(s, (ctx, n, u32::from(!has_body))));
+        if self.settle(key, called.trapped) {
+            return;
+        }
+        if self.stopped(key, called.value, Resume::RequestHeaders) {
+            return;
+        }
+        self.set_request_headers_open(key, false);
+        self.after_request_headers(key);
+    }
+
+    fn after_request_headers(&mut self, key: (usize, u32)) {
+        if self.streams.get(&key).is_some_and(|s| s.has_body) {
+            self.request_body(key);
+        } else {
+            self.upstream(key);
+        }
+    }
+
+    fn set_request_headers_open(&mut self, (vm, ctx): (usize, u32), open: bool) {
+        self.with_state(vm, |s| {
+            if let Some(d) = s.stream_by_id(ctx) {
+                d.request_headers_open = open;
+            }
+        });
+    }
+
+    fn set_body_view(&mut self, (vm, ctx): (usize, u32), view: Option<BodyView>) {
+        self.with_state(vm, |s| {
+            if let Some(d) = s.stream_by_id(ctx) {
+                d.body_view = view;
+            }
+        });
+    }
+
+    /// Two body callbacks, as Envoy's HTTP/1 codec delivers a body and then its end.
+    fn body_calls(&mut self, key: (usize, u32), view: BodyView, at: Resume) -> Option<bool> {
+        let (vm, ctx) = key;
+        let export = self.vms.get(vm).and_then(|v| match view {
+            BodyView::Request => v.exports.on_request_body.clone(),
+            BodyView::Response => v.exports.on_response_body.clone(),
+        });
+        let name = match view {
+            BodyView::Request => "proxy_on_request_body",
+            BodyView::Response => "proxy_on_response_body",
+        };
+        let len = self
+            .with_state(vm, |s| {
+                s.stream_by_id(ctx).map(|d| match view {
+                    BodyView::Request => count(d.request_body.len()),
+                    BodyView::Response => count(d.response_body.len()),
+                })
+            })
+            .flatten()
+            .unwrap_or(0);
+        let Some(f) = export else { return Some(false) };
+        self.set_body_view(key, Some(view));
+        let first = self.call(vm, name, ctx, Some(ctx), |s| f.call(s, (ctx, len, 0)));
+        if self.settle(key, first.trapped) {
+            return None;
+        }
+        // StopIterationAndBuffer: the next call sees the whole buffered body; Continue: the empty end.
+        let buffered = first.value.unwrap_or(0) != 0;
+        let second_len = if buffered { len } else { 0 };
+        if !buffered {
+            self.set_body_view(key, None);
+        }
+        let second = self.call(vm, name, ctx, Some(ctx), |s| f.call(s, (ctx, second_len, 1)));
+        self.set_body_view(key, None);
+        if self.settle(key, second.trapped) {
+            return None;
+        }
+        Some(self.stopped(key, second.value, at))
+    }
+
+    fn request_body(&mut self, key: (usize, u32)) {
+        // Some(true): waiting; None: the stream took another path.
+        if let Some(false) = self.body_calls(key, BodyView::Request, Resume::RequestBody) {
+            self.upstream(key);
+        }
+    }
+
+    /// The router: the emulated upstream answers.
+    fn upstream(&mut self, key: (usize, u32)) {
+        let (vm, ctx) = key;
+        let upstream = self.setup.upstream.clone();
+        let mut headers: Headers = vec![(":status".into(), upstream.status.to_string())];
+        headers.extend(upstream.headers.iter().cloned());
+        if !upstream.headers.iter().any(|(k, _)| k == "content-length") {
+            headers.push(("content-length".into(), upstream.body.len().to_string()));
+        }
+        headers.push(("x-envoy-upstream-service-time".into(), "0".into()));
+        let after = self
+            .with_state(vm, |s| {
+                s.stream_by_id(ctx).map(|d| {
+                    d.request_headers_open = false;
+                    d.response_headers = headers_to_pairs(&headers);
+                    d.response_body = upstream.body.clone();
+                    d.info.response_code = Some(upstream.status);
+                    d.info.upstream_address = Some("127.0.0.1:80".into());
+                    pairs_to_headers(&d.request_headers)
+                })
+            })
+            .flatten()
+            .unwrap_or_default();
+        if let Some(run) = self.streams.get_mut(&key) {
+            run.request_headers_after = after;
+        }
+        self.response_headers(key);
+    }
+
+    fn response_headers(&mut self, key: (usize, u32)) {
+        let (vm, ctx) = key;
+        let (n, body_empty) = self
+            .with_state(vm, |s| {
+                s.stream_by_id(ctx).map(|d| {
+                    d.response_headers_open = true;
+                    (count(d.response_headers.len()), d.response_body.is_empty())
+                })
+            })
+            .flatten()
+            .unwrap_or((0, true));
+        if let Some(f) = self.vms.get(vm).and_then(|v| v.exports.on_response_headers.clone()) {
+            let called = self
+                .call(vm, "proxy_on_response_headers", ctx, Some(ctx), |s| f.call(s, (ctx, n, u32::from(body_empty))));
+            if self.settle(key, called.trapped) {
+                return;
+            }
+            if self.stopped(key, called.value, Resume::ResponseHeaders) {
+                return;
+            }
+        }
+        self.with_state(vm, |s| {
+            if let Some(d) = s.stream_by_id(ctx) {
+                d.response_headers_open = false;
+            }
+        });
+        self.response_body(key);
+    }
+
+    fn response_body(&mut self, key: (usize, u32)) {
+        let (vm, ctx) = key;
+        let in_local_reply = self.streams.get(&key).is_some_and(|s| s.in_local_reply);
+        let empty =
+            self.with_state(vm, |s| s.stream_by_id(ctx).map(|d| d.response_body.is_empty())).flatten().unwrap_or(true);
+        if empty {
+            return self.finish_continued(key);
+        }
+        if in_local_reply {
+            // A local reply's body comes in one piece, with the end of stream.
+            if let Some(f) = self.vms.get(vm).and_then(|v| v.exports.on_response_body.clone()) {
+                let len = self
+                    .with_state(vm, |s| s.stream_by_id(ctx).map(|d| count(d.response_body.len())))
+                    .flatten()
+                    .unwrap_or(0);
+                self.set_body_view(key, Some(BodyView::Response));
+                let called = self.call(vm, "proxy_on_response_body", ctx, Some(ctx), |s| f.call(s, (ctx, len, 1)));
+                self.set_body_view(key, None);
+                if self.settle(key, called.trapped) {
+                    return;
+                }
+                if self.stopped(key, called.value, Resume::ResponseBody) {
+                    return;
+                }
+            }
+            return self.finish_continued(key);
+        }
+        if let Some(false) = self.body_calls(key, BodyView::Response, Resume::ResponseBody) {
+            self.finish_continued(key);
+        }
+    }
+
+    /// The end of a response that went through: upstream or local reply.
+    fn finish_continued(&mut self, key: (usize, u32)) {
+        let (vm, ctx) = key;
+        let (headers, body) = self
+            .with_state(vm, |s| {
+                s.stream_by_id(ctx).map(|d| (pairs_to_headers(&d.response_headers), d.response_body.clone()))
+            })
+            .flatten()
+            .unwrap_or_default();
+        let Some(run) = self.streams.get_mut(&key) else { return };
+        let request_headers = std::mem::take(&mut run.request_headers_after);
+        match run.local_reply_done() {
+            Some((status, details)) => {
+                self.finish(key, move |cost| Outcome::LocalReply { status, headers, body, details, cost })
+            }
+            None => self.finish(key, move |cost| Outcome::Continued {
+                request_headers,
+                response_headers: headers,
+                response_body: body,
+                cost,
+            }),
+        }
+    }
+
+    /// Sends a local reply through the encoder path (the sending filter included).
+    fn local_reply(&mut self, key: (usize, u32), reply: LocalReplySpec) {
+        let (vm, ctx) = key;
+        let status = u16::try_from(reply.status).unwrap_or(500);
+        let mut headers: Pairs = vec![(b":status".to_vec(), reply.status.to_string().into_bytes())];
+        headers.extend(reply.headers.iter().cloned());
+        if !reply.body.is_empty() {
+            headers.push((b"content-length".to_vec(), reply.body.len().to_string().into_bytes()));
+            if !reply.headers.iter().any(|(k, _)| k == b"content-type") {
+                headers.push((b"content-type".to_vec(), b"text/plain".to_vec()));
+            }
+        }
+        if let Some(run) = self.streams.get_mut(&key) {
+            run.in_local_reply = true;
+            run.waiting = None;
+            run.local_reply_status = Some((status, reply.details.clone()));
+        }
+        self.with_state(vm, |s| {
+            if let Some(d) = s.stream_by_id(ctx) {
+                d.response_headers = headers;
+                d.response_body = reply.body.clone();
+                d.info.response_code = Some(status);
+            }
+        });
+        self.response_headers(key);
+    }
+
+    /// Ends a stream on a failed VM: 503 with no body and no more guest calls, or through if fail open.
+    pub(crate) fn fail_stream(&mut self, key: (usize, u32)) {
+        let message = self.vms.get(key.0).and_then(|v| v.failed.clone()).unwrap_or_default();
+        let fail_open = self.setup.fail_open;
+        let Some(run) = self.streams.get_mut(&key) else { return };
+        run.cost.elapsed = run.started.elapsed();
+        let cost = run.cost.clone();
+        if fail_open {
+            let upstream = self.setup.upstream.clone();
+            let mut response_headers: Headers = vec![(":status".into(), upstream.status.to_string())];
+            response_headers.extend(upstream.headers.iter().cloned());
+            run.outcome = Some(Outcome::Continued {
+                request_headers: Vec::new(),
+                response_headers,
+                response_body: upstream.body,
+                cost,
+            });
+        } else {
+            run.outcome = Some(Outcome::VmFailed { message, status: Some(503), cost });
+        }
+        let ctx = key.1;
+        self.with_state(key.0, |s| s.remove_context(ctx));
+    }
+
+    /// A stream still paused at its deadline: the client gives up (`proxy_on_log`, `proxy_on_done`,
+    /// `proxy_on_delete`, as observed when a client closes its connection in Envoy 1.40).
+    pub(crate) fn expire(&mut self, key: (usize, u32)) {
+        if let Some(run) = self.streams.get_mut(&key) {
+            run.waiting = None;
+        }
+        let failure = self.vms.get(key.0).and_then(|v| v.failed.clone());
+        match failure {
+            Some(message) => self.finish(key, move |cost| Outcome::VmFailed { message, status: None, cost }),
+            None => self.finish(key, |cost| Outcome::Paused { cost }),
+        }
+    }
+
+    /// `proxy_on_log`, `proxy_on_done`, `proxy_on_delete`, then the outcome.
+    fn finish(&mut self, key: (usize, u32), outcome: impl FnOnce(Cost) -> Outcome) {
+        let (vm, ctx) = key;
+        if let Some(run) = self.streams.get_mut(&key) {
+            if run.outcome.is_some() {
+                return;
+            }
+            run.waiting = None;
+            // Mark the stream as ending so that callbacks below do not re-enter the lifecycle.
+            run.outcome = Some(Outcome::Paused { cost: Cost::default() });
+        }
+        let exports = self
+            .vms
+            .get(vm)
+            .map(|v| (v.exports.on_log.clone(), v.exports.on_done.clone(), v.exports.on_delete.clone()));
+        if let Some((on_log, on_done, on_delete)) = exports {
+            self.with_state(vm, |s| {
+                if let Some(d) = s.stream_by_id(ctx) {
+                    d.access_log_phase = true;
+                    d.body_view = None;
+                }
+            });
+            if let Some(f) = on_log {
+                self.call(vm, "proxy_on_log", ctx, Some(ctx), |s| f.call(s, ctx));
+            }
+            self.with_state(vm, |s| {
+                if let Some(d) = s.stream_by_id(ctx) {
+                    d.access_log_phase = false;
+                }
+            });
+            if let Some(f) = on_done {
+                self.call(vm, "proxy_on_done", ctx, Some(ctx), |s| f.call(s, ctx));
+            }
+            if let Some(f) = on_delete {
+                self.call(vm, "proxy_on_delete", ctx, Some(ctx), |s| f.call(s, ctx));
+            }
+            self.after_call(vm);
+        }
+        let counts = self.with_state(vm, |s| {
+            let counts = s.stream_by_id(ctx).map(|d| (d.redis_calls, d.http_calls));
+            s.remove_context(ctx);
+            counts
+        });
+        if let Some(run) = self.streams.get_mut(&key) {
+            if let Some(Some((redis, http))) = counts {
+                run.cost.redis_calls = redis;
+                run.cost.http_calls = http;
+            }
+            run.cost.elapsed = run.started.elapsed();
+            run.outcome = Some(outcome(run.cost.clone()));
+        }
+    }
+}
+
+impl StreamRun {
+    fn local_reply_done(&self) -> Option<(u16, String)> {
+        if self.in_local_reply {
+            self.local_reply_status.clone()
+        } else {
+            None
+        }
+    }
+}
