@@ -504,6 +504,12 @@ pub fn update_rate(
     if integer(&redis.run_script(&UPDATE_RATE, &keys, &argv)?) != Some(1) {
         return Err(AdminError::NoLimiter(name.to_string()));
     }
+    if client_id.is_none() && config.limiter_type == LimiterType::PerClient {
+        // Like Redisson's, the script writes the calling client's value; the tool is no client.
+        let mut del = redis::cmd("DEL");
+        del.arg(&keys.client_value).arg(&keys.client_permits);
+        redis.query(&del, &format!("removing the tool's own client state of {name}"))?;
+    }
     if type_changed {
         client_keys_removed = delete_client_state(redis, name)?;
     } else if config.limiter_type == LimiterType::PerClient {
