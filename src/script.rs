@@ -207,19 +207,20 @@ else
     redis.call('set', valueName, value)
   end
 end
+local oldest = redis.call('zrange', permitsName, 0, 0, 'withscores')
+local oldestScore = oldest[2] and tonumber(oldest[2])
 local code, amount = 0, 0
 if value < requested then
-  local oldest = redis.call('zrange', permitsName, 0, 0, 'withscores')
-  amount = 3 + interval - (now - tonumber(oldest[2] or now))
+  amount = 3 + interval - (now - (oldestScore or now))
 else
   redis.call('zadd', permitsName, now, struct.pack('Bc0I', string.len(ARGV[3]), ARGV[3], requested))
   amount = redis.call('decrby', valueName, requested)
   code = 1
+  oldestScore = math.min(oldestScore or now, now)
 end
-local oldest = redis.call('zrange', permitsName, 0, 0, 'withscores')
 local reset = 0
-if oldest[2] then
-  reset = math.max(0, tonumber(oldest[2]) + interval - now)
+if oldestScore then
+  reset = math.max(0, oldestScore + interval - now)
 end
 if keepAlive > 0 then
   redis.call('pexpire', KEYS[1], keepAlive)
