@@ -5,7 +5,8 @@
 #   make build      the .wasm artifacts in dist/, checked by scripts/postbuild.py (wasm-tools.toml)
 #   make test       build, then unit tests (native, then wasm32 under Node), then end-to-end tests in Envoy
 #                   (PYTEST_ARGS="-k burst -x" passes arguments to pytest)
-#   make run        build, then Redis + webdis + Envoy + an upstream and a burst (make run RUN_ONCE=1)
+#   make run        build, then Redis + webdis + Envoy + an upstream and a burst (make run RUN_ONCE=1);
+#                   make run HOST=higress: the Higress build in the host emulator, Redis without a bridge
 #   make lint       clippy on the wasm build (warnings are errors) and rustfmt --check
 #   make bench      build, then benchmarks, each figure next to a baseline measured in the same run (~2 min)
 #   make clean      remove target/ and dist/; make distclean also removes .venv/ and .tools/
@@ -83,7 +84,9 @@ test-e2e: build
 
 # RUN_ONCE=1 on the command line reaches scripts/run.py through the environment (make exports
 # command-line variables).
+# HOST=higress: the Higress build in the host emulator (tests/host) instead of the stock build in Envoy.
 run: build
+	$(if $(filter higress,$(HOST)),$(CARGO) build -q -p proxy-wasm-host-emulator --bin wasm-host)
 	$(PYTHON) scripts/run.py
 
 lint: setup

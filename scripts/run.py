@@ -6,7 +6,12 @@ Starts redis-server, webdis, an upstream and Envoy 1.40 with dist/edge-rate-limi
 got, then keeps everything up for your own curl until Ctrl-C (or exits at once with RUN_ONCE=1 / --once).
 Every process it started is stopped on exit, also on SIGTERM.
 
-Environment: ERL_WASM (the module), ENVOY_BIN (Envoy), RUN_ONCE=1, ERL_KEEP_LOGS=1 (keep the temp dir).
+With HOST=higress (`make run HOST=higress`) the Higress build (dist/edge-rate-limiter-higress.wasm) runs in the
+project's host emulator (tests/host, `wasm-host`) and reaches Redis through the Higress Redis hostcalls,
+with no bridge; the emulator has no HTTP listener, so the interactive part reads user ids on stdin.
+
+Environment: ERL_WASM (the module), ENVOY_BIN (Envoy), HOST=envoy|higress, RUN_ONCE=1, ERL_KEEP_LOGS=1 (keep
+the temp dir).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e"))
 
 import harness  # noqa: E402 - after the path set-up above
-from harness import HarnessError, limiter_key, plugin_config, rule  # noqa: E402
+from harness import HarnessError, host_plugin_config, limiter_key, plugin_config, rule  # noqa: E402
 
 RATE = 5
 INTERVAL_S = 3
@@ -31,8 +36,8 @@ USER = "demo"
 SCHEDULE = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 3.25, 3.65, 4.05, 4.45]
 
 
-def demo_config() -> dict:
-    return plugin_config(
+def demo_config(host: str) -> dict:
+    return (host_plugin_config if host == "higress" else plugin_config)(
         rule("per-user", limit_by={"header": "x-user-id"}, rate=RATE, interval=f"{INTERVAL_S}s"),
         timeout="200ms",
         rate_limit_headers="both",
@@ -43,7 +48,7 @@ def _terminate(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt  # SIGTERM / SIGHUP: the same orderly stop as Ctrl-C
 
 
-def send_burst(stack: harness.Stack, envoy: harness.Envoy) -> None:
+def send_burst(stack: harness.Stack, envoy: harness.Envoy | harness.Emulator) -> None:
     print(f"Sending {len(SCHEDULE)} requests as x-user-id: {USER} over {SCHEDULE[-1]:.1f} s "
           f"(limit: {RATE} per {INTERVAL_S} s, sliding window)\n")
     print(f"  {'time':>6}  {'status':<6}  {'retry-after':<11}  {'ratelimit':<24}  {'x-ratelimit-remaining':<21}  body")
@@ -69,7 +74,7 @@ def send_burst(stack: harness.Stack, envoy: harness.Envoy) -> None:
     print(f"Redis round trips: {delta['evalsha'] + delta['eval']} for {len(SCHEDULE)} requests: "
           f"{delta['evalsha']} EVALSHA + {delta['eval']} EVAL{note}.")
     metrics = envoy.metrics()
-    print("Envoy counters (wasmcustom.edge_rate_limiter.*): "
+    print("Filter counters (edge_rate_limiter.*): "
           + " ".join(f"{name}={value}" for name, value in sorted(metrics.items())))
 
     redis = stack.redis.client
@@ -82,10 +87,34 @@ def send_burst(stack: harness.Stack, envoy: harness.Envoy) -> None:
     print(f"  ZCARD {permits:<30} {redis.zcard(permits)} permits taken in the last {INTERVAL_S} s")
 
 
+def run_emulator(stack: harness.Stack, once: bool) -> int:
+    """The demo with the Higress build in the host emulator: Redis through proxy_redis_call, no bridge."""
+    emulator = stack.emulator(demo_config("higress"), build="higress")
+    print("edge-rate-limiter demo (Higress build in the host emulator)")
+    print(f"  filter    {harness.BUILDS['higress']}")
+    print(f"  host      wasm-host (tests/host), 2 VMs, Redis cluster 'redis' -> 127.0.0.1:{stack.redis.port}\n")
+    send_burst(stack, emulator)
+    if once:
+        return 0
+    print("\nThe emulator has no HTTP listener: type a user id and Enter to send a request as that user; "
+          "Ctrl-D or Ctrl-C to stop.")
+    for line in sys.stdin:
+        user_id = line.strip() or USER
+        response = emulator.send(headers={"x-user-id": user_id})
+        h = response.headers
+        print(f"  {user_id}: {response.status}  retry-after={h.get('retry-after', '-')}  "
+              f"ratelimit={h.get('ratelimit', '-')}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--once", action="store_true", help="exit after the burst (as RUN_ONCE=1)")
     once = parser.parse_args().once or os.environ.get("RUN_ONCE") == "1"
+    host = os.environ.get("HOST", "envoy")
+    if host not in ("envoy", "higress"):
+        print(f"run: HOST must be envoy or higress, not {host!r}", file=sys.stderr)
+        return 2
     sys.stdout.reconfigure(line_buffering=True)
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _terminate)
@@ -93,7 +122,9 @@ def main() -> int:
     try:
         with harness.Stack() as stack:
             stack.start()
-            envoy = stack.envoy(demo_config())
+            if host == "higress":
+                return run_emulator(stack, once)
+            envoy = stack.envoy(demo_config(host))
             print("edge-rate-limiter demo")
             print(f"  filter    {harness.WASM}")
             print(f"  Envoy     {envoy.url}  (admin http://127.0.0.1:{envoy.admin_port}/)")

@@ -363,7 +363,8 @@ impl PendingRequest {
                         if noticed {
                             notice = Some(Notice::ExceedsRate { rule: rule.name.clone(), limiter });
                         }
-                        RuleResult::Rejected { quota: quota(0, reply.reset_ms), delay_ms: None }
+                        // No wait grants it: report a whole window rather than "retry now" (t=0).
+                        RuleResult::Rejected { quota: quota(0, reply.effective.interval_ms), delay_ms: None }
                     }
                 }
             }
@@ -606,6 +607,7 @@ mod tests {
         let Verdict::Respond { headers, .. } = decision.verdict else { panic!() };
         assert_eq!(header(&headers, "retry-after"), None, "no wait can grant more permits than the rate");
         assert_eq!(header(&headers, "ratelimit-policy"), Some("\"per-user\";q=2;w=2"));
+        assert_eq!(header(&headers, "ratelimit"), Some("\"per-user\";r=0;t=2"), "not t=0: retrying now is futile");
         assert!(matches!(notice, Some(Notice::ExceedsRate { .. })));
         // The rate may be raised in Redis at any moment: the next request asks Redis again.
         assert!(matches!(h.start(&[("x-user", "alice")]), Start::Send(..)));

@@ -8,11 +8,16 @@ One place starts everything the filter needs, on 127.0.0.1 with free ports, and 
 - `Upstream`: the protected service, a Python HTTP server in a thread answering 200 `upstream ok\\n`.
 - `Envoy`: stock Envoy 1.40 (`.venv/bin/envoy` or `$ENVOY_BIN`) loading the filter (`$ERL_WASM`, default
   `dist/edge-rate-limiter-envoy.wasm`) from `envoy/envoy.yaml`, the same template users read as the example.
+- `Emulator`: the project's proxy-wasm host emulator (`wasm-host serve`, tests/host; `target/debug/wasm-host`
+  or `$ERL_WASM_HOST_BIN`, built by `cargo build -p proxy-wasm-host-emulator`, never by the tests) running
+  either build of the filter (`dist/edge-rate-limiter-envoy.wasm`, or `-higress.wasm`, `$ERL_WASM_HIGRESS`)
+  with its clusters pointed at the stack's webdis or redis-server; it answers `send()` as `Envoy` does.
 - `Stack`: all of the above as a context manager; leaving it stops every process, also when a test fails.
 - `erl_admin()`: runs the operator tool (`target/debug/erl-admin` or `$ERL_ADMIN_BIN`, built by
   `cargo build -p erl-admin`, never by the tests) against a `Redis` of the harness.
 
-`rule()` and `plugin_config()` build plugin configurations (README.md, "Configuration") as small dicts;
+`rule()`, `plugin_config()` and `host_plugin_config()` build plugin configurations (README.md,
+"Configuration") as small dicts;
 `limiter_name()`, `limiter_key()`, `decode_permit()` and `retry_after_range()` spell out the Redis layout
 (README.md, Redisson 4.x) and Redisson's delay that the tests check against.
 
@@ -30,6 +35,7 @@ import http.server
 import json
 import math
 import os
+import queue
 import shutil
 import signal
 import socket
@@ -51,10 +57,15 @@ ENVOY_TEMPLATE = REPO / "envoy" / "envoy.yaml"
 REDIS_BIN = os.environ.get("REDIS_SERVER_BIN", "redis-server")
 WEBDIS_BIN = os.environ.get("WEBDIS_BIN", "webdis")
 ADMIN_BIN = Path(os.environ.get("ERL_ADMIN_BIN", REPO / "target" / "debug" / "erl-admin"))
+WASM_HIGRESS = Path(os.environ.get("ERL_WASM_HIGRESS", REPO / "dist" / "edge-rate-limiter-higress.wasm"))
+WASM_HOST_BIN = Path(os.environ.get("ERL_WASM_HOST_BIN", REPO / "target" / "debug" / "wasm-host"))
+# The artifacts of `make build` by the name of their build (README.md, "Builds").
+BUILDS = {"envoy": WASM, "higress": WASM_HIGRESS}
 
 HOST = "127.0.0.1"
 UPSTREAM_BODY = b"upstream ok\n"
 METRIC_PREFIX = "wasmcustom.edge_rate_limiter."
+EMULATOR_METRIC_PREFIX = "edge_rate_limiter."
 
 T = TypeVar("T")
 
@@ -89,6 +100,26 @@ def plugin_config(*rules: dict, timeout: Any = "500ms", redis: dict | None = Non
     """The plugin configuration: Redis through the `webdis` cluster, the given rules, top-level fields."""
     redis_section = {"cluster": "webdis", "timeout": timeout, **(redis or {})}
     return {"redis": redis_section, "rules": list(rules), **fields}
+
+
+def host_plugin_config(*rules: dict, timeout: Any = "500ms", redis: dict | None = None, **fields: Any) -> dict:
+    """The Higress build's configuration: Redis through the host's Redis client (transport "host") for the
+    cluster `redis`, or for Higress's `outbound|<port>||<service_name>` when `redis` names a service_name."""
+    named = {"cluster": "redis"} if "service_name" not in (redis or {}) else {}
+    redis_section = {"transport": "host", **named, "timeout": timeout, **(redis or {})}
+    return {"redis": redis_section, "rules": list(rules), **fields}
+
+
+def redis_cluster(redis_section: dict) -> str | None:
+    """The cluster a plugin's `redis` section names: `cluster`, else Higress's `outbound|<port>||<name>`
+    for `service_name` (port `service_port`, default 80 for a `.static` name, else 6379)."""
+    if "cluster" in redis_section:
+        return str(redis_section["cluster"])
+    name = redis_section.get("service_name")
+    if not name:
+        return None
+    port = redis_section.get("service_port", 80 if str(name).endswith(".static") else 6379)
+    return f"outbound|{port}||{name}"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -269,7 +300,9 @@ class Process:
 
     _live: "set[Process]" = set()
 
-    def __init__(self, name: str, argv: list[str], output: Path, cwd: Path | None = None):
+    def __init__(self, name: str, argv: list[str], output: Path, cwd: Path | None = None, pipes: bool = False):
+        """With `pipes`, stdin and stdout are pipes (`popen.stdin`, `popen.stdout`) and only stderr goes to
+        the log file."""
         self.name = name
         self.argv = argv
         self.output = output
@@ -277,9 +310,9 @@ class Process:
         try:
             self.popen = subprocess.Popen(
                 argv,
-                stdin=subprocess.DEVNULL,
-                stdout=self._out,
-                stderr=subprocess.STDOUT,
+                stdin=subprocess.PIPE if pipes else subprocess.DEVNULL,
+                stdout=subprocess.PIPE if pipes else self._out,
+                stderr=self._out if pipes else subprocess.STDOUT,
                 cwd=cwd,
                 start_new_session=True,
             )
@@ -315,6 +348,10 @@ class Process:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(self.popen.pid, signal.SIGKILL)
                 self.wait(timeout)
+        for pipe in (self.popen.stdin, self.popen.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
         if not self._out.closed:
             self._out.close()
         Process._live.discard(self)
@@ -392,6 +429,26 @@ class Redis:
     def unpause(self) -> None:
         """`CLIENT UNPAUSE`: ends a WRITE pause at once (an ALL pause only when it expires)."""
         self.client.execute_command("CLIENT", "UNPAUSE")
+
+    def require_password(self, password: str | None) -> None:
+        """`CONFIG SET requirepass` at runtime (None: none); the harness's own client switches to it.
+
+        Connections already open stay authenticated; `kill_clients()` makes the others connect again.
+        """
+        self.client.config_set("requirepass", password or "")
+        self.password = password
+        self._client.close()
+        self._client = None
+
+    def kill_clients(self) -> int:
+        """`CLIENT KILL TYPE normal SKIPME yes`: closes every client connection but the harness's own (the
+        gateways', webdis's); returns how many."""
+        return int(self.client.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"))
+
+    def db(self, index: int) -> redis_py.Redis:
+        """A redis-py client (raw bytes replies) on database `index`; the caller closes it."""
+        return redis_py.Redis(host=HOST, port=self.port, password=self.password, db=index,
+                              socket_timeout=10.0, socket_connect_timeout=10.0)
 
     def command_calls(self) -> dict[str, int]:
         """`INFO commandstats` as {command: calls}, e.g. {"evalsha": 12, "eval": 1}."""
@@ -674,11 +731,206 @@ class Envoy:
                 if name.startswith(METRIC_PREFIX)}
 
 
+class Emulator:
+    """The filter in the project's proxy-wasm host emulator (`wasm-host serve`, tests/host) instead of Envoy.
+
+    `wasm-host` loads the module in `vms` VMs (Envoy: worker threads), sends the filter's HTTP calls and
+    Redis calls to the `clusters` ({name: port on 127.0.0.1}) and answers requests itself: a request the
+    filter lets through gets the emulated upstream's 200 `upstream ok\\n`. `send()` answers as `Envoy.send()`
+    does; `outcomes` keeps every raw result line (`kind`: continued, local_reply, paused, reset, vm_failed;
+    `redis_calls`, `http_calls`, `fuel`...). A request left paused (the filter never resumed it), reset or
+    without a response raises HarnessError, as a hung or reset connection to Envoy would fail the client.
+
+    Starting compiles the module (seconds with a debug `wasm-host`); `start(wait_ready=False)` returns at
+    once and the first request waits. A refused configuration is observable as in Envoy: `wasm-host` prints
+    the module's log lines on stderr and exits with code 2 (`wait_exit()`, `log_text()`).
+    """
+
+    READY_TIMEOUT = 90.0  # compiling the filter in a debug wasm-host on a loaded 2-CPU machine
+
+    def __init__(self, workdir: Path, plugin: dict | str, *, clusters: dict[str, int], wasm: Path | str = WASM,
+                 vms: int = 2, name: str = "emulator", pause_deadline_ms: int = 5000):
+        self.workdir = workdir
+        self.name = name
+        self.plugin = plugin
+        self.wasm = Path(wasm)
+        self.vms = vms
+        self.clusters = dict(clusters)
+        self.pause_deadline_ms = pause_deadline_ms
+        self.config_path = workdir / f"{name}.json"
+        self.err_path = workdir / f"{name}.err"
+        self.config_path.write_text(plugin if isinstance(plugin, str) else json.dumps(plugin))
+        self.process: Process | None = None
+        self.outcomes: list[dict] = []
+        self._logs: list[str] = []
+        self._lines: "queue.Queue[str | None]" = queue.Queue()
+        self._ready = False
+
+    def start(self, wait_ready: bool = True, timeout: float = READY_TIMEOUT) -> "Emulator":
+        if not self.wasm.is_file():
+            raise HarnessError(f"the filter module {self.wasm} does not exist: build it (make build)")
+        if not WASM_HOST_BIN.is_file():
+            raise HarnessError(f"no wasm-host at {WASM_HOST_BIN}: build it (cargo build -p "
+                               "proxy-wasm-host-emulator --bin wasm-host) or set ERL_WASM_HOST_BIN")
+        argv = [str(WASM_HOST_BIN), "serve", "--module", str(self.wasm), "--config", str(self.config_path),
+                "--vms", str(self.vms), "--pause-deadline-ms", str(self.pause_deadline_ms)]
+        for cluster, port in self.clusters.items():
+            argv += ["--cluster", f"{cluster}={HOST}:{port}"]
+        self.process = Process(self.name, argv, self.err_path, pipes=True)
+        threading.Thread(target=self._read_lines, args=(self.process.popen.stdout,), name=f"{self.name}-stdout",
+                         daemon=True).start()
+        if wait_ready:
+            self.wait_ready(timeout)
+        return self
+
+    def _read_lines(self, stdout: Any) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            for line in stdout:
+                self._lines.put(line.decode(errors="replace"))
+        self._lines.put(None)
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
+        """Until the emulator answers a control line (the module is compiled and configured); HarnessError
+        with its stderr if it exits (a refused configuration: code 2) or does not answer in time."""
+        if not self._ready:
+            self._call({"metrics": True}, timeout)
+            self._ready = True
+
+    def _call(self, line: dict, timeout: float) -> dict:
+        """Writes one JSON line, returns the JSON line answering it."""
+        if self.process is None:
+            raise HarnessError(f"{self.name} was not started")
+        if not self._ready:
+            timeout = max(timeout, self.READY_TIMEOUT)
+        try:
+            self.process.popen.stdin.write(json.dumps(line).encode() + b"\n")
+            self.process.popen.stdin.flush()
+        except (OSError, ValueError):
+            pass  # it exited: the missing answer below says how
+        try:
+            answer = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            raise HarnessError(f"{self.name} did not answer {line} within {timeout:.1f}s\n"
+                               f"--- {self.name} (tail) ---\n{self.log_tail()}") from None
+        if answer is None:
+            self._lines.put(None)  # later calls see the end too
+            code = self.process.wait(5.0)
+            raise HarnessError(f"{self.name} exited with code {code}\n--- {self.name} stderr ---\n"
+                               f"{tail(self.err_path)}")
+        result = json.loads(answer)
+        if "error" in result:
+            raise HarnessError(f"{self.name} refused {line}: {result['error']}")
+        return result
+
+    @staticmethod
+    def _request_line(path: str, headers: dict[str, str] | None, method: str, body: bytes | str | None,
+                      source_address: str | None, vm: int | None) -> dict:
+        pairs = [[":path", path], [":method", method]]
+        pairs += [[name.lower(), value] for name, value in (headers or {}).items()]
+        line: dict[str, Any] = {"headers": pairs}
+        if body is not None:
+            line["body"] = body.decode() if isinstance(body, bytes) else body
+        if source_address is not None:
+            line["source_address"] = source_address
+        if vm is not None:
+            line["vm"] = vm
+        return line
+
+    def _response(self, result: dict) -> Response:
+        self.outcomes.append(result)
+        if result.get("status") is None:
+            raise HarnessError(f"{self.name}: the request ended {result.get('kind')!r} without a response: "
+                               f"{result}\n--- {self.name} log (tail) ---\n{self.log_tail()}")
+        merged: dict[str, str] = {}
+        for name, value in result["headers"]:
+            if name.startswith(":"):
+                continue
+            name = name.lower()
+            merged[name] = f"{merged[name]}, {value}" if name in merged else value
+        return Response(int(result["status"]), merged, result["body"])
+
+    def send(self, path: str = "/", headers: dict[str, str] | None = None, *, method: str = "GET",
+             body: bytes | str | None = None, source_address: str | None = None, vm: int | None = None,
+             timeout: float = 10.0) -> Response:
+        """One request (without `vm`, the VMs take turns): (status, headers lowercased, body) as the client
+        would see it; the raw result is appended to `outcomes`."""
+        line = self._request_line(path, headers, method, body, source_address, vm)
+        return self._response(self._call(line, timeout))
+
+    def send_batch(self, requests: list[dict], timeout: float = 20.0) -> list[Response]:
+        """Requests in flight together (each a dict of `send()` keyword arguments), in order."""
+        lines = [self._request_line(r.get("path", "/"), r.get("headers"), r.get("method", "GET"), r.get("body"),
+                                    r.get("source_address"), r.get("vm")) for r in requests]
+        results = self._call({"batch": lines}, timeout)["batch"]
+        return [self._response(result) for result in results]
+
+    def last_outcome(self) -> dict:
+        """The raw result of the last request."""
+        return self.outcomes[-1]
+
+    def outcome_kinds(self) -> dict[str, int]:
+        """How many requests ended how: {"continued": 3, "local_reply": 1, ...}."""
+        counts: dict[str, int] = {}
+        for outcome in self.outcomes:
+            counts[outcome["kind"]] = counts.get(outcome["kind"], 0) + 1
+        return counts
+
+    def run_for(self, ms: int) -> None:
+        """Runs the event loop for `ms` (ticks, late Redis or HTTP replies)."""
+        self._call({"wait_ms": int(ms)}, timeout=ms / 1000 + 10.0)
+
+    def metrics(self) -> dict[str, int]:
+        """The filter's counters by short name ("allowed", "redis_calls", ...), as `Envoy.metrics()`."""
+        metrics = self._call({"metrics": True}, timeout=10.0)["metrics"]
+        return {name.removeprefix(EMULATOR_METRIC_PREFIX): entry["value"] for name, entry in metrics.items()
+                if name.startswith(EMULATOR_METRIC_PREFIX)}
+
+    def _collect_logs(self) -> None:
+        if self.running and self._ready:
+            for entry in self._call({"logs": True}, timeout=10.0)["logs"]:
+                self._logs.append(f"[{entry.get('level')}] vm {entry.get('vm')}: {entry.get('message')}")
+
+    def log_text(self) -> str:
+        """The module's log lines so far (`[level] vm N: message`), then wasm-host's stderr."""
+        with contextlib.suppress(HarnessError):
+            self._collect_logs()
+        stderr = ""
+        with contextlib.suppress(FileNotFoundError):
+            stderr = self.err_path.read_text(errors="replace")
+        return "\n".join(self._logs + ([stderr] if stderr else []))
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(line[:300] for line in self.log_text().splitlines()[-lines:])
+
+    def log_excerpt(self, last: int = 20) -> str:
+        """What helps after a failure (conftest prints it as it does Envoy's): the last log lines and the
+        outcomes that were not a plain continued or local reply."""
+        odd = [json.dumps(o)[:300] for o in self.outcomes if o.get("kind") not in ("continued", "local_reply")]
+        return "\n".join(odd + [self.log_tail(last)])
+
+    def wait_exit(self, timeout: float) -> int | None:
+        """The exit code (2: the plugin refused its configuration), or None if it still runs."""
+        return None if self.process is None else self.process.wait(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.alive()
+
+    def stop(self) -> None:
+        """Closes stdin (wasm-host then exits), then stops it by PID (SIGTERM, SIGKILL) if it lingers."""
+        if self.process is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.process.popen.stdin.close()
+            self.process.wait(2.0)
+            self.process.stop()
+
+
 class Stack(contextlib.AbstractContextManager):
-    """Redis, webdis and the upstream (started by `start()`), plus any number of Envoys (`envoy()`).
+    """Redis, webdis and the upstream (started by `start()`), plus any number of Envoys (`envoy()`) and
+    emulators (`emulator()`), the gateways.
 
     Everything lives in one temp directory, removed on close unless ERL_KEEP_LOGS=1 (its path is then
-    printed). Closing stops every process, Envoys first.
+    printed). Closing stops every process, gateways first.
     """
 
     def __init__(self, redis_password: str | None = None, workdir: Path | None = None):
@@ -687,7 +939,9 @@ class Stack(contextlib.AbstractContextManager):
         self.redis = Redis(self.workdir, password=redis_password)
         self.webdis = Webdis(self.workdir, self.redis)
         self.upstream = Upstream()
-        self.envoys: list[Envoy] = []
+        # The gateways of the current test (stop_envoys() stops them); `emulator(keep=True)` ones in `kept`.
+        self.envoys: list[Envoy | Emulator] = []
+        self.kept: list[Emulator] = []
         self._count = 0
 
     def start(self) -> "Stack":
@@ -709,7 +963,32 @@ class Stack(contextlib.AbstractContextManager):
         self.envoys.append(envoy)
         return envoy.start(wait_ready=wait_ready)
 
+    def emulator(self, plugin: dict | str, *, build: str | None = None, vms: int = 2, wait_ready: bool = True,
+                 clusters: dict[str, int] | None = None, keep: bool = False, pause_deadline_ms: int = 5000
+                 ) -> Emulator:
+        """A new `Emulator` with this plugin configuration, started (and ready unless wait_ready=False).
+
+        `build` ("envoy" or "higress", see BUILDS) defaults to "higress" for `transport: "host"`, else
+        "envoy". `clusters` defaults to the one the configuration names (`redis_cluster()`): the stack's
+        redis-server for transport "host", its webdis otherwise. Stopped with the Envoys after the test
+        (`stop_envoys()`), or with `keep` only when the stack closes (for a module-scoped gateway).
+        """
+        section: dict = {}
+        with contextlib.suppress(ValueError, AttributeError):
+            section = (plugin if isinstance(plugin, dict) else json.loads(plugin)).get("redis") or {}
+        host = isinstance(section, dict) and section.get("transport") == "host"
+        build = build or ("higress" if host else "envoy")
+        if clusters is None:
+            cluster = redis_cluster(section) if isinstance(section, dict) else None
+            clusters = {cluster: self.redis.port if host else self.webdis.port} if cluster else {}
+        self._count += 1
+        emulator = Emulator(self.workdir, plugin, clusters=clusters, wasm=BUILDS[build], vms=vms,
+                            name=f"emulator-{self._count}", pause_deadline_ms=pause_deadline_ms)
+        (self.kept if keep else self.envoys).append(emulator)
+        return emulator.start(wait_ready=wait_ready)
+
     def stop_envoys(self) -> None:
+        """Stops the gateways of the current test (Envoys and emulators not kept)."""
         for envoy in self.envoys:
             envoy.stop()
         self.envoys.clear()
@@ -717,6 +996,9 @@ class Stack(contextlib.AbstractContextManager):
     def close(self) -> None:
         try:
             self.stop_envoys()
+            for emulator in self.kept:
+                emulator.stop()
+            self.kept.clear()
         finally:
             try:
                 self.webdis.stop()

@@ -1,0 +1,295 @@
+"""The Higress build (`dist/edge-rate-limiter-higress.wasm`, transport "host": Redis through the host's
+`proxy_redis_init` / `proxy_redis_call`) in the project's proxy-wasm host emulator, against the real
+redis-server of the stack: limits, sliding windows, keys, weights, the Redisson layout, failures, the
+password, the database, and round trips.
+
+Stock Envoy cannot load this build, so the emulator (`wasm-host serve`, tests/host) is its gateway here.
+Compiling the module takes seconds in a debug `wasm-host`, so the module starts two gateways once and every
+test uses them, each with its own key values (the filter caches limiter configurations per VM):
+
+- `open_gw`: fails open; cluster `redis`; rules `per-user` (`x-user-id`, 3 per 2 s) and `weighted`
+  (`x-tenant-id`, 5 per minute, 2 permits a request);
+- `closed_gw`: fails closed; Higress naming (`service_name` `redis.static`, port 6379: cluster
+  `outbound|6379||redis.static`), database 2, password `s3cret` (Redis has none until a test sets one;
+  until then the host's AUTH fails harmlessly); rule `per-user`, 3 per minute.
+
+After every test, no request may have ended any other way than continued or answered (no `paused`:
+a request the filter never resumed, no reset, no failed VM).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import pytest
+
+from harness import (
+    decode_permit,
+    epoch_ms,
+    host_plugin_config,
+    limiter_key,
+    retry_after_range,
+    rule,
+    sleep_until,
+    wait_until,
+)
+
+TIMEOUT_MS = 300
+TIMEOUT_S = TIMEOUT_MS / 1000
+MARGIN_S = 0.7  # the emulator, Redis and the test on a busy CI machine
+PASSWORD = "s3cret"
+
+OPEN_CONFIG = host_plugin_config(
+    rule(rate=3, interval="2s"),
+    rule("weighted", limit_by={"header": "x-tenant-id"}, rate=5, interval="1m", permits=2),
+    timeout=f"{TIMEOUT_MS}ms",
+)
+CLOSED_CONFIG = host_plugin_config(
+    rule(rate=3, interval="1m"),
+    timeout=TIMEOUT_MS,
+    failure_mode="deny",
+    redis={"service_name": "redis.static", "service_port": 6379, "database": 2, "password": PASSWORD},
+)
+
+
+@pytest.fixture(scope="module")
+def gateways(processes):
+    # Both compile at once (one CPU each), then the first request of each waits for its own.
+    open_gw = processes.emulator(OPEN_CONFIG, build="higress", keep=True, wait_ready=False)
+    closed_gw = processes.emulator(CLOSED_CONFIG, build="higress", keep=True, wait_ready=False)
+    try:
+        open_gw.wait_ready()
+        closed_gw.wait_ready()
+        yield open_gw, closed_gw
+    finally:
+        open_gw.stop()
+        closed_gw.stop()
+
+
+@pytest.fixture
+def open_gw(gateways, stack):
+    return gateways[0]
+
+
+@pytest.fixture
+def closed_gw(gateways, stack):
+    return gateways[1]
+
+
+@pytest.fixture(autouse=True)
+def every_request_answered(gateways, request):
+    seen = [len(gateway.outcomes) for gateway in gateways]
+    yield
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        for gateway in gateways:
+            print(f"--- {gateway.name} log (excerpt) ---\n{gateway.log_excerpt()}")
+    for gateway, first in zip(gateways, seen):
+        kinds = {outcome["kind"] for outcome in gateway.outcomes[first:]}
+        assert kinds <= {"continued", "local_reply"}, f"{gateway.name}: {kinds}"
+
+
+def user(name: str) -> dict[str, str]:
+    return {"x-user-id": name}
+
+
+def timed(gateway, who: str):
+    started = time.monotonic()
+    response = gateway.send(headers=user(who))
+    return response, time.monotonic() - started
+
+
+def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {name: after[name] - before[name] for name in after if after[name] != before.get(name, 0)}
+
+
+def test_burst_passes_then_429_with_retry_after_and_the_window_slides(stack, open_gw):
+    first_sent = time.monotonic()
+    first = open_gw.send(headers=user("alice"))
+    assert (first.status, first.body) == (200, "upstream ok\n")
+    sleep_until(first_sent + 1.0)
+    assert [open_gw.send(headers=user("alice")).status for _ in range(2)] == [200, 200]
+
+    sent_ms = epoch_ms()
+    rejected = open_gw.send(headers=user("alice"))
+    answered_ms = epoch_ms()
+    assert rejected.status == 429
+    assert rejected.body == "rate limit exceeded\n"
+    assert rejected.headers["content-type"].startswith("text/plain")
+    assert rejected.headers["x-envoy-ratelimited"] == "true"
+    oldest_ms = stack.redis.client.zrange(limiter_key("erl:per-user:alice", "permits"), 0, 0,
+                                          withscores=True)[0][1]
+    # About 1 s after the first permit: it leaves the 2 s window in about 1 s.
+    assert int(rejected.headers["retry-after"]) in retry_after_range(2000, oldest_ms, sent_ms, answered_ms)
+
+    # 2 s after the first permit only it has left the window: exactly one more request passes (a fixed
+    # window would have let three through), and the permits taken at 1 s still count.
+    sleep_until(first_sent + 2.1)
+    assert [open_gw.send(headers=user("alice")).status for _ in range(2)] == [200, 429]
+    assert time.monotonic() - first_sent < 2.9, "too slow to tell a sliding window from a fixed one"
+
+
+def test_each_key_value_has_its_own_limit_and_requests_without_one_are_not_limited(stack, open_gw):
+    assert [open_gw.send(headers=user("bob")).status for _ in range(4)] == [200, 200, 200, 429]
+    assert open_gw.send(headers=user("dave")).status == 200
+    assert [open_gw.send().status for _ in range(4)] == [200] * 4
+
+
+def test_weighted_requests_take_two_permits(stack, open_gw):
+    tenant = {"x-tenant-id": "acme"}
+    assert [open_gw.send(headers=tenant).status for _ in range(3)] == [200, 200, 429]
+    # 5 - 2 - 2: one permit left, too few for a request that takes two.
+    assert stack.redis.client.get(limiter_key("erl:weighted:acme", "value")) == b"1"
+
+
+def test_state_in_redis_is_the_redisson_layout(stack, open_gw):
+    redis = stack.redis.client
+    before_ms = epoch_ms()
+    assert [open_gw.send(headers=user("erin")).status for _ in range(2)] == [200, 200]
+    assert open_gw.send(headers={"x-tenant-id": "globex"}).status == 200
+    after_ms = epoch_ms()
+
+    expected = {
+        "erl:per-user:erin": ({b"rate": b"3", b"interval": b"2000"}, b"1", [1, 1]),
+        "erl:weighted:globex": ({b"rate": b"5", b"interval": b"60000"}, b"3", [2]),
+    }
+    for name, (config, value, permits) in expected.items():
+        assert redis.hgetall(name) == {**config, b"type": b"0", b"keepAliveTime": b"3600000"}
+        assert redis.get(limiter_key(name, "value")) == value
+        members = redis.zrange(limiter_key(name, "permits"), 0, -1, withscores=True)
+        decoded = [decode_permit(member, score) for member, score in members]  # 21 bytes, first byte 16
+        assert [permit.permits for permit in decoded] == permits
+        assert len({permit.random for permit in decoded}) == len(decoded)
+        for permit in decoded:
+            assert before_ms - 1000 <= permit.score_ms <= after_ms + 1000, "scores are epoch ms of the acquire"
+        for key in (name, limiter_key(name, "value"), limiter_key(name, "permits")):
+            assert 0 < redis.pttl(key) <= 3_600_000, f"{key} expires after keepAliveTime"
+    assert len(redis.keys("*")) == 6
+
+
+def test_a_limiter_created_beforehand_with_another_rate_is_obeyed(stack, open_gw):
+    redis = stack.redis.client
+    frank = "erl:per-user:frank"
+    config = {b"rate": b"1", b"interval": b"60000", b"type": b"0", b"keepAliveTime": b"0"}
+    redis.hset(frank, mapping=config)  # as a Java service's trySetRate(OVERALL, 1, 1 minute)
+
+    assert open_gw.send(headers=user("frank")).status == 200
+    sent_ms = epoch_ms()
+    rejected = open_gw.send(headers=user("frank"))
+    answered_ms = epoch_ms()
+    assert rejected.status == 429
+    oldest_ms = redis.zrange(limiter_key(frank, "permits"), 0, 0, withscores=True)[0][1]
+    assert int(rejected.headers["retry-after"]) in retry_after_range(60_000, oldest_ms, sent_ms, answered_ms)
+    assert redis.hgetall(frank) == config, "the limiter in Redis is not overwritten"
+    assert redis.pttl(frank) == -1
+
+
+def test_redis_down_fails_open_or_closed_at_once_and_limiting_resumes(stack, open_gw, closed_gw):
+    open_before, closed_before = open_gw.metrics(), closed_gw.metrics()
+    stack.redis.stop()
+
+    for _ in range(3):
+        response, elapsed = timed(open_gw, "gus")
+        assert (response.status, response.body) == (200, "upstream ok\n")
+        assert elapsed < TIMEOUT_S + MARGIN_S
+        response, elapsed = timed(closed_gw, "gus")
+        assert response.status == 503
+        assert elapsed < TIMEOUT_S + MARGIN_S
+    assert delta(open_before, open_gw.metrics()) == {"failure_allowed": 3, "redis_calls": 3, "redis_errors": 3}
+    assert delta(closed_before, closed_gw.metrics()) == {"failure_denied": 3, "redis_calls": 3, "redis_errors": 3}
+
+    # Redis comes back, empty and without the scripts: both gateways limit again.
+    stack.redis.start()
+    assert [timed(open_gw, "hal")[0].status for _ in range(4)] == [200, 200, 200, 429]
+    assert [timed(closed_gw, "hal")[0].status for _ in range(4)] == [200, 200, 200, 429]
+
+
+def test_hung_redis_fails_open_or_closed_after_the_timeout(stack, open_gw, closed_gw):
+    for gateway in (open_gw, closed_gw):  # a connection to Redis before it hangs
+        assert gateway.send(headers=user("ian")).status == 200
+    stack.redis.pause(3000)
+    try:
+        response, elapsed = timed(open_gw, "ian")
+        assert (response.status, response.body) == (200, "upstream ok\n")
+        assert TIMEOUT_S - 0.05 <= elapsed < TIMEOUT_S + MARGIN_S, "waited for the Redis timeout, no longer"
+        response, elapsed = timed(closed_gw, "ian")
+        assert response.status == 503
+        assert TIMEOUT_S - 0.05 <= elapsed < TIMEOUT_S + MARGIN_S
+
+        # Requests in flight together on both VMs: the timeout fails every pending call, none stays paused.
+        started = time.monotonic()
+        batch = closed_gw.send_batch([{"headers": user(f"jan-{i}"), "vm": i % 2} for i in range(4)])
+        assert [r.status for r in batch] == [503] * 4
+        assert time.monotonic() - started < TIMEOUT_S + MARGIN_S
+    finally:
+        stack.redis.unpause()
+    assert open_gw.send(headers=user("ian")).status == 200
+    assert closed_gw.send(headers=user("ian")).status == 200
+
+
+@contextlib.contextmanager
+def redis_password(stack, password: str):
+    """Redis requires `password` from now on, and every connection but the harness's must log in again."""
+    stack.redis.require_password(password)
+    try:
+        stack.redis.kill_clients()
+        yield
+    finally:
+        stack.redis.require_password(None)
+
+
+def test_wrong_password_applies_the_failure_mode_and_the_filter_recovers_once_it_is_right(stack, open_gw,
+                                                                                          closed_gw):
+    assert closed_gw.send(headers=user("kim")).status == 200
+    before = closed_gw.metrics()
+    with redis_password(stack, "rotated"):
+        # The host logs in with `s3cret` on its new connection; Redis refuses the filter's command
+        # (redis-server 7 answers a long unauthenticated command with a protocol error, not NOAUTH, and
+        # closes the connection).
+        for _ in range(2):
+            response, elapsed = timed(closed_gw, "kim")
+            assert response.status == 503
+            assert elapsed < TIMEOUT_S + MARGIN_S, "an error reply, not a timeout"
+        response, _ = timed(open_gw, "kim")
+        assert (response.status, response.body) == (200, "upstream ok\n")
+        assert delta(before, closed_gw.metrics()) == {"failure_denied": 2, "redis_calls": 2, "redis_errors": 2}
+
+        # The operator gives Redis the password the gateway has: the next connection logs in.
+        stack.redis.require_password(PASSWORD)
+        wait_until(lambda: closed_gw.send(headers=user("kim")).status == 200, 5.0, "the filter to recover")
+        assert [closed_gw.send(headers=user("kim")).status for _ in range(2)] == [200, 429]
+        # The gateway without a password still cannot get in, and keeps failing open.
+        assert open_gw.send(headers=user("kim")).status == 200
+        assert open_gw.metrics()["failure_allowed"] > 0
+    assert "Redis answers again" in closed_gw.log_text()
+
+
+def test_database_selection_puts_the_keys_in_database_2(stack, closed_gw):
+    assert [closed_gw.send(headers=user("lee")).status for _ in range(4)] == [200, 200, 200, 429]
+
+    db2 = stack.redis.db(2)
+    try:
+        assert db2.hgetall("erl:per-user:lee")[b"rate"] == b"3"
+        assert db2.get(limiter_key("erl:per-user:lee", "value")) == b"0"
+        assert db2.zcard(limiter_key("erl:per-user:lee", "permits")) == 3
+    finally:
+        db2.close()
+    assert stack.redis.client.keys("*") == [], "nothing in database 0"
+
+
+def script_calls(stack) -> int:
+    calls = stack.redis.command_calls()
+    return calls.get("evalsha", 0) + calls.get("eval", 0)
+
+
+def test_one_redis_round_trip_per_request_once_the_script_is_cached(stack, open_gw):
+    for vm in (0, 1):  # after a Redis restart each VM's first EVALSHA may need an EVAL
+        assert open_gw.send(headers=user("warm-up"), vm=vm).status == 200
+
+    scripts, metrics, sent = script_calls(stack), open_gw.metrics(), len(open_gw.outcomes)
+    statuses = [open_gw.send(headers=user("max")).status for _ in range(5)]
+    assert statuses == [200, 200, 200, 429, 429]
+    assert [outcome["redis_calls"] for outcome in open_gw.outcomes[sent:]] == [1] * 5
+    assert script_calls(stack) - scripts == 5, "Redis ran one script per request"
+    assert delta(metrics, open_gw.metrics()) == {"allowed": 3, "rejected": 2, "redis_calls": 5}
