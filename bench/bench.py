@@ -72,7 +72,7 @@ THREADS = min(_env_int("BENCH_THREADS", 2), CONNECTIONS)
 CONCURRENCY = _env_int("BENCH_CONCURRENCY", 2)
 USERS = _env_int("BENCH_USERS", 64)
 N_CALLS = _env_int("BENCH_N", 20_000)
-ONLY = {part.strip() for part in os.environ.get("BENCH_ONLY", "1,2,3,4").split(",") if part.strip()}
+ONLY = {part.strip() for part in os.environ.get("BENCH_ONLY", "1,2,3,4,5").split(",") if part.strip()}
 
 WRK = os.environ.get("WRK_BIN", "wrk")
 WRK_SCRIPT = REPO / "bench" / "users.lua"
@@ -890,6 +890,56 @@ def print_sizes() -> None:
 # ---------------------------------------------------------------------------------------------------------
 
 
+def replay(build: str, config: dict, clusters: dict[str, int], requests: list[dict], workdir: Path) -> dict:
+    """`wasm-host replay --json` of `requests` over 2 VMs: the emulator's summary (fuel, round trips...)."""
+    config_path, requests_path = workdir / f"{build}.json", workdir / f"{build}-requests.jsonl"
+    config_path.write_text(json.dumps(config))
+    requests_path.write_text("".join(json.dumps(r) + "\n" for r in requests))
+    argv = [str(h.WASM_HOST_BIN), "replay", "--module", str(h.BUILDS[build]), "--config", str(config_path),
+            "--vms", "2", "--requests", str(requests_path), "--json"]
+    for name, port in clusters.items():
+        argv += ["--cluster", f"{name}=127.0.0.1:{port}"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    if done.returncode != 0:
+        raise h.HarnessError(f"wasm-host replay ({build}) exited {done.returncode}: {done.stderr[-2000:]}")
+    return json.loads(done.stdout)
+
+
+def run_guest_cost() -> None:
+    """Section 5: guest cost (wasmtime fuel, about one unit per wasm instruction) and round trips per
+    request of both builds in the host emulator, next to the same filter when no rule applies (baseline)."""
+    heading("5. Guest cost per request in the host emulator: stock build vs Higress build")
+    out("wasm-host replay, 2 VMs, one at a time; rule per-user, 50 per minute over 4 users: 400 requests (200 allowed,")
+    out("200 rejected); baseline: the same 400 requests without the key header (the rule is skipped, no Redis call).")
+    out("Fuel: wasmtime fuel consumed by every guest call for the request (callbacks included), about one per")
+    out("wasm instruction: repeatable, unlike time. Round trips: HTTP calls to webdis (stock) or proxy_redis_call")
+    out("(Higress) per request.")
+    rule_ = h.rule(rate=50, interval="1m")
+    decided = [{"headers": [["x-user-id", f"u{i % 4}"]]} for i in range(400)]
+    skipped = [{"headers": [["x-other", "1"]]} for _ in range(400)]
+    rows = []
+    with h.Stack() as stack:
+        stack.start()
+        builds = {
+            "envoy": (h.plugin_config(rule_), {"webdis": stack.webdis.port}, "http_calls_per_request"),
+            "higress": (h.host_plugin_config(rule_), {"redis": stack.redis.port}, "redis_round_trips"),
+        }
+        for build, (config, clusters, trips_key) in builds.items():
+            stack.redis.client.flushall()
+            stack.redis.client.script_load(acquire_source())  # both builds start with the script cached
+            result = replay(build, config, clusters, decided, stack.workdir)
+            baseline = replay(build, config, clusters, skipped, stack.workdir)
+            trips = result[trips_key]["per_request"] if trips_key == "redis_round_trips" else result[trips_key]
+            rows.append([f"{build} ({h.BUILDS[build].name})", num(baseline["fuel_allowed"]["p50"] if baseline["fuel_allowed"]["count"] else 0),
+                         num(result["fuel_allowed"]["p50"]), num(result["fuel_allowed"]["mean"]),
+                         num(result["fuel_rejected"]["p50"]), num(result["fuel_rejected"]["mean"]),
+                         f"{trips['mean']:.3f}", ", ".join(f"{n} {k}" for k, n in sorted(result["outcomes"].items()))])
+    out(table(["build", "no rule (baseline) p50", "allowed p50", "allowed mean", "rejected p50", "rejected mean",
+               "round trips/request", "outcomes"], rows))
+    out("Reading: deciding a request costs the guest the difference between the allowed/rejected and baseline "
+        "columns; the two builds differ only in their transport code.")
+
+
 def _interrupt(signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -918,6 +968,8 @@ def main() -> int:
                 print_round_trips(scenarios, check)
         if "4" in ONLY:
             print_sizes()
+        if "5" in ONLY:
+            run_guest_cost()
     except KeyboardInterrupt:
         print("\nbench: interrupted; every process it started is stopped", file=sys.stderr)
         return 130
