@@ -11,7 +11,7 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MetricType};
 
 use crate::cache::LimiterCache;
-use crate::config::{FailureMode, PluginConfig, TransportKind};
+use crate::config::{FailureMode, Plugin, PluginConfig, TransportKind};
 use crate::key::RequestView;
 use crate::limiter::{self, Decision, Failure, Outcome, PendingRequest, Progress, Start, Verdict};
 use crate::resp::Command;
@@ -98,8 +98,9 @@ impl FailureLog {
 
 /// State of one VM, shared by its root context and every HTTP context it creates.
 struct Vm {
-    config: PluginConfig,
-    transport: Box<dyn RedisTransport>,
+    plugin: Plugin,
+    /// One transport per configuration, by the index of `Plugin::configs`.
+    transports: Vec<(usize, Box<dyn RedisTransport>)>,
     cache: RefCell<LimiterCache>,
     failure_log: RefCell<FailureLog>,
     metrics: Metrics,
@@ -109,7 +110,7 @@ struct Vm {
 }
 
 impl Vm {
-    fn new(config: PluginConfig) -> Self {
+    fn new(plugin: Plugin) -> Self {
         let mut seed = [0u8; 8];
         let seed = match getrandom::fill(&mut seed) {
             Ok(()) => u64::from_le_bytes(seed),
@@ -118,9 +119,9 @@ impl Vm {
         let mut random = fastrand::Rng::with_seed(seed);
         let client_id = client_id(&mut random);
         Vm {
-            transport: transport_for(&config),
-            cache: RefCell::new(LimiterCache::new(config.cache_size)),
-            config,
+            transports: plugin.configs().map(|(index, config)| (index, transport_for(config))).collect(),
+            cache: RefCell::new(LimiterCache::new(plugin.configs().map(|(_, c)| c.cache_size).max().unwrap_or(1))),
+            plugin,
             failure_log: RefCell::new(FailureLog::default()),
             metrics: Metrics::define(),
             random: RefCell::new(random),
@@ -139,6 +140,25 @@ impl Vm {
                 }
             }
         }
+    }
+
+    fn transport(&self, index: usize) -> Option<&dyn RedisTransport> {
+        self.transports.iter().find(|(i, _)| *i == index).map(|(_, t)| t.as_ref())
+    }
+
+    /// The configuration for the current request: by route and domain when there are overrides.
+    fn select(&self) -> Option<(usize, &PluginConfig)> {
+        if self.plugin.overrides.is_empty() {
+            return self.plugin.global.as_ref().map(|config| (0, config));
+        }
+        let property = |path: Vec<&str>| {
+            hostcalls::get_property(path).ok().flatten().and_then(|bytes| String::from_utf8(bytes).ok())
+        };
+        // Higress sets `route_name`; stock Envoy has `xds.route_name`.
+        let route = property(vec!["route_name"]).or_else(|| property(vec!["xds", "route_name"]));
+        let authority =
+            hostcalls::get_map_value(proxy_wasm::types::MapType::HttpRequestHeaders, ":authority").ok().flatten();
+        self.plugin.select(route.as_deref(), authority.as_deref())
     }
 
     fn member_random(&self) -> [u8; MEMBER_RANDOM_LEN] {
@@ -192,17 +212,20 @@ struct Root {
 }
 
 impl Root {
-    fn load(&self) -> Result<PluginConfig, String> {
+    fn load(&self) -> Result<Plugin, String> {
         let bytes = match hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX) {
             Ok(Some(bytes)) => bytes,
             Ok(None) => Vec::new(),
             Err(status) => return Err(format!("cannot read the plugin configuration: {status:?}")),
         };
-        let config = PluginConfig::from_json(&bytes).map_err(|e| e.to_string())?;
-        if config.redis.transport == TransportKind::Host && !cfg!(feature = "host-redis") {
-            return Err("redis.transport: \"host\" needs the host-redis build (edge-rate-limiter-higress.wasm); this is the stock Envoy build, which supports \"http\"".into());
+        let plugin = Plugin::from_json(&bytes).map_err(|e| e.to_string())?;
+        for (index, config) in plugin.configs() {
+            if config.redis.transport == TransportKind::Host && !cfg!(feature = "host-redis") {
+                let at = if index == 0 { String::new() } else { format!("_rules_[{}].", index - 1) };
+                return Err(format!("{at}redis.transport: \"host\" needs the host-redis build (edge-rate-limiter-higress.wasm); this is the stock Envoy build, which supports \"http\""));
+            }
         }
-        Ok(config)
+        Ok(plugin)
     }
 }
 
@@ -211,12 +234,18 @@ impl Context for Root {}
 impl RootContext for Root {
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
         match self.load() {
-            Ok(config) => {
+            Ok(plugin) => {
+                let global = match &plugin.global {
+                    Some(config) => {
+                        format!("{} rule(s), Redis via cluster {:?}", config.rules.len(), config.redis.cluster)
+                    }
+                    None => "no global rules".to_string(),
+                };
                 log(
                     LogLevel::Info,
-                    &format!("configured {} rule(s), Redis via cluster {:?}", config.rules.len(), config.redis.cluster),
+                    &format!("configured {global}, {} route/domain override(s)", plugin.overrides.len()),
                 );
-                self.vm = Some(Rc::new(Vm::new(config)));
+                self.vm = Some(Rc::new(Vm::new(plugin)));
                 true
             }
             Err(reason) => {
@@ -231,6 +260,7 @@ impl RootContext for Root {
             let flow = Rc::new(RefCell::new(Flow {
                 vm,
                 context_id,
+                entry: 0,
                 pending: None,
                 tokens: Vec::new(),
                 response_headers: Vec::new(),
@@ -276,6 +306,8 @@ pub(crate) enum Next {
 pub(crate) struct Flow {
     vm: Rc<Vm>,
     context_id: u32,
+    /// Index of the configuration that applies to the request (`Plugin::configs`), chosen at the start.
+    entry: usize,
     pending: Option<PendingRequest>,
     /// Outstanding calls: host token -> call index in `pending`.
     tokens: Vec<(u32, usize)>,
@@ -287,10 +319,12 @@ impl Flow {
     fn start(&mut self) -> Next {
         let vm = Rc::clone(&self.vm);
         vm.confirm_client_id();
+        let Some((entry, config)) = vm.select() else { return Next::Continue };
+        self.entry = entry;
         let client_id = vm.client_id.borrow().clone();
         let start = {
             let cache = vm.cache.borrow();
-            let ctx = limiter::Context { config: &vm.config, now_ms: now_ms(), client_id: &client_id, cache: &cache };
+            let ctx = limiter::Context { config, now_ms: now_ms(), client_id: &client_id, cache: &cache };
             limiter::start(&ctx, &HostRequest, &mut || vm.member_random())
         };
         match start {
@@ -323,14 +357,18 @@ impl Flow {
     /// Tells the transport to set its connection up again before the next call.
     #[cfg_attr(not(feature = "host-redis"), allow(dead_code))]
     pub(crate) fn reconnect(&self) {
-        self.vm.transport.reconnect();
+        if let Some(transport) = self.vm.transport(self.entry) {
+            transport.reconnect();
+        }
     }
 
     /// Hands one call's reply (or failure) to the pending request.
     fn feed(&mut self, call: usize, reply: Result<&[u8], Failure>) -> Progress {
         let vm = &self.vm;
-        let Some(pending) = self.pending.as_mut() else { return Progress::Waiting };
-        let (progress, notice) = pending.on_reply(call, reply, &vm.config, &mut vm.cache.borrow_mut());
+        let (Some(pending), Some(config)) = (self.pending.as_mut(), vm.plugin.config(self.entry)) else {
+            return Progress::Waiting;
+        };
+        let (progress, notice) = pending.on_reply(call, reply, config, &mut vm.cache.borrow_mut());
         if let Some(notice) = notice {
             log(LogLevel::Warn, &notice.to_string());
         }
@@ -339,7 +377,11 @@ impl Flow {
 
     /// Sends a command for a call; a refused send is that call's failure.
     fn send(&mut self, call: usize, command: &Command) -> Progress {
-        match self.vm.transport.send(self.context_id, command) {
+        let sent = match self.vm.transport(self.entry) {
+            Some(transport) => transport.send(self.context_id, command),
+            None => Err(Failure::SendRefused("no transport for this configuration".into())),
+        };
+        match sent {
             Ok(token) => {
                 Metrics::add(self.vm.metrics.redis_calls, 1);
                 self.tokens.push((token, call));
@@ -376,7 +418,8 @@ impl Flow {
         {
             let mut failure_log = vm.failure_log.borrow_mut();
             for failure in &decision.failures {
-                failure_log.failed(failure, vm.config.failure_mode);
+                let mode = vm.plugin.config(self.entry).map_or(FailureMode::Allow, |c| c.failure_mode);
+                failure_log.failed(failure, mode);
             }
             if decision.failures.is_empty() && matches!(decision.outcome, Outcome::Allowed | Outcome::Rejected) {
                 failure_log.recovered();

@@ -824,7 +824,7 @@ class Emulator:
 
     @staticmethod
     def _request_line(path: str, headers: dict[str, str] | None, method: str, body: bytes | str | None,
-                      source_address: str | None, vm: int | None) -> dict:
+                      source_address: str | None, vm: int | None, route_name: str | None = None) -> dict:
         pairs = [[":path", path], [":method", method]]
         pairs += [[name.lower(), value] for name, value in (headers or {}).items()]
         line: dict[str, Any] = {"headers": pairs}
@@ -834,6 +834,8 @@ class Emulator:
             line["source_address"] = source_address
         if vm is not None:
             line["vm"] = vm
+        if route_name is not None:
+            line["route_name"] = route_name
         return line
 
     def _response(self, result: dict) -> Response:
@@ -851,10 +853,10 @@ class Emulator:
 
     def send(self, path: str = "/", headers: dict[str, str] | None = None, *, method: str = "GET",
              body: bytes | str | None = None, source_address: str | None = None, vm: int | None = None,
-             timeout: float = 10.0) -> Response:
+             timeout: float = 10.0, route_name: str | None = None) -> Response:
         """One request (without `vm`, the VMs take turns): (status, headers lowercased, body) as the client
         would see it; the raw result is appended to `outcomes`."""
-        line = self._request_line(path, headers, method, body, source_address, vm)
+        line = self._request_line(path, headers, method, body, source_address, vm, route_name)
         return self._response(self._call(line, timeout))
 
     def send_batch(self, requests: list[dict], timeout: float = 20.0) -> list[Response]:
