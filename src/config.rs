@@ -346,14 +346,8 @@ impl PluginConfig {
     /// A [`ConfigError`] naming the first offending field: JSON syntax, unknown fields, wrong types and
     /// out-of-range values are all refused; nothing is defaulted silently over a wrong value.
     pub fn from_json(bytes: &[u8]) -> Result<Self, ConfigError> {
-        let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-        let raw: RawConfig = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
-            let field = e.path().to_string();
-            let field = if field == "." { String::new() } else { field };
-            ConfigError::new(field, e.inner().to_string())
-        })?;
-        deserializer.end().map_err(|e| ConfigError::new("", e.to_string()))?;
-        raw.validate()
+        let value = serde_json::from_slice(bytes).map_err(|e| ConfigError::new("", e.to_string()))?;
+        Self::from_value(value)
     }
 
     /// Parses and validates a configuration already read as a JSON value.

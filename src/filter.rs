@@ -321,7 +321,7 @@ impl Flow {
         vm.confirm_client_id();
         let Some((entry, config)) = vm.select() else { return Next::Continue };
         self.entry = entry;
-        let client_id = vm.client_id.borrow().clone();
+        let client_id = vm.client_id.borrow();
         let start = {
             let cache = vm.cache.borrow();
             let ctx = limiter::Context { config, now_ms: now_ms(), client_id: &client_id, cache: &cache };

@@ -289,11 +289,6 @@ fn acquire_for(rule: &Rule, name: &str, ctx: &Context<'_>, member_random: [u8; M
 }
 
 impl PendingRequest {
-    /// Number of acquires this request sends (one per applicable rule).
-    pub fn calls(&self) -> usize {
-        self.calls.len()
-    }
-
     /// Records the transport's outcome for call `call`: the raw RESP reply bytes, or a failure.
     ///
     /// Updates the cache with the limiter config in the reply and returns anything worth logging about it.
