@@ -4,17 +4,25 @@
 //!
 //! # Layout
 //!
-//! - `main` (this file): the command line (`clap`), dispatch, exit codes (0 ok, 1 error, 2 usage).
-//! - [`limiter`]: the operations (show, set-rate, update-rate, try-set-rate, delete, list) and their
-//!   reports, on the filter's own scripts and key layout (the `edge_rate_limiter` crate).
-//! - [`redis_io`]: one synchronous connection; scripts by `EVALSHA`, `EVAL` on `NOSCRIPT`.
-//! - [`output`]: the reports as text (`--json`: as JSON).
+//! Each module uses only those listed before it (and `main` all of them):
+//!
 //! - [`error`]: every failure, worded for the operator.
+//! - [`units`]: durations and times in ms, parsed from the options and written for humans.
+//! - [`model`]: the limiter's Redisson layout without I/O: config fields, permit members, window summary.
+//! - [`report`]: what each operation returns (`serde` for `--json`).
+//! - [`redis_io`]: one synchronous connection; scripts by `EVALSHA`, `EVAL` on `NOSCRIPT`; reply decoding.
+//! - [`ops`]: the operations (show, set-rate, update-rate, try-set-rate, delete, list), on the filter's own
+//!   scripts and key layout (the `edge_rate_limiter` crate).
+//! - [`output`]: the reports as text.
+//! - `main` (this file): the command line (`clap`), dispatch, exit codes (0 ok, 1 error, 2 usage).
 
 pub mod error;
-pub mod limiter;
+pub mod model;
+pub mod ops;
 pub mod output;
 pub mod redis_io;
+pub mod report;
+pub mod units;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -24,8 +32,9 @@ use edge_rate_limiter::config::LimiterType;
 use serde::Serialize;
 
 use crate::error::{AdminError, Result};
-use crate::limiter::{Config, Update};
+use crate::model::{check_keep_alive, Config, Update};
 use crate::redis_io::{local_now_ms, Redis};
+use crate::units::{parse_duration, parse_interval, parse_keep_alive};
 
 /// Inspect and change edge-rate-limiter limiters in Redis (Redisson RRateLimiter, 4.x layout).
 ///
@@ -155,36 +164,9 @@ impl RateArgs {
             limiter_type: self.limiter_type.into(),
             keep_alive_ms: self.keep_alive,
         };
-        limiter::check_keep_alive(&config)?;
+        check_keep_alive(&config)?;
         Ok(config)
     }
-}
-
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    if let Ok(ms) = text.parse::<u64>() {
-        return Ok(Duration::from_millis(ms));
-    }
-    humantime::parse_duration(text).map_err(|error| format!("{error} (examples: 500ms, 1s, 1m, 1h 30m)"))
-}
-
-fn duration_ms(text: &str) -> Result<u64, String> {
-    let duration = parse_duration(text)?;
-    if duration.subsec_nanos() % 1_000_000 != 0 {
-        return Err("must be whole milliseconds".to_string());
-    }
-    u64::try_from(duration.as_millis()).map_err(|_| "too long".to_string())
-}
-
-fn parse_interval(text: &str) -> Result<u64, String> {
-    match duration_ms(text)? {
-        0 => Err("must be at least 1ms".to_string()),
-        ms => Ok(ms),
-    }
-}
-
-fn parse_keep_alive(text: &str) -> Result<u64, String> {
-    duration_ms(text)
 }
 
 fn main() -> ExitCode {
@@ -219,15 +201,15 @@ fn run(cli: &Cli) -> Result<String> {
     };
     match &cli.command {
         Command::Show { name } => {
-            let report = limiter::show(&mut redis, name, client_id, now_ms)?;
+            let report = ops::show(&mut redis, name, client_id, now_ms)?;
             render(cli.json, &report, output::show)
         }
         Command::SetRate { name, rate } => {
-            let report = limiter::set_rate(&mut redis, name, rate.config()?, client_id)?;
+            let report = ops::set_rate(&mut redis, name, rate.config()?, client_id)?;
             render(cli.json, &report, output::change)
         }
         Command::TrySetRate { name, rate } => {
-            let report = limiter::try_set_rate(&mut redis, name, rate.config()?, client_id)?;
+            let report = ops::try_set_rate(&mut redis, name, rate.config()?, client_id)?;
             render(cli.json, &report, output::change)
         }
         Command::UpdateRate { name, rate, interval, limiter_type, keep_alive } => {
@@ -242,15 +224,15 @@ fn run(cli: &Cli) -> Result<String> {
                     "update-rate: nothing to change (give --rate, --interval, --type or --keep-alive)".to_string(),
                 ));
             }
-            let report = limiter::update_rate(&mut redis, name, update, client_id, now_ms)?;
+            let report = ops::update_rate(&mut redis, name, update, client_id, now_ms)?;
             render(cli.json, &report, output::change)
         }
         Command::Delete { name } => {
-            let report = limiter::delete(&mut redis, name, client_id)?;
+            let report = ops::delete(&mut redis, name, client_id)?;
             render(cli.json, &report, output::delete)
         }
         Command::List { prefix } => {
-            let entries = limiter::list(&mut redis, prefix, now_ms)?;
+            let entries = ops::list(&mut redis, prefix, now_ms)?;
             render(cli.json, &entries, |entries| output::list(entries))
         }
     }
@@ -284,16 +266,6 @@ mod tests {
     #[test]
     fn the_command_line_is_consistent() {
         Cli::command().debug_assert();
-    }
-
-    #[test]
-    fn durations_accept_humantime_and_ms() {
-        assert_eq!(parse_interval("1m"), Ok(60_000));
-        assert_eq!(parse_interval("1h 30m"), Ok(5_400_000));
-        assert_eq!(parse_interval("250"), Ok(250));
-        assert!(parse_interval("0s").is_err());
-        assert!(parse_interval("soon").is_err());
-        assert_eq!(parse_keep_alive("0"), Ok(0));
     }
 
     #[test]

@@ -1,23 +1,14 @@
-//! Text output: the reports of `limiter` as aligned, human-readable lines (`--json` prints the same
-//! reports with `serde_json` instead).
+//! Text output: the reports of `ops` (`report`) as aligned, human-readable lines; `--json` prints the
+//! same reports with `serde_json` instead. Durations are written as humantime (`1m`, `2s 500ms`), times
+//! as RFC 3339 UTC.
 
 use std::fmt::Write as _;
-use std::time::{Duration, UNIX_EPOCH};
 
-use crate::limiter::{type_name, ChangeReport, Config, DeleteReport, KeyTtl, ListEntry, ShowReport, State};
+use edge_rate_limiter::config::LimiterType;
 
-/// A duration in ms as humantime writes it: `1m`, `2s 500ms`, `0s`.
-pub fn human_ms(ms: u64) -> String {
-    if ms == 0 {
-        return "0s".to_string();
-    }
-    humantime::format_duration(Duration::from_millis(ms)).to_string()
-}
-
-/// An epoch-ms time as RFC 3339 UTC with ms: `2026-11-22T02:40:01.123Z`.
-pub fn timestamp(ms: u64) -> String {
-    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
-}
+use crate::model::{type_name, Config};
+use crate::report::{ChangeReport, DeleteReport, KeyTtl, ListEntry, ShowReport, State};
+use crate::units::{human_ms, timestamp};
 
 fn ttl_text(ttl_ms: i64) -> String {
     match ttl_ms {
@@ -32,6 +23,15 @@ fn keep_alive_text(ms: u64) -> String {
         "0 (never expires)".to_string()
     } else {
         format!("{ms} ms ({})", human_ms(ms))
+    }
+}
+
+/// A keep-alive in a summary line or table cell: `none` for 0, else humantime.
+fn keep_alive_brief(ms: u64) -> String {
+    if ms == 0 {
+        "none".to_string()
+    } else {
+        human_ms(ms)
     }
 }
 
@@ -91,7 +91,7 @@ pub fn show(report: &ShowReport) -> String {
         }
         state_lines(&mut out, "", state, &report.config);
     }
-    if report.config.limiter_type == edge_rate_limiter::config::LimiterType::PerClient {
+    if report.config.limiter_type == LimiterType::PerClient {
         let _ = writeln!(out, "clients      {}", report.clients.len());
         for client in &report.clients {
             let _ = writeln!(out, "  {}", client.client_id.as_deref().unwrap_or("?"));
@@ -116,7 +116,7 @@ pub fn change(report: &ChangeReport) -> String {
         config.rate,
         human_ms(config.interval_ms),
         type_name(config.limiter_type),
-        if config.keep_alive_ms == 0 { "none".to_string() } else { human_ms(config.keep_alive_ms) },
+        keep_alive_brief(config.keep_alive_ms),
     );
     if report.client_keys_removed > 0 {
         let _ = writeln!(out, "{}: removed {} keys of per-client state", report.name, report.client_keys_removed);
@@ -142,7 +142,7 @@ pub fn list(entries: &[ListEntry]) -> String {
                 entry.name.clone(),
                 format!("{}/{}", config.rate, human_ms(config.interval_ms)),
                 type_name(config.limiter_type).to_string(),
-                if config.keep_alive_ms == 0 { "none".to_string() } else { human_ms(config.keep_alive_ms) },
+                keep_alive_brief(config.keep_alive_ms),
                 entry.available.map_or_else(|| "-".to_string(), |n| n.to_string()),
             ],
             None => [

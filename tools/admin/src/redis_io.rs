@@ -86,11 +86,17 @@ impl Redis {
         Ok(integer(&reply).unwrap_or(0) > 0)
     }
 
-    /// Every key matching the glob `pattern` (and of `key_type`, if given), by `SCAN` to the end.
+    /// Every key whose name starts with `prefix` (taken literally: glob characters are escaped) and of
+    /// `key_type` (`hash`, `zset`...), if given, by `SCAN` to the end; sorted, without repeats.
     ///
     /// # Errors
     /// As [`Redis::query`].
-    pub fn scan(&mut self, pattern: &str, key_type: Option<&str>) -> Result<Vec<Vec<u8>>> {
+    pub fn scan_prefix(&mut self, prefix: &str, key_type: Option<&str>) -> Result<Vec<Vec<u8>>> {
+        self.scan(&format!("{}*", glob_escape(prefix)), key_type)
+    }
+
+    /// Every key matching the glob `pattern` (and of `key_type`, if given), by `SCAN` to the end.
+    fn scan(&mut self, pattern: &str, key_type: Option<&str>) -> Result<Vec<Vec<u8>>> {
         let context = format!("scanning for {pattern}");
         let mut keys = Vec::new();
         let mut cursor = String::from("0");
@@ -174,10 +180,25 @@ fn error_text(error: &RedisError) -> String {
 }
 
 fn unexpected(command: &str, reply: &Value) -> AdminError {
-    AdminError::Redis {
-        context: format!("reading the reply of {command}"),
-        reason: format!("unexpected reply {reply:?}"),
+    unexpected_reply(format!("reading the reply of {command}"), reply)
+}
+
+/// The error for a reply of another shape than the command's: an [`AdminError::Redis`] with `context`
+/// (what the tool was doing) and the reply.
+pub fn unexpected_reply(context: String, reply: &Value) -> AdminError {
+    AdminError::Redis { context, reason: format!("unexpected reply {reply:?}") }
+}
+
+/// `pattern` with the glob characters of Redis's `MATCH` escaped, so a name matches only itself.
+pub fn glob_escape(pattern: &str) -> String {
+    let mut escaped = String::with_capacity(pattern.len());
+    for c in pattern.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
     }
+    escaped
 }
 
 /// `redis://user:secret@host/0` as `redis://user:***@host/0`: URLs are printed in messages.
@@ -217,6 +238,32 @@ pub fn integer(value: &Value) -> Option<i64> {
     }
 }
 
+/// A count: an [`integer`] reply that is not negative.
+pub fn count(value: &Value) -> Option<u64> {
+    integer(value).and_then(|n| u64::try_from(n).ok())
+}
+
+/// The `(member, score)` pairs of a `WITHSCORES` reply (RESP2: a flat array; RESP3: pairs); pairs that
+/// are not a string and a number are left out.
+pub fn scored_members(reply: &Value) -> Vec<(Vec<u8>, f64)> {
+    let Value::Array(items) = reply else { return Vec::new() };
+    let score = |value: &Value| match value {
+        Value::Double(score) => Some(*score),
+        other => text(other)?.parse::<f64>().ok(),
+    };
+    if items.iter().all(|item| matches!(item, Value::Array(_))) {
+        items
+            .iter()
+            .filter_map(|pair| match pair {
+                Value::Array(pair) => Some((bytes(pair.first()?)?, score(pair.get(1)?)?)),
+                _ => None,
+            })
+            .collect()
+    } else {
+        items.chunks(2).filter_map(|pair| Some((bytes(pair.first()?)?, score(pair.get(1)?)?))).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,5 +290,19 @@ mod tests {
         assert_eq!(integer(&Value::BulkString(b"42".to_vec())), Some(42));
         assert_eq!(integer(&Value::Nil), None);
         assert_eq!(text(&Value::SimpleString("hash".into())), Some("hash".into()));
+    }
+
+    #[test]
+    fn glob_characters_are_escaped() {
+        assert_eq!(glob_escape("{erl:a*b}:value:"), "{erl:a\\*b}:value:");
+        assert_eq!(glob_escape("x?[y]\\"), "x\\?\\[y\\]\\\\");
+    }
+
+    #[test]
+    fn scored_members_read_resp2_and_resp3_shapes() {
+        let flat = Value::Array(vec![Value::BulkString(b"a".to_vec()), Value::BulkString(b"12.5".to_vec())]);
+        assert_eq!(scored_members(&flat), vec![(b"a".to_vec(), 12.5)]);
+        let pairs = Value::Array(vec![Value::Array(vec![Value::BulkString(b"b".to_vec()), Value::Double(3.0)])]);
+        assert_eq!(scored_members(&pairs), vec![(b"b".to_vec(), 3.0)]);
     }
 }
