@@ -744,6 +744,11 @@ class Emulator:
     Starting compiles the module (seconds with a debug `wasm-host`); `start(wait_ready=False)` returns at
     once and the first request waits. A refused configuration is observable as in Envoy: `wasm-host` prints
     the module's log lines on stderr and exits with code 2 (`wait_exit()`, `log_text()`).
+
+    Every line sent carries an increasing `id`, which `wasm-host` echoes; an answer to a call the client
+    gave up on (its timeout passed) arrives later with its own id and is set aside in `late_answers`, never
+    taken as the answer to the next call. `set_faults()` injects host faults (tests/host README, "Faults")
+    and `advance_clock()` moves the filter's wall clock ahead.
     """
 
     READY_TIMEOUT = 90.0  # compiling the filter in a debug wasm-host on a loaded 2-CPU machine
@@ -765,6 +770,9 @@ class Emulator:
         self._logs: list[str] = []
         self._lines: "queue.Queue[str | None]" = queue.Queue()
         self._ready = False
+        self._next_id = 0
+        # Answers that came after their call gave up (their `id` is not the one awaited), in arrival order.
+        self.late_answers: list[dict] = []
 
     def start(self, wait_ready: bool = True, timeout: float = READY_TIMEOUT) -> "Emulator":
         if not self.wasm.is_file():
@@ -797,27 +805,39 @@ class Emulator:
             self._ready = True
 
     def _call(self, line: dict, timeout: float) -> dict:
-        """Writes one JSON line, returns the JSON line answering it."""
+        """Writes one JSON line with a new `id` and returns the answer carrying that id; answers with another
+        id (late answers to calls that timed out) are set aside in `late_answers`."""
         if self.process is None:
             raise HarnessError(f"{self.name} was not started")
         if not self._ready:
             timeout = max(timeout, self.READY_TIMEOUT)
+        self._next_id += 1
+        call_id = self._next_id
         try:
-            self.process.popen.stdin.write(json.dumps(line).encode() + b"\n")
+            self.process.popen.stdin.write(json.dumps({**line, "id": call_id}).encode() + b"\n")
             self.process.popen.stdin.flush()
         except (OSError, ValueError):
             pass  # it exited: the missing answer below says how
-        try:
-            answer = self._lines.get(timeout=timeout)
-        except queue.Empty:
-            raise HarnessError(f"{self.name} did not answer {line} within {timeout:.1f}s\n"
-                               f"--- {self.name} (tail) ---\n{self.log_tail()}") from None
-        if answer is None:
-            self._lines.put(None)  # later calls see the end too
-            code = self.process.wait(5.0)
-            raise HarnessError(f"{self.name} exited with code {code}\n--- {self.name} stderr ---\n"
-                               f"{tail(self.err_path)}")
-        result = json.loads(answer)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                answer = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                # No call for the module's logs here: it would wait behind the answer that is late.
+                raise HarnessError(f"{self.name} did not answer {line} within {timeout:.1f}s\n"
+                                   f"--- {self.name} (tail) ---\n{self.log_tail(collect=False)}") from None
+            if answer is None:
+                self._lines.put(None)  # later calls see the end too
+                code = self.process.wait(5.0)
+                raise HarnessError(f"{self.name} exited with code {code}\n--- {self.name} stderr ---\n"
+                                   f"{tail(self.err_path)}")
+            result = json.loads(answer)
+            if "id" not in result:
+                raise HarnessError(f"{self.name} answered without the line's id (a wasm-host older than the "
+                                   f"harness? rebuild it): {answer.strip()}")
+            if result.pop("id") == call_id:
+                break
+            self.late_answers.append(result)
         if "error" in result:
             raise HarnessError(f"{self.name} refused {line}: {result['error']}")
         return result
@@ -881,6 +901,19 @@ class Emulator:
         """Runs the event loop for `ms` (ticks, late Redis or HTTP replies)."""
         self._call({"wait_ms": int(ms)}, timeout=ms / 1000 + 10.0)
 
+    def advance_clock(self, ms: int) -> int:
+        """Moves the filter's wall clock (`proxy_get_current_time_nanoseconds`, WASI realtime) `ms` ahead of
+        where it is; returns the total offset from real time in ms. Ticks and timeouts stay on real time."""
+        return int(self._call({"advance_clock_ms": int(ms)}, timeout=10.0)["clock_offset_ms"])
+
+    def set_faults(self, **faults: Any) -> dict:
+        """Replaces the host faults in force (omitted ones are off; no argument clears them):
+        `refuse_effective_context=N` (proxy_set_effective_context answers BadArgument N more times;
+        2**32 - 1: always), `drop_redis_replies=True`, `drop_http_call_responses=True`, `misroute_tokens=True`.
+        Returns the faults now in force. A fault decides the fate of the replies to calls made while it is on.
+        """
+        return self._call({"faults": faults}, timeout=10.0)["faults"]
+
     def metrics(self) -> dict[str, int]:
         """The filter's counters by short name ("allowed", "redis_calls", ...), as `Envoy.metrics()`."""
         metrics = self._call({"metrics": True}, timeout=10.0)["metrics"]
@@ -892,17 +925,19 @@ class Emulator:
             for entry in self._call({"logs": True}, timeout=10.0)["logs"]:
                 self._logs.append(f"[{entry.get('level')}] vm {entry.get('vm')}: {entry.get('message')}")
 
-    def log_text(self) -> str:
-        """The module's log lines so far (`[level] vm N: message`), then wasm-host's stderr."""
-        with contextlib.suppress(HarnessError):
-            self._collect_logs()
+    def log_text(self, collect: bool = True) -> str:
+        """The module's log lines so far (`[level] vm N: message`; with `collect`, asked from wasm-host
+        first), then wasm-host's stderr."""
+        if collect:
+            with contextlib.suppress(HarnessError):
+                self._collect_logs()
         stderr = ""
         with contextlib.suppress(FileNotFoundError):
             stderr = self.err_path.read_text(errors="replace")
         return "\n".join(self._logs + ([stderr] if stderr else []))
 
-    def log_tail(self, lines: int = 40) -> str:
-        return "\n".join(line[:300] for line in self.log_text().splitlines()[-lines:])
+    def log_tail(self, lines: int = 40, collect: bool = True) -> str:
+        return "\n".join(line[:300] for line in self.log_text(collect).splitlines()[-lines:])
 
     def log_excerpt(self, last: int = 20) -> str:
         """What helps after a failure (conftest prints it as it does Envoy's): the last log lines and the

@@ -1,14 +1,14 @@
-//! A real `redis-server` per test: started on a free loopback port, ready once it answers `PING` (bounded
-//! wait), stopped by PID when the fixture is dropped, also when the test panics. Plus the two ways the tests
-//! talk to it: [`ScriptClient`] sends the crate's own commands as their RESP bytes and decodes the replies
-//! with the crate's decoder (what the host-redis transport does), and [`RedisServer::inspector`] is a
-//! `redis` crate connection for reading and ageing keys independently of the crate under test.
+//! A real `redis-server` per test, started by the shared test support crate (`erl-test-support`: a free
+//! loopback port, ready once it answers `PING` within a bounded wait, stopped by PID when the fixture is
+//! dropped, also when the test panics). Plus the two ways the tests talk to it: [`ScriptClient`] sends the
+//! crate's own commands as their RESP bytes and decodes the replies with the crate's decoder (what the
+//! host-redis transport does), and [`RedisServer::inspector`] is a `redis` crate connection for reading and
+//! ageing keys independently of the crate under test.
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command as Process, Stdio};
-use std::time::{Duration, Instant};
+use std::net::TcpStream;
+use std::time::Duration;
 
 use edge_rate_limiter::key::LimiterKeys;
 use edge_rate_limiter::resp::{decode_reply, Command, Reply, RespError};
@@ -16,80 +16,34 @@ use edge_rate_limiter::script::{Invocation, Script};
 use redis::io::tcp::TcpSettings;
 use redis::IntoConnectionInfo;
 
-/// How long a server may take to answer its first `PING`.
-const START_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a reply may take before the test calls it a hang.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A `redis-server` child process (Redis 7.0 from Debian: Lua 5.1 with `struct`), no persistence.
-pub struct RedisServer {
-    child: Child,
-    port: u16,
-}
+/// The support crate's `redis-server` (Redis 7.0 from Debian: Lua 5.1 with `struct`), no persistence, with
+/// the parity tests' two clients.
+pub struct RedisServer(erl_test_support::RedisServer);
 
 impl RedisServer {
     /// Starts a server on a free loopback port and waits until it answers `PING`.
     ///
     /// # Panics
-    /// When no server comes up within [`START_TIMEOUT`] (after a few port attempts).
+    /// When no server comes up (`redis-server` missing, or no answer on 5 free ports within 10 s each).
     pub fn start() -> Self {
-        for _attempt in 0..5 {
-            // The kernel picks a free port; the listener is closed before Redis binds it (a small race,
-            // hence the attempts).
-            let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap();
-            let child = Process::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-                .args(["--dir", &std::env::temp_dir().to_string_lossy()])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("redis-server must be installed (Debian package redis-server)");
-            let mut server = RedisServer { child, port };
-            if server.wait_for_ping() {
-                return server;
-            }
-            // Dropping `server` stops the child.
-        }
-        panic!("redis-server did not answer PING on any of 5 free ports within {START_TIMEOUT:?}");
-    }
-
-    fn wait_for_ping(&mut self) -> bool {
-        let deadline = Instant::now() + START_TIMEOUT;
-        while Instant::now() < deadline {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
-                return false; // exited: most likely the port was taken meanwhile
-            }
-            if let Ok(mut client) = ScriptClient::connect(self.port) {
-                if client.call(&Command::new("PING")) == Reply::Simple(b"PONG".to_vec()) {
-                    return true;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        false
+        RedisServer(erl_test_support::RedisServer::start().expect("start a test redis-server"))
     }
 
     /// A client for the crate's commands.
     pub fn script_client(&self) -> ScriptClient {
-        ScriptClient::connect(self.port).expect("connect to the test redis-server")
+        ScriptClient::connect(self.0.port()).expect("connect to the test redis-server")
     }
 
     /// A `redis` crate connection (TCP_NODELAY) for reading and writing keys directly.
     pub fn inspector(&self) -> redis::Connection {
-        let info = format!("redis://127.0.0.1:{}/", self.port)
+        let info = format!("redis://127.0.0.1:{}/", self.0.port())
             .into_connection_info()
             .unwrap()
             .set_tcp_settings(TcpSettings::default().set_nodelay(true));
         redis::Client::open(info).unwrap().get_connection().unwrap()
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        // `Child::kill` signals this child's PID only (SIGKILL: no persistence to flush).
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -42,6 +42,28 @@ impl Status {
 /// The result of a hostcall that writes its answers into guest memory: an error is the status to return.
 pub type HostcallResult = Result<(), Status>;
 
+/// Why a hostcall body ended before its end: a status for the guest (not Ok), or a trap (e.g. inside the
+/// guest's allocator) that fails the VM. `?` turns a [`Status`] or a wasmtime error into one.
+#[derive(Debug)]
+pub enum Stop {
+    /// Answer this status.
+    Status(Status),
+    /// Trap: the hostcall returns the error to wasmtime, which fails the guest call.
+    Trap(wasmtime::Error),
+}
+
+impl From<Status> for Stop {
+    fn from(status: Status) -> Self {
+        Stop::Status(status)
+    }
+}
+
+impl From<wasmtime::Error> for Stop {
+    fn from(error: wasmtime::Error) -> Self {
+        Stop::Trap(error)
+    }
+}
+
 /// Collapses a hostcall result into the status the guest sees.
 pub fn status_of(result: HostcallResult) -> u32 {
     match result {

@@ -24,6 +24,7 @@ use wasmtime::{Config, Engine, Instance, Linker, Module, Store, TypedFunc, WasmP
 use crate::abi::{AbiVersion, LogLevel};
 use crate::error::HostError;
 use crate::exchange::{Cost, Outcome, RequestSpec};
+use crate::faults::{CallKind, Fate, Faults, MISROUTE_OFFSET};
 use crate::shared::{lock, LogLine, LogSource, MetricValue, Shared};
 use crate::stream::StreamRun;
 use crate::vm::{Context, Event, Setup, UpstreamSpec, VmState};
@@ -39,6 +40,8 @@ pub struct HostBuilder {
     echo_logs: bool,
     pause_deadline: Duration,
     fuel_per_call: u64,
+    faults: Faults,
+    clock_offset: Duration,
 }
 
 #[derive(Clone, Debug)]
@@ -81,6 +84,8 @@ impl HostBuilder {
             echo_logs: false,
             pause_deadline: Duration::from_secs(5),
             fuel_per_call: 5_000_000_000,
+            faults: Faults::NONE,
+            clock_offset: Duration::ZERO,
         }
     }
 
@@ -189,6 +194,20 @@ impl HostBuilder {
         self
     }
 
+    /// Faults to inject from the start (default none; see [`crate::faults`]); [`Host::set_faults`] changes
+    /// them later.
+    pub fn faults(self, faults: Faults) -> Self {
+        HostBuilder { faults, ..self }
+    }
+
+    /// Starts the guest's wall clock this far ahead of real time (default 0): `proxy_get_current_time_nanoseconds`
+    /// and WASI `clock_time_get` for the realtime clock answer real time plus the offset. The monotonic
+    /// clock, tick delivery, pause deadlines and call timeouts stay on real time. [`Host::advance_clock`]
+    /// moves it further.
+    pub fn clock_offset(self, clock_offset: Duration) -> Self {
+        HostBuilder { clock_offset, ..self }
+    }
+
     /// Compiles the module, checks its imports and ABI, and starts every VM.
     ///
     /// # Errors
@@ -215,6 +234,8 @@ impl HostBuilder {
         check_imports(&module, &linker)?;
 
         let shared = Shared::new(self.log_level, self.echo_logs);
+        *lock(&shared.faults) = self.faults;
+        shared.advance_clock(self.clock_offset);
         let setup = Arc::new(self.setup);
         let (sender, receiver) = mpsc::channel();
         let mut host = Host {
@@ -474,6 +495,36 @@ impl Host {
         lock(&self.shared.data).get(key.as_bytes()).ok()
     }
 
+    /// The faults in force now (with the refusals of `proxy_set_effective_context` still to come).
+    pub fn faults(&self) -> Faults {
+        *lock(&self.shared.faults)
+    }
+
+    /// Replaces the faults in force (all VMs; see [`crate::faults`]). A change is logged by the host (debug).
+    pub fn set_faults(&mut self, faults: Faults) {
+        *lock(&self.shared.faults) = faults;
+        self.shared.log(None, LogLevel::Debug, 0, LogSource::Host, format!("faults now {faults:?}"));
+    }
+
+    /// How far the guest's wall clock is ahead of real time ([`HostBuilder::clock_offset`]).
+    pub fn clock_offset(&self) -> Duration {
+        self.shared.clock_offset()
+    }
+
+    /// Moves the guest's wall clock ahead by `by` at once (as an NTP step would); returns the total offset.
+    /// Only what the guest reads as the time changes: ticks, deadlines and timeouts stay on real time.
+    pub fn advance_clock(&mut self, by: Duration) -> Duration {
+        let total = self.shared.advance_clock(by);
+        self.shared.log(
+            None,
+            LogLevel::Debug,
+            0,
+            LogSource::Host,
+            format!("guest clock advanced by {by:?} to +{total:?}"),
+        );
+        total
+    }
+
     /// Fuel each VM spent outside any request (start, configuration, ticks, callbacks of ended streams).
     pub fn background_fuel(&self) -> Vec<u64> {
         self.vms.iter().map(|vm| vm.background_fuel).collect()
@@ -690,8 +741,8 @@ impl Host {
     fn dispatch(&mut self, event: Event) {
         match event {
             Event::HttpCall { vm, token, response } => {
+                let Some((token, owner)) = self.claim(vm, token, CallKind::Http) else { return };
                 let Some(v) = self.vms.get_mut(vm) else { return };
-                let owner = v.store.data_mut().token_owner.remove(&token).flatten();
                 let root = v.store.data().root_id;
                 let Some(f) = v.exports.on_http_call_response.clone() else { return };
                 let (headers, body, trailers) = (
@@ -707,8 +758,8 @@ impl Host {
                 self.after_call(vm);
             }
             Event::Redis { vm, token, status, reply } => {
+                let Some((token, owner)) = self.claim(vm, token, CallKind::Redis) else { return };
                 let Some(v) = self.vms.get_mut(vm) else { return };
-                let owner = v.store.data_mut().token_owner.remove(&token).flatten();
                 let root = v.store.data().root_id;
                 let Some(f) = v.exports.on_redis_call_response.clone() else {
                     self.shared.log(
@@ -734,6 +785,25 @@ impl Host {
                 self.after_call(vm);
             }
         }
+    }
+
+    /// Takes a finished call off the VM's pending calls: the token to deliver its reply with and the stream
+    /// it was made for, or `None` if the reply is dropped (a fault). Faults are logged.
+    fn claim(&mut self, vm: usize, token: u32, kind: CallKind) -> Option<(u32, Option<u32>)> {
+        let call = self.with_state(vm, |s| s.calls.remove(&token)).flatten();
+        let (owner, fate) = call.map_or((None, Fate::Deliver), |c| (c.owner, c.fate));
+        let what = kind.reply_name();
+        let (delivered, note) = match fate {
+            Fate::Deliver => return Some((token, owner)),
+            Fate::Drop => (None, format!("fault: the {what} to call {token} is dropped")),
+            Fate::Misroute => {
+                let wrong = token.wrapping_add(MISROUTE_OFFSET);
+                (Some((wrong, owner)), format!("fault: the {what} to call {token} is delivered with token {wrong}"))
+            }
+        };
+        let root = self.vms.get(vm).map_or(0, |v| v.store.data().root_id);
+        self.shared.log(Some(vm), LogLevel::Debug, root, LogSource::Host, note);
+        delivered
     }
 
     /// A new connection id for a stream (the `connection_id` property).

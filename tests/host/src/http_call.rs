@@ -21,6 +21,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use crate::abi::Status;
+use crate::faults::CallKind;
 use crate::vm::{CallResponse, Event, Pairs, VmState};
 
 const CONNECT_FAILURE: &str =
@@ -51,7 +52,7 @@ pub fn start(
     let timeout = if timeout_ms > 0 { Some(Duration::from_millis(u64::from(timeout_ms))) } else { None };
     let limit = timeout.unwrap_or(state.setup.http_call_max);
     let owner = state.owner_stream();
-    let token = state.allocate_token(owner);
+    let token = state.allocate_token(owner, CallKind::Http);
     if let Some(stream) = owner.and_then(|id| state.stream_by_id(id)) {
         stream.http_calls += 1;
     }
@@ -62,7 +63,7 @@ pub fn start(
         let _ = events.send(Event::HttpCall { vm, token, response });
     });
     if spawned.is_err() {
-        state.token_owner.remove(&token);
+        state.calls.remove(&token);
         return Err(Status::InternalFailure);
     }
     Ok(token)
@@ -148,52 +149,20 @@ fn exchange(
     stream.write_all(&request).map_err(|e| io_failure(&e, true))?;
 
     let mut buffer = Vec::new();
-    let mut chunk = [0u8; 16 * 1024];
-    let (status, response_headers, head_len) = loop {
-        if let Some(head) = parse_head(&buffer)? {
-            break head;
-        }
-        let n = read_some(&mut stream, &mut chunk, deadline, true)?;
-        if n == 0 {
-            return Err(Failure::ClosedBeforeHeaders);
-        }
-        buffer.extend_from_slice(chunk.get(..n).unwrap_or_default());
-    };
+    let (status, response_headers, head_len) =
+        read_until(&mut stream, &mut buffer, deadline, true, |b, _| parse_head(b))?;
     let mut rest = buffer.split_off(head_len);
     let find = |name: &[u8]| response_headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
     let no_body = status < 200 || status == 204 || status == 304;
     let body = if no_body {
         Vec::new()
     } else if find(b"transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case(b"chunked")) {
-        loop {
-            if let Some(decoded) = dechunk(&rest)? {
-                break decoded;
-            }
-            let n = read_some(&mut stream, &mut chunk, deadline, false)?;
-            if n == 0 {
-                return Err(Failure::ResetAfterHeaders);
-            }
-            rest.extend_from_slice(chunk.get(..n).unwrap_or_default());
-        }
+        read_until(&mut stream, &mut rest, deadline, false, |b, _| dechunk(b))?
     } else if let Some(length) = find(b"content-length") {
         let length: usize = String::from_utf8_lossy(&length).trim().parse().map_err(|_| Failure::ResetAfterHeaders)?;
-        while rest.len() < length {
-            let n = read_some(&mut stream, &mut chunk, deadline, false)?;
-            if n == 0 {
-                return Err(Failure::ResetAfterHeaders);
-            }
-            rest.extend_from_slice(chunk.get(..n).unwrap_or_default());
-        }
-        rest.truncate(length);
-        rest
+        read_until(&mut stream, &mut rest, deadline, false, |b, _| Ok(b.get(..length).map(<[u8]>::to_vec)))?
     } else {
-        loop {
-            let n = read_some(&mut stream, &mut chunk, deadline, false)?;
-            if n == 0 {
-                break rest;
-            }
-            rest.extend_from_slice(chunk.get(..n).unwrap_or_default());
-        }
+        read_until(&mut stream, &mut rest, deadline, false, |b, closed| Ok(closed.then(|| b.to_vec())))?
     };
     // Connection-specific headers are not forwarded by Envoy's codec.
     let response_headers = response_headers
@@ -201,6 +170,30 @@ fn exchange(
         .filter(|(k, _)| !matches!(k.as_slice(), b"connection" | b"keep-alive" | b"transfer-encoding"))
         .collect();
     Ok((status, response_headers, body))
+}
+
+/// Reads into `buffer` until `ready` (shown the bytes so far and whether the peer closed) answers; a
+/// close it does not accept fails before or after the headers.
+fn read_until<T>(
+    stream: &mut TcpStream,
+    buffer: &mut Vec<u8>,
+    deadline: Instant,
+    before_headers: bool,
+    mut ready: impl FnMut(&[u8], bool) -> Result<Option<T>, Failure>,
+) -> Result<T, Failure> {
+    let mut chunk = [0u8; 16 * 1024];
+    let mut closed = false;
+    loop {
+        if let Some(done) = ready(buffer, closed)? {
+            return Ok(done);
+        }
+        if closed {
+            return Err(if before_headers { Failure::ClosedBeforeHeaders } else { Failure::ResetAfterHeaders });
+        }
+        let n = read_some(stream, &mut chunk, deadline, before_headers)?;
+        closed = n == 0;
+        buffer.extend_from_slice(chunk.get(..n).unwrap_or_default());
+    }
 }
 
 fn read_some(

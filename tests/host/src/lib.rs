@@ -29,7 +29,10 @@
 //! - [`http_call`]: `proxy_http_call` over real HTTP/1.1, with Envoy's synthesized 503/504.
 //! - [`redis`]: Higress's `proxy_redis_init`/`proxy_redis_call` over real Redis connections.
 //! - [`properties`]: `proxy_get_property` attributes, encoded as Envoy encodes them.
-//! - [`shared`]: what VMs share: shared data (CAS), queues, metrics, the log.
+//! - [`shared`]: what VMs share: shared data (CAS), queues, metrics, the log, the faults in force and the
+//!   guest's clock offset.
+//! - [`faults`]: [`Faults`], misbehaviour injected on purpose (refused `proxy_set_effective_context`,
+//!   dropped or misrouted replies), off by default.
 //! - [`memory`]: bounds-checked guest memory and guest allocation.
 //! - [`abi`]: status codes, enums and wire formats of the ABI.
 //! - [`summary`]: distributions for reports (mean, p50, p99).
@@ -44,6 +47,7 @@
 pub mod abi;
 pub mod error;
 pub mod exchange;
+pub mod faults;
 pub mod host;
 pub mod hostcalls;
 pub mod http_call;
@@ -59,5 +63,6 @@ pub mod wasi;
 pub use abi::LogLevel;
 pub use error::HostError;
 pub use exchange::{header, Cost, Headers, Outcome, RequestSpec};
+pub use faults::Faults;
 pub use host::{Host, HostBuilder};
 pub use shared::{LogLine, LogSource, MetricKind, MetricValue};

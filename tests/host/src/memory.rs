@@ -4,7 +4,7 @@
 
 use wasmtime::Caller;
 
-use crate::abi::Status;
+use crate::abi::{Status, Stop};
 use crate::vm::VmState;
 
 /// Reads `len` bytes at `ptr`.
@@ -40,32 +40,17 @@ pub fn write_u64(caller: &mut Caller<'_, VmState>, ptr: u32, value: u64) -> Resu
 /// SDK reads as "none").
 ///
 /// # Errors
-/// `InvalidMemoryAccess` for a bad pointer or a failed allocation; a trap inside the guest's allocator is
-/// returned as `Err(Err(trap))` so the hostcall can fail the VM.
-pub fn copy_out(
-    caller: &mut Caller<'_, VmState>,
-    bytes: &[u8],
-    ptr_ptr: u32,
-    size_ptr: u32,
-) -> Result<Result<(), Status>, wasmtime::Error> {
-    let size = match u32::try_from(bytes.len()) {
-        Ok(size) => size,
-        Err(_) => return Ok(Err(Status::InvalidMemoryAccess)),
-    };
+/// [`Stop::Status`] `InvalidMemoryAccess` for a bad pointer or a failed allocation; [`Stop::Trap`] for a
+/// trap inside the guest's allocator, so that the hostcall fails the VM.
+pub fn copy_out(caller: &mut Caller<'_, VmState>, bytes: &[u8], ptr_ptr: u32, size_ptr: u32) -> Result<(), Stop> {
+    let size = u32::try_from(bytes.len()).map_err(|_| Status::InvalidMemoryAccess)?;
     let mut address = 0;
     if size > 0 {
-        address = match allocate(caller, size)? {
-            Some(address) => address,
-            None => return Ok(Err(Status::InvalidMemoryAccess)),
-        };
-        if let Err(status) = write(caller, address, bytes) {
-            return Ok(Err(status));
-        }
+        address = allocate(caller, size)?.ok_or(Status::InvalidMemoryAccess)?;
+        write(caller, address, bytes)?;
     }
-    if let Err(status) = write_u32(caller, ptr_ptr, address) {
-        return Ok(Err(status));
-    }
-    Ok(write_u32(caller, size_ptr, size))
+    write_u32(caller, ptr_ptr, address)?;
+    Ok(write_u32(caller, size_ptr, size)?)
 }
 
 /// Allocates `size` bytes in the guest; `None` if the allocator returned 0 or there is none.

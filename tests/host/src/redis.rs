@@ -29,11 +29,12 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use wasmtime::{Caller, Linker};
+use wasmtime::Linker;
 
-use crate::abi::{status_of, LogLevel, Status};
-use crate::hostcalls::check_allowed;
-use crate::memory::{read, write_u32};
+use crate::abi::{LogLevel, Status};
+use crate::faults::CallKind;
+use crate::hostcalls::{link_hostcall, start_call};
+use crate::memory::read;
 use crate::shared::{lock, LogSource};
 use crate::vm::{Event, VmState};
 
@@ -275,8 +276,8 @@ impl RedisClients {
         username: Vec<u8>,
         password: Vec<u8>,
         timeout: Duration,
-    ) -> Status {
-        let Some(address) = state_clusters.get(&service.cluster) else { return Status::BadArgument };
+    ) -> Result<(), Status> {
+        let address = state_clusters.get(&service.cluster).ok_or(Status::BadArgument)?;
         let settings = Settings { address: *address, username, password, db: service.db.clone(), timeout };
         match self.clients.get_mut(&service.cluster) {
             Some(client) if client.settings == settings => {}
@@ -290,66 +291,28 @@ impl RedisClients {
                 self.clients.insert(service.cluster.clone(), Client { settings, connection: None });
             }
         }
-        Status::Ok
+        Ok(())
     }
 }
 
 /// Adds `proxy_redis_init` and `proxy_redis_call`.
 pub fn link(linker: &mut Linker<VmState>) -> wasmtime::Result<()> {
-    linker.func_wrap(
-        "env",
-        "proxy_redis_init",
-        |mut c: Caller<'_, VmState>,
-         service_ptr: u32,
-         service_size: u32,
-         username_ptr: u32,
-         username_size: u32,
-         password_ptr: u32,
-         password_size: u32,
-         timeout_ms: u32| {
-            check_allowed(&c, "proxy_redis_init")?;
-            let read_all = (
-                read(&mut c, service_ptr, service_size),
-                read(&mut c, username_ptr, username_size),
-                read(&mut c, password_ptr, password_size),
-            );
-            let (Ok(service), Ok(username), Ok(password)) = read_all else {
-                return Ok(Status::InvalidMemoryAccess.code());
-            };
-            let service = Service::parse(&String::from_utf8_lossy(&service));
-            let state = c.data_mut();
-            let clusters = state.setup.clusters.clone();
-            let timeout = Duration::from_millis(u64::from(timeout_ms));
-            let status = state.redis.init(&clusters, &service, username, password, timeout);
-            Ok(status.code())
-        },
-    )?;
-    linker.func_wrap(
-        "env",
-        "proxy_redis_call",
-        |mut c: Caller<'_, VmState>,
-         service_ptr: u32,
-         service_size: u32,
-         query_ptr: u32,
-         query_size: u32,
-         token_ptr: u32| {
-            check_allowed(&c, "proxy_redis_call")?;
-            let (Ok(service), Ok(query)) =
-                (read(&mut c, service_ptr, service_size), read(&mut c, query_ptr, query_size))
-            else {
-                return Ok(Status::InvalidMemoryAccess.code());
-            };
-            if let Err(status) = write_u32(&mut c, token_ptr, 0) {
-                return Ok(status.code());
-            }
-            let service = Service::parse(&String::from_utf8_lossy(&service));
-            let token = match call(c.data_mut(), &service, &query) {
-                Ok(token) => token,
-                Err(status) => return Ok(status.code()),
-            };
-            Ok(status_of(write_u32(&mut c, token_ptr, token)))
-        },
-    )?;
+    link_hostcall!(linker, fn proxy_redis_init(c, service_ptr: u32, service_size: u32, username_ptr: u32,
+            username_size: u32, password_ptr: u32, password_size: u32, timeout_ms: u32) {
+        let service = Service::parse(&String::from_utf8_lossy(&read(c, service_ptr, service_size)?));
+        let username = read(c, username_ptr, username_size)?;
+        let password = read(c, password_ptr, password_size)?;
+        let state = c.data_mut();
+        let clusters = state.setup.clusters.clone();
+        let timeout = Duration::from_millis(u64::from(timeout_ms));
+        Ok(state.redis.init(&clusters, &service, username, password, timeout)?)
+    });
+    link_hostcall!(linker, fn proxy_redis_call(c, service_ptr: u32, service_size: u32, query_ptr: u32, query_size: u32,
+            token_ptr: u32) {
+        let service = Service::parse(&String::from_utf8_lossy(&read(c, service_ptr, service_size)?));
+        let query = read(c, query_ptr, query_size)?;
+        start_call(c, token_ptr, |state| call(state, &service, &query))
+    });
     Ok(())
 }
 
@@ -359,7 +322,7 @@ fn call(state: &mut VmState, service: &Service, query: &[u8]) -> Result<u32, Sta
         return Err(Status::BadArgument);
     }
     let owner = state.owner_stream();
-    let token = state.allocate_token(owner);
+    let token = state.allocate_token(owner, CallKind::Redis);
     if let Some(stream) = owner.and_then(|id| state.stream_by_id(id)) {
         stream.redis_calls += 1;
     }

@@ -6,10 +6,12 @@
 //! `getMetric`), all checked with `probe/` in Envoy 1.40 (`probe/envoy-1.40-observed.txt`).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::abi::{LogLevel, Status};
+use crate::faults::Faults;
 
 /// Locks a mutex, ignoring poisoning (a panic elsewhere must not hide the state from the report).
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -229,6 +231,11 @@ impl Metrics {
     }
 }
 
+/// A duration in whole nanoseconds, `u64::MAX` if it does not fit (after the year 2554).
+pub fn saturating_ns(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// Who wrote a log line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -275,6 +282,10 @@ pub struct Shared {
     pub echo_logs: bool,
     /// When the host was built.
     pub started: Instant,
+    /// The faults in force ([`crate::faults`]).
+    pub faults: Mutex<Faults>,
+    /// How far the guest's wall clock is ahead of real time, in nanoseconds ([`Shared::guest_time_ns`]).
+    pub clock_offset_ns: AtomicU64,
 }
 
 impl Shared {
@@ -288,7 +299,31 @@ impl Shared {
             log_level,
             echo_logs,
             started: Instant::now(),
+            faults: Mutex::new(Faults::NONE),
+            clock_offset_ns: AtomicU64::new(0),
         })
+    }
+
+    /// The guest's wall clock: real time (`SystemTime`) plus the clock offset, in nanoseconds since the
+    /// Unix epoch (what `proxy_get_current_time_nanoseconds` and WASI's realtime clock answer).
+    pub fn guest_time_ns(&self) -> u64 {
+        let real = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, saturating_ns);
+        real.saturating_add(self.clock_offset_ns.load(Ordering::SeqCst))
+    }
+
+    /// The clock offset.
+    pub fn clock_offset(&self) -> Duration {
+        Duration::from_nanos(self.clock_offset_ns.load(Ordering::SeqCst))
+    }
+
+    /// Moves the guest's wall clock ahead by `by` (saturating); the new total offset.
+    pub fn advance_clock(&self, by: Duration) -> Duration {
+        let by = saturating_ns(by);
+        let previous = self
+            .clock_offset_ns
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |offset| Some(offset.saturating_add(by)))
+            .unwrap_or_else(|offset| offset);
+        Duration::from_nanos(previous.saturating_add(by))
     }
 
     /// Appends a log line (dropped below the log level, except the host's own lines).

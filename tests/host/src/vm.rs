@@ -21,10 +21,11 @@ use std::time::Duration;
 
 use wasmtime::{Memory, TypedFunc};
 
-use crate::abi::{AbiVersion, LogLevel, MapType, StreamType};
+use crate::abi::{AbiVersion, LogLevel, MapType, Status, StreamType};
 use crate::exchange::Headers;
+use crate::faults::{CallKind, PendingCall};
 use crate::redis::RedisClients;
-use crate::shared::{LogSource, Shared};
+use crate::shared::{lock, LogSource, Shared};
 
 /// Header pairs as bytes (names lowercase).
 pub type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
@@ -270,8 +271,9 @@ pub struct VmState {
     /// The Redis reply of the callback running now (buffer type 9).
     pub redis_reply: Option<Vec<u8>>,
     next_token: u32,
-    /// Which stream made each pending call (fuel and call counts are charged to it).
-    pub token_owner: HashMap<u32, Option<u32>>,
+    /// The pending HTTP and Redis calls by token: which stream made each (fuel and call counts are charged
+    /// to it) and what happens to its reply ([`crate::faults`]).
+    pub calls: HashMap<u32, PendingCall>,
     /// The tick period set by the root context (`None`: no ticks).
     pub tick_period: Option<Duration>,
     /// The tick period changed during the current call.
@@ -308,7 +310,7 @@ impl VmState {
             call_response: None,
             redis_reply: None,
             next_token: 1,
-            token_owner: HashMap::new(),
+            calls: HashMap::new(),
             tick_period: None,
             tick_changed: false,
             metric_ids: HashMap::new(),
@@ -324,11 +326,13 @@ impl VmState {
         id
     }
 
-    /// Allocates a call token (HTTP and Redis calls share one sequence, so tokens are unique per VM).
-    pub fn allocate_token(&mut self, owner: Option<u32>) -> u32 {
+    /// Allocates a call token (HTTP and Redis calls share one sequence, so tokens are unique per VM) for a
+    /// call made now for `owner`; the faults in force decide what happens to its reply.
+    pub fn allocate_token(&mut self, owner: Option<u32>, kind: CallKind) -> u32 {
         let token = self.next_token;
         self.next_token = self.next_token.wrapping_add(1).max(1);
-        self.token_owner.insert(token, owner);
+        let fate = lock(&self.shared.faults).fate(kind);
+        self.calls.insert(token, PendingCall { owner, kind, fate });
         token
     }
 
@@ -384,21 +388,24 @@ impl VmState {
         }
     }
 
-    /// The header map a hostcall may read now: `Err(true)` if the map is not available (BadArgument),
-    /// `Err(false)` if it is absent in the access-log phase (NotFound). Envoy `getConstMap`.
-    pub fn readable_map(&self, map: MapType) -> Result<&Pairs, bool> {
+    /// The header map a hostcall may read now (Envoy `getConstMap`).
+    ///
+    /// # Errors
+    /// BadArgument if the map is not available now, NotFound if it is absent in the access-log phase.
+    pub fn readable_map(&self, map: MapType) -> Result<&Pairs, Status> {
+        let call_response = self.call_response.as_ref().ok_or(Status::BadArgument);
         match map {
-            MapType::HttpCallResponseHeaders => return self.call_response.as_ref().map(|r| &r.headers).ok_or(true),
-            MapType::HttpCallResponseTrailers => return self.call_response.as_ref().map(|r| &r.trailers).ok_or(true),
+            MapType::HttpCallResponseHeaders => return call_response.map(|r| &r.headers),
+            MapType::HttpCallResponseTrailers => return call_response.map(|r| &r.trailers),
             _ => {}
         }
-        let Some(stream) = self.stream() else { return Err(true) };
+        let stream = self.stream().ok_or(Status::BadArgument)?;
         let log = stream.access_log_phase;
         match map {
             MapType::RequestHeaders if stream.request_headers_open || log => Ok(&stream.request_headers),
             MapType::ResponseHeaders if stream.response_headers_open || log => Ok(&stream.response_headers),
-            _ if log => Err(false),
-            _ => Err(true),
+            _ if log => Err(Status::NotFound),
+            _ => Err(Status::BadArgument),
         }
     }
 

@@ -2,7 +2,8 @@
 //! implemented as proxy-wasm-cpp-host does (`src/exports.cc`, `FOR_ALL_WASI_FUNCTIONS`): `fd_write` to
 //! stdout/stderr becomes a log line (info/error, one trailing newline removed), other descriptors EBADF;
 //! `fd_read` ENOSYS; `fd_seek`/`fd_close` succeed and do nothing; `fd_fdstat_get` only for 1 and 2;
-//! no environment (Envoy's default) and no arguments; `clock_time_get` realtime and monotonic only;
+//! no environment (Envoy's default) and no arguments; `clock_time_get` realtime (plus the host's clock
+//! offset, [`crate::HostBuilder::clock_offset`]) and monotonic (real) only;
 //! `random_get` up to 64 KiB; `proc_exit` only logs (it does not trap: the guest's following `unreachable`
 //! does); `path_open` ENOENT; `fd_prestat_get` EBADF (no preopens); `fd_prestat_dir_name` ENOSYS.
 //!
@@ -15,8 +16,9 @@ use std::time::Instant;
 use wasmtime::{Caller, Linker};
 
 use crate::abi::{errno, LogLevel};
+use crate::hostcalls::check_restricted;
 use crate::memory::{read, write, write_u32, write_u64};
-use crate::shared::LogSource;
+use crate::shared::{saturating_ns, LogSource};
 use crate::vm::VmState;
 
 type Call<'a> = Caller<'a, VmState>;
@@ -38,12 +40,16 @@ const ALLOWED_WHILE_STARTING: &[&str] = &[
 ];
 
 fn check(c: &Call<'_>, name: &str) -> wasmtime::Result<()> {
-    if c.data().starting && !ALLOWED_WHILE_STARTING.contains(&name) {
-        return Err(wasmtime::Error::msg(format!(
-            "restricted_callback: {name} cannot be called while the VM starts (_initialize/main)"
-        )));
+    check_restricted(c, name, ALLOWED_WHILE_STARTING)
+}
+
+/// `environ_sizes_get` / `args_sizes_get`: no environment and no arguments (0 entries, 0 bytes).
+fn no_sizes(c: &mut Call<'_>, name: &str, count_ptr: u32, size_ptr: u32) -> wasmtime::Result<u32> {
+    check(c, name)?;
+    if write_u32(c, count_ptr, 0).is_err() {
+        return Ok(errno::FAULT);
     }
-    Ok(())
+    Ok(errno_of(write_u32(c, size_ptr, 0)))
 }
 
 fn errno_of<T>(result: Result<T, crate::abi::Status>) -> u32 {
@@ -56,8 +62,7 @@ fn errno_of<T>(result: Result<T, crate::abi::Status>) -> u32 {
 /// Monotonic nanoseconds (Envoy: its monotonic time source; any fixed origin).
 fn monotonic_ns() -> u64 {
     static ORIGIN: OnceLock<Instant> = OnceLock::new();
-    let origin = ORIGIN.get_or_init(Instant::now);
-    u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    saturating_ns(ORIGIN.get_or_init(Instant::now).elapsed())
 }
 
 /// Adds the WASI functions to both WASI module names.
@@ -128,30 +133,21 @@ fn link_module(linker: &mut Linker<VmState>, m: &str) -> wasmtime::Result<()> {
         Ok(errno::SUCCESS)
     })?;
     linker.func_wrap(m, "environ_sizes_get", |mut c: Call<'_>, count_ptr: u32, size_ptr: u32| {
-        check(&c, "environ_sizes_get")?;
-        if write_u32(&mut c, count_ptr, 0).is_err() {
-            return Ok(errno::FAULT);
-        }
-        Ok(errno_of(write_u32(&mut c, size_ptr, 0)))
+        no_sizes(&mut c, "environ_sizes_get", count_ptr, size_ptr)
     })?;
     linker.func_wrap(m, "args_get", |c: Call<'_>, _argv: u32, _buf: u32| {
         check(&c, "args_get")?;
         Ok(errno::SUCCESS)
     })?;
     linker.func_wrap(m, "args_sizes_get", |mut c: Call<'_>, argc_ptr: u32, size_ptr: u32| {
-        check(&c, "args_sizes_get")?;
-        if write_u32(&mut c, argc_ptr, 0).is_err() {
-            return Ok(errno::FAULT);
-        }
-        Ok(errno_of(write_u32(&mut c, size_ptr, 0)))
+        no_sizes(&mut c, "args_sizes_get", argc_ptr, size_ptr)
     })?;
     linker.func_wrap(m, "clock_time_get", |mut c: Call<'_>, clock: u32, _precision: u64, time_ptr: u32| {
         check(&c, "clock_time_get")?;
         let now = match clock {
-            0 => std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-                .unwrap_or(0),
+            // The guest's wall clock (real time plus the host's clock offset); the monotonic clock stays
+            // real, like the host's own timers (ticks, timeouts).
+            0 => c.data().shared.guest_time_ns(),
             1 => monotonic_ns(),
             _ => return Ok(errno::NOTSUP),
         };

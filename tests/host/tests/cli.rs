@@ -7,7 +7,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{run_with_input, stock_filter, Redis, TempDir, Webdis};
+use common::{effective_context_module, run_with_input, stock_filter, RedisServer, TempDir, Webdis};
 use serde_json::{json, Value};
 
 fn wasm_host() -> Command {
@@ -15,7 +15,7 @@ fn wasm_host() -> Command {
 }
 
 fn write_config(dir: &TempDir, rate: u64) -> std::path::PathBuf {
-    let path = dir.0.join("config.json");
+    let path = dir.path().join("config.json");
     let config = json!({
         "redis": {"cluster": "webdis", "timeout": "500ms"},
         "rules": [{"name": "per-user", "limit_by": {"header": "x-user-id"}, "rate": rate, "interval": "1m"}],
@@ -26,9 +26,9 @@ fn write_config(dir: &TempDir, rate: u64) -> std::path::PathBuf {
 
 #[test]
 fn serve_answers_a_json_line_per_request_and_control_line() {
-    let redis = Redis::start();
-    let webdis = Webdis::start(&redis);
-    let dir = TempDir::new("cli-serve");
+    let redis = RedisServer::start().unwrap();
+    let webdis = Webdis::start(&redis).unwrap();
+    let dir = TempDir::new("cli-serve").unwrap();
     let config = write_config(&dir, 3);
     let alice = r#"{"headers": [["x-user-id","alice"]], "source_address": "10.0.0.1:1234", "route_name": "r"}"#;
     let input = format!("{alice}\n{alice}\n{alice}\n{alice}\n{{\"metrics\": true}}\n{{\"logs\": true}}\nnot json\n");
@@ -37,7 +37,7 @@ fn serve_answers_a_json_line_per_request_and_control_line() {
             "--vms",
             "2",
             "--cluster",
-            &format!("webdis=127.0.0.1:{}", webdis.port),
+            &format!("webdis=127.0.0.1:{}", webdis.port()),
         ]),
         input.as_bytes(),
         Duration::from_secs(60),
@@ -66,13 +66,72 @@ fn serve_answers_a_json_line_per_request_and_control_line() {
     assert!(lines[6]["error"].as_str().unwrap().contains("not JSON"));
 }
 
+/// Every line may carry an `id` (any JSON value), echoed in its answer, errors included; the fault flags
+/// and the `faults` / `advance_clock_ms` control lines. The module answers 200 + the status of
+/// `proxy_set_effective_context` on its own stream.
+#[test]
+fn serve_echoes_ids_and_controls_faults_and_the_clock() {
+    let dir = TempDir::new("cli-ids").unwrap();
+    let module = dir.path().join("effective.wasm");
+    std::fs::write(&module, effective_context_module()).unwrap();
+    let input = [
+        r#"{"id": 1, "faults": true}"#,
+        r#"{"id": "a"}"#,
+        r#"{"headers": [["x-user-id", "bob"]], "id": "b"}"#,
+        r#"{"id": [3], "faults": {"refuse_effective_context": 4294967295}}"#,
+        r#"{"id": {"k": 4}, "batch": [{}, {"vm": 0}]}"#,
+        r#"{"id": 5, "faults": {"drop_everything": true}}"#,
+        r#"{"id": 6, "bogus": 1}"#,
+        r#"{"id": 7, "advance_clock_ms": 1500}"#,
+        r#"{"id": null, "faults": {}}"#,
+        r#"{"wait_ms": 1}"#,
+        "not json",
+    ]
+    .join("\n");
+    let (code, stdout, stderr) = run_with_input(
+        wasm_host().args(["serve", "--module"]).arg(&module).args([
+            "--refuse-effective-context",
+            "1",
+            "--misroute-tokens",
+            "--clock-offset-ms",
+            "500",
+        ]),
+        input.as_bytes(),
+        Duration::from_secs(60),
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    let lines: Vec<Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 11, "{stdout}");
+    let faults = |refusals: u32, misroute: bool| {
+        json!({"refuse_effective_context": refusals, "drop_redis_replies": false,
+               "drop_http_call_responses": false, "misroute_tokens": misroute})
+    };
+    assert_eq!(lines[0], json!({"id": 1, "faults": faults(1, true)}), "the flags");
+    assert_eq!((&lines[1]["id"], &lines[1]["status"]), (&json!("a"), &json!(202)), "{}", lines[1]);
+    assert_eq!((&lines[2]["id"], &lines[2]["status"]), (&json!("b"), &json!(200)), "{}", lines[2]);
+    assert_eq!(lines[3], json!({"id": [3], "faults": faults(u32::MAX, false)}), "replaced, not merged");
+    assert_eq!(lines[4]["id"], json!({"k": 4}));
+    assert_eq!(
+        lines[4]["batch"].as_array().unwrap().iter().map(|r| r["status"].clone()).collect::<Vec<_>>(),
+        [202, 202]
+    );
+    assert_eq!(lines[5]["id"], 5);
+    assert!(lines[5]["error"].as_str().unwrap().contains("bad faults"), "{}", lines[5]);
+    assert_eq!(lines[6]["id"], 6);
+    assert!(lines[6]["error"].as_str().unwrap().contains("bad request"), "{}", lines[6]);
+    assert_eq!(lines[7], json!({"id": 7, "clock_offset_ms": 2000}));
+    assert_eq!(lines[8], json!({"id": null, "faults": faults(0, false)}));
+    assert_eq!(lines[9], json!({"waited_ms": 1}), "no id, none echoed");
+    assert!(lines[10]["error"].as_str().unwrap().contains("not JSON") && lines[10].get("id").is_none());
+}
+
 #[test]
 fn replay_prints_a_summary() {
-    let redis = Redis::start();
-    let webdis = Webdis::start(&redis);
-    let dir = TempDir::new("cli-replay");
+    let redis = RedisServer::start().unwrap();
+    let webdis = Webdis::start(&redis).unwrap();
+    let dir = TempDir::new("cli-replay").unwrap();
     let config = write_config(&dir, 3);
-    let requests = dir.0.join("requests.jsonl");
+    let requests = dir.path().join("requests.jsonl");
     let mut text = String::new();
     for user in ["alice", "alice", "alice", "alice", "alice", "bob"] {
         text.push_str(&format!("{{\"headers\": [[\"x-user-id\",\"{user}\"]]}}\n"));
@@ -87,7 +146,7 @@ fn replay_prints_a_summary() {
             .arg(&config)
             .arg("--requests")
             .arg(&requests)
-            .args(["--vms", "2", "--cluster", &format!("webdis=127.0.0.1:{}", webdis.port)]);
+            .args(["--vms", "2", "--cluster", &format!("webdis=127.0.0.1:{}", webdis.port())]);
         if json {
             command.arg("--json");
         }
@@ -100,7 +159,7 @@ fn replay_prints_a_summary() {
     assert!(stdout.contains("fuel (allowed: continued)"), "{stdout}");
     assert!(stdout.contains("fuel (rejected: local reply)"), "{stdout}");
 
-    redis.command(&[b"FLUSHALL"]);
+    redis.command(&[b"FLUSHALL"]).unwrap();
     let (code, stdout, stderr) = run_with_input(&mut args(true), b"", Duration::from_secs(60));
     assert_eq!(code, Some(0), "{stderr}");
     let summary: Value = serde_json::from_str(stdout.trim()).unwrap();
@@ -113,7 +172,7 @@ fn replay_prints_a_summary() {
 
 #[test]
 fn a_refused_configuration_prints_the_module_log_and_exits_2() {
-    let dir = TempDir::new("cli-refused");
+    let dir = TempDir::new("cli-refused").unwrap();
     let config = write_config(&dir, 0);
     let (code, _, stderr) = run_with_input(
         wasm_host().args(["serve", "--module"]).arg(stock_filter()).arg("--config").arg(&config),
@@ -126,8 +185,8 @@ fn a_refused_configuration_prints_the_module_log_and_exits_2() {
 
 #[test]
 fn an_unknown_import_is_an_error_naming_it() {
-    let dir = TempDir::new("cli-import");
-    let module = dir.0.join("bad.wasm");
+    let dir = TempDir::new("cli-import").unwrap();
+    let module = dir.path().join("bad.wasm");
     let wasm = wat::parse_str(format!(r#"(module (import "env" "nonexistent" (func)) {})"#, common::WAT_HEAD)).unwrap();
     std::fs::write(&module, wasm).unwrap();
     let (code, _, stderr) =

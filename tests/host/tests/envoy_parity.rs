@@ -114,14 +114,14 @@ fn the_probe_sees_the_same_host_as_in_envoy() {
     let observed = observed();
     let upstream = PyLikeUpstream::start();
     let hang = Hang::start();
-    let listener_port = free_port();
+    let listener_port = free_port().unwrap();
     let mut host = HostBuilder::new(probe_module())
         .plugin_config("plugin-config")
         .vm_config("vm-config")
         .plugin_names("probe-plugin", "probe_root", "probe_vm")
         .cluster("upstream", addr(upstream.port))
         .cluster("hang", addr(hang.port))
-        .cluster("refused", addr(free_port()))
+        .cluster("refused", addr(free_port().unwrap()))
         .upstream(
             200,
             &[

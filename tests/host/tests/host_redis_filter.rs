@@ -1,6 +1,5 @@
-//! The filter's host-redis build (Redis through Higress's `proxy_redis_call`) against a real Redis, when
-//! the filter has the `host-redis` feature (otherwise the test says so and passes; the extension itself is
-//! covered by `redis_extension.rs`).
+//! The filter's host-redis build (Redis through Higress's `proxy_redis_call`) against a real Redis (the
+//! extension itself is covered by `redis_extension.rs`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 
@@ -8,17 +7,14 @@ mod common;
 
 use std::time::Duration;
 
-use common::{addr, host_redis_filter, Redis};
+use common::{addr, host_redis_filter, RedisServer};
 use proxy_wasm_host::{HostBuilder, Outcome, RequestSpec};
 use serde_json::json;
 
 #[test]
 fn rate_limiting_through_the_host_redis_interface() {
-    let Some(module) = host_redis_filter() else {
-        eprintln!("skipped: the filter has no `host-redis` feature yet");
-        return;
-    };
-    let redis = Redis::start();
+    let module = host_redis_filter();
+    let redis = RedisServer::start().unwrap();
     let config = json!({
         "redis": {"transport": "host", "service_name": "redis.static", "service_port": 6379, "timeout": "500ms", "database": 2},
         "rules": [{"name": "per-user", "limit_by": {"header": "x-user-id"}, "rate": 3, "interval": "1m"}],
@@ -26,7 +22,7 @@ fn rate_limiting_through_the_host_redis_interface() {
     let mut host = HostBuilder::new(module)
         .plugin_config(config.to_string())
         .vms(2)
-        .cluster("outbound|6379||redis.static", addr(redis.port))
+        .cluster("outbound|6379||redis.static", addr(redis.port()))
         .pause_deadline(Duration::from_secs(5))
         .build()
         .unwrap();
@@ -43,5 +39,5 @@ fn rate_limiting_through_the_host_redis_interface() {
     assert!(matches!(rejected, Outcome::LocalReply { status: 429, .. }), "{rejected:?}");
     assert!(rejected.header("retry-after").is_some());
     assert_eq!(rejected.cost().unwrap().redis_calls, 1, "one round trip once the script is loaded");
-    assert_eq!(redis.command_in_db(2, &[b"HGET", b"erl:per-user:alice", b"rate"]), b"$1\r\n3\r\n");
+    assert_eq!(redis.command_in_db(2, &[b"HGET", b"erl:per-user:alice", b"rate"]).unwrap(), b"$1\r\n3\r\n");
 }

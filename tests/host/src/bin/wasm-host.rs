@@ -12,7 +12,14 @@
 //!   "redis_calls": 1, "http_calls": 0, "guest_calls": ..., "elapsed_ms": ..., "vm": 0}`;
 //! - `{"batch": [request, ...]}`: all in flight at once -> `{"batch": [result, ...]}`;
 //! - `{"metrics": true}` -> `{"metrics": {...}}`; `{"logs": true}` -> `{"logs": [...]}` (lines since the
-//!   last such request); `{"wait_ms": 500}` runs the event loop (ticks, late replies) -> `{"waited_ms": 500}`.
+//!   last such request); `{"wait_ms": 500}` runs the event loop (ticks, late replies) -> `{"waited_ms": 500}`;
+//! - `{"faults": {"refuse_effective_context": 3, "drop_redis_replies": true, "drop_http_call_responses":
+//!   false, "misroute_tokens": false}}` replaces the faults in force (omitted ones are off; `{"faults": {}}`
+//!   clears them) -> `{"faults": {...the faults now in force...}}`; `{"faults": true}` only reports them;
+//! - `{"advance_clock_ms": 60000}` moves the guest's wall clock ahead -> `{"clock_offset_ms": <total>}`.
+//!
+//! Every line may carry an `"id"` (any JSON value), echoed in its answer, errors included (a line that is
+//! not JSON has no id to echo), so a client that gave up on an answer can tell a late one from the next.
 //!
 //! `replay` runs every request of a file of such lines (`--concurrency N` at a time) and prints a summary:
 //! outcomes by kind and status, Redis round trips and HTTP calls per request, fuel per allowed and per
@@ -28,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
 use proxy_wasm_host::summary::Distribution;
-use proxy_wasm_host::{Host, HostBuilder, LogLevel, Outcome, RequestSpec};
+use proxy_wasm_host::{Faults, Host, HostBuilder, LogLevel, Outcome, RequestSpec};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -88,6 +95,40 @@ struct Common {
     /// Envoy's fail_open: let requests through when the VM failed.
     #[arg(long)]
     fail_open: bool,
+    /// Start the guest's wall clock this many ms ahead of real time (proxy_get_current_time_nanoseconds,
+    /// WASI realtime clock; ticks and timeouts stay on real time).
+    #[arg(long, default_value_t = 0, value_name = "MS")]
+    clock_offset_ms: u64,
+    #[command(flatten)]
+    faults: FaultArgs,
+}
+
+/// Faults injected on purpose (all off by default; see the library's `faults` module).
+#[derive(Args)]
+struct FaultArgs {
+    /// Fault: proxy_set_effective_context answers BadArgument for the next N calls (4294967295: always).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    refuse_effective_context: u32,
+    /// Fault: Redis calls are made but their replies are never delivered to the guest.
+    #[arg(long)]
+    drop_redis_replies: bool,
+    /// Fault: HTTP calls are made but their responses are never delivered to the guest.
+    #[arg(long)]
+    drop_http_call_responses: bool,
+    /// Fault: replies are delivered with a token the guest was never given (its own + 1000000).
+    #[arg(long)]
+    misroute_tokens: bool,
+}
+
+impl FaultArgs {
+    fn faults(&self) -> Faults {
+        Faults {
+            refuse_effective_context: self.refuse_effective_context,
+            drop_redis_replies: self.drop_redis_replies,
+            drop_http_call_responses: self.drop_http_call_responses,
+            misroute_tokens: self.misroute_tokens,
+        }
+    }
 }
 
 /// One request line (a [`RequestSpec`] plus the VM).
@@ -145,7 +186,9 @@ fn build(common: &Common) -> Result<Host, String> {
         .log_level(parse_level(&common.log_level)?)
         .echo_logs(common.echo_logs)
         .pause_deadline(Duration::from_millis(common.pause_deadline_ms))
-        .fail_open(common.fail_open);
+        .fail_open(common.fail_open)
+        .clock_offset(Duration::from_millis(common.clock_offset_ms))
+        .faults(common.faults.faults());
     if let Some(path) = &common.config {
         let config = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         builder = builder.plugin_config(config);
@@ -186,11 +229,34 @@ fn serve(mut host: Host) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The answer to one input line, with the line's `id` (if any) echoed.
 fn serve_line(host: &mut Host, line: &str, turn: &mut usize) -> Value {
-    let value: Value = match serde_json::from_str(line) {
+    let mut value: Value = match serde_json::from_str(line) {
         Ok(value) => value,
         Err(e) => return json!({"error": format!("not JSON: {e}")}),
     };
+    let id = value.as_object_mut().and_then(|map| map.remove("id"));
+    let mut answer = answer_line(host, value, turn);
+    if let (Some(id), Some(map)) = (id, answer.as_object_mut()) {
+        map.insert("id".into(), id);
+    }
+    answer
+}
+
+fn answer_line(host: &mut Host, value: Value, turn: &mut usize) -> Value {
+    if let Some(faults) = value.get("faults") {
+        if faults != &Value::Bool(true) {
+            match Faults::deserialize(faults) {
+                Ok(faults) => host.set_faults(faults),
+                Err(e) => return json!({"error": format!("bad faults: {e}")}),
+            }
+        }
+        return json!({"faults": host.faults()});
+    }
+    if let Some(ms) = value.get("advance_clock_ms").and_then(Value::as_u64) {
+        let total = host.advance_clock(Duration::from_millis(ms));
+        return json!({"clock_offset_ms": u64::try_from(total.as_millis()).unwrap_or(u64::MAX)});
+    }
     if value.get("metrics").is_some() {
         return json!({"metrics": host.metrics()});
     }
