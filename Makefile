@@ -7,7 +7,9 @@
 #                   (PYTEST_ARGS="-k burst -x" passes arguments to pytest)
 #   make run        build, then Redis + webdis + Envoy + an upstream and a burst (make run RUN_ONCE=1);
 #                   make run HOST=higress: the Higress build in the host emulator, Redis without a bridge
-#   make lint       clippy on the wasm build (warnings are errors) and rustfmt --check
+#   make lint       clippy (warnings are errors) on both wasm builds, the native core and its tests, the host
+#                   emulator, erl-admin and the test support crate; rustfmt --check; no import cycle
+#                   between modules (scripts/check_imports.py)
 #   make bench      build, then benchmarks, each figure next to a baseline measured in the same run (~2 min)
 #   make clean      remove target/ and dist/; make distclean also removes .venv/ and .tools/
 
@@ -49,7 +51,7 @@ dist/edge-rate-limiter-%.wasm: FORCE | setup
 	$(CARGO) build -q --release --target $(WASM_TARGET)$(if $(CARGO_FLAGS_$*), $(CARGO_FLAGS_$*))
 	@$(POSTBUILD) --profile $* $(WASM_BUILT) $@
 
-test: build test-unit test-wasm test-parity test-host test-e2e
+test: build lint test-unit test-wasm test-parity test-host test-e2e
 
 # The hostcall-free core and the operator tool, natively.
 test-unit: setup
@@ -90,8 +92,12 @@ run: build
 	$(PYTHON) scripts/run.py
 
 lint: setup
-	$(CARGO) clippy -q --target $(WASM_TARGET) -- -D warnings
-	$(CARGO) fmt --check
+	$(CARGO) clippy -q --target $(WASM_TARGET) $(CARGO_FLAGS_envoy) -- -D warnings
+	$(CARGO) clippy -q --target $(WASM_TARGET) $(CARGO_FLAGS_higress) -- -D warnings
+	$(CARGO) clippy -q --no-default-features --lib --tests -- -D warnings
+	$(CARGO) clippy -q -p proxy-wasm-host-emulator -p erl-admin -p erl-test-support --all-targets -- -D warnings
+	$(CARGO) fmt --all --check
+	python3 scripts/check_imports.py src tools/admin/src
 
 # Gateway overhead (Envoy with and without the filter, under wrk), Redis cost per decision (ACQUIRE vs
 # Redisson's tryAcquire), Redis round trips per request, module sizes: bench/bench.py, which also lists its

@@ -6,7 +6,7 @@
    (c) every request rejected, (d) failing open with Redis stopped, (e) a rule that never applies (the
    filter without a Redis call). Load from wrk on 127.0.0.1; then the same with one connection (latency
    without queueing), and the CPU time per request of each process (wrk, Envoy, webdis, Redis).
-2. Redis cost per decision: the filter's ACQUIRE script (src/script.rs) against Redisson's tryAcquire
+2. Redis cost per decision: the filter's ACQUIRE script (src/script/lua/acquire.lua) against Redisson's tryAcquire
    (bench/redisson_tryacquire.lua, the baseline) on the same redis-server from the same client, in the
    allowed and the rejected regime, with a small and a large window; and the cost of one call that
    releases a whole window of permits, as the window grows.
@@ -77,7 +77,7 @@ ONLY = {part.strip() for part in os.environ.get("BENCH_ONLY", "1,2,3,4,5").split
 WRK = os.environ.get("WRK_BIN", "wrk")
 WRK_SCRIPT = REPO / "bench" / "users.lua"
 REDISSON_LUA = REPO / "bench" / "redisson_tryacquire.lua"
-SCRIPT_RS = REPO / "src" / "script.rs"
+LUA_DIR = REPO / "src" / "script" / "lua"
 WASM_TOOLS = REPO / ".tools" / "bin" / "wasm-tools"
 WARM_UP_S = 1
 BURST_REPEATS = 5
@@ -346,16 +346,13 @@ class Scenario:
 
 
 def acquire_source() -> str:
-    """The ACQUIRE script exactly as src/script.rs builds it: "-- edge-rate-limiter acquire", the Lua
-    prelude, the body (checked against the script the filter makes Redis run, by SHA, in section 1)."""
-    text = SCRIPT_RS.read_text()
-    if 'concat!("-- edge-rate-limiter ", $name, lua_prelude!(), $body)' not in text:
-        raise h.HarnessError("src/script.rs builds its scripts differently now: update acquire_source()")
-    prelude = re.search(r'macro_rules! lua_prelude \{\s*\(\) => \{\s*r"(.*?)"\s*\};\s*\}', text, re.S)
-    body = re.search(r'pub static ACQUIRE: Script = script!\(\s*"acquire",\s*r"(.*?)"\s*\);', text, re.S)
-    if prelude is None or body is None:
-        raise h.HarnessError("cannot find the Lua prelude or ACQUIRE in src/script.rs: update acquire_source()")
-    return "-- edge-rate-limiter acquire" + prelude.group(1) + body.group(1)
+    """The ACQUIRE script exactly as build.rs builds it from src/script/lua/: "-- edge-rate-limiter acquire",
+    the prelude and the body without their full-line comments (checked against the script the filter makes
+    Redis run, by SHA, in section 1)."""
+    def code(name: str) -> str:
+        lines = (LUA_DIR / name).read_text().splitlines()
+        return "".join(f"{line}\n" for line in lines if not line.lstrip().startswith("--"))
+    return "-- edge-rate-limiter acquire\n" + code("prelude.lua") + code("acquire.lua")
 
 
 def sha1_hex(text: str) -> str:
@@ -424,9 +421,9 @@ def run_gateway(stack: h.Stack) -> tuple[list[Scenario], str]:
     # The script benchmarked in section 2 must be the one the filter runs.
     sha = sha1_hex(acquire_source())
     if not stack.redis.client.script_exists(sha)[0]:
-        raise h.HarnessError(f"Redis has no script {sha}: the ACQUIRE parsed from src/script.rs is not the "
+        raise h.HarnessError(f"Redis has no script {sha}: the ACQUIRE built from src/script/lua/ is not the "
                              f"script {h.WASM.name} runs (rebuild: make build)")
-    check = f"the filter's script in Redis has the SHA-1 of ACQUIRE in src/script.rs ({sha[:12]})"
+    check = f"the filter's script in Redis has the SHA-1 of ACQUIRE from src/script/lua/ ({sha[:12]})"
 
     progress("stopping redis-server for (d)")
     stack.redis.stop()

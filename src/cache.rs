@@ -1,17 +1,24 @@
-//! The per-VM cache of limiter configs as Redis holds them, keyed by limiter name and bounded in size.
+//! The per-VM cache of limiter configs as Redis holds them, keyed by limiter name, bounded in size.
 //!
 //! Every acquire reply carries the limiter's config, so the cache costs no round trip. It lets the filter
-//! notice (and log once) when Redis holds another rate than the configuration, and remember which limiters
-//! already had the configured rate applied (`rate_source: config`), so it is applied once per limiter.
+//! notice (and log once) when Redis holds another rate than the configuration. Nothing the filter must
+//! remember for correctness lives here: which limiters took a rule's config (`rate_source: config`) is
+//! recorded in Redis itself (see [`crate::script::ACQUIRE`]), so evicting an entry costs at most one more
+//! log line.
+//!
+//! Eviction is least-recently-used (the `lru` crate): a limiter seen on every request stays, while the
+//! one-off keys of a scan of per-user or per-IP limiters are the ones that leave.
 
-use std::collections::HashMap;
+use std::num::NonZeroUsize;
+
+use lru::LruCache;
 
 use crate::script::EffectiveConfig;
 
 /// What the cache learned from one reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Observation {
-    /// The limiter was not in the cache.
+    /// The limiter was not in the cache (never seen, or evicted since).
     New,
     /// Redis holds the config the cache already had.
     Unchanged,
@@ -19,62 +26,45 @@ pub enum Observation {
     Changed(EffectiveConfig),
 }
 
-#[derive(Debug)]
-struct Entry {
-    config: EffectiveConfig,
-    /// The rule's config was applied to this limiter (`rate_source: config`) under the current plugin
-    /// configuration (the cache is made anew with each configuration).
-    applied: bool,
-}
-
-/// Limiter name -> config in Redis, at most `capacity` entries.
+/// Limiter name -> config in Redis, at most `capacity` entries, least recently used evicted first.
 #[derive(Debug)]
 pub struct LimiterCache {
-    capacity: usize,
-    entries: HashMap<String, Entry>,
+    entries: LruCache<String, EffectiveConfig>,
 }
 
 impl LimiterCache {
     /// An empty cache of at most `capacity` limiter names (at least 1).
     pub fn new(capacity: usize) -> Self {
-        LimiterCache { capacity: capacity.max(1), entries: HashMap::new() }
+        LimiterCache { entries: LruCache::new(NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN)) }
     }
 
-    /// The config last seen in Redis for `name`.
+    /// The config last seen in Redis for `name` (without counting as a use).
     pub fn get(&self, name: &str) -> Option<EffectiveConfig> {
-        self.entries.get(name).map(|entry| entry.config)
+        self.entries.peek(name).copied()
     }
 
-    /// Whether the rule's config was applied to limiter `name` under this plugin configuration.
-    pub fn is_applied(&self, name: &str) -> bool {
-        self.entries.get(name).is_some_and(|entry| entry.applied)
-    }
-
-    /// Records that the rule's config was applied to (or found in) limiter `name`: it is not applied
-    /// again under this plugin configuration, so a later change by an operator stands.
-    pub fn mark_applied(&mut self, name: &str) {
-        if let Some(entry) = self.entries.get_mut(name) {
-            entry.applied = true;
-        }
-    }
-
-    /// Records the config Redis returned for `name`. When the cache is full, an arbitrary entry makes room:
-    /// an evicted limiter only loses the local shortcut until its next reply.
+    /// Records the config Redis returned for `name` (a use: it becomes the most recent entry). When the
+    /// cache is full, the least recently used entry makes room.
     pub fn observe(&mut self, name: &str, config: EffectiveConfig) -> Observation {
         if let Some(known) = self.entries.get_mut(name) {
-            if known.config == config {
+            if *known == config {
                 return Observation::Unchanged;
             }
-            let old = std::mem::replace(&mut known.config, config);
+            let old = std::mem::replace(known, config);
             return Observation::Changed(old);
         }
-        if self.entries.len() >= self.capacity {
-            if let Some(victim) = self.entries.keys().next().cloned() {
-                self.entries.remove(&victim);
-            }
-        }
-        self.entries.insert(name.to_string(), Entry { config, applied: false });
+        self.entries.push(name.to_string(), config);
         Observation::New
+    }
+
+    /// How many limiter names the cache holds.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the cache holds no limiter.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
     }
 }
 
@@ -101,25 +91,19 @@ mod tests {
     }
 
     #[test]
-    fn applied_marks_stick_to_their_limiter() {
-        let mut cache = LimiterCache::new(10);
-        cache.mark_applied("a");
-        assert!(!cache.is_applied("a"), "an unknown limiter cannot be marked");
-        cache.observe("a", config(5));
-        cache.mark_applied("a");
-        cache.observe("a", config(3));
-        assert!(cache.is_applied("a"), "a later change in Redis does not undo the mark");
-        assert!(!cache.is_applied("b"));
-    }
-
-    #[test]
-    fn the_cache_never_grows_past_its_capacity() {
+    fn the_least_recently_used_limiter_leaves_first() {
         let mut cache = LimiterCache::new(3);
-        for i in 0..100 {
-            cache.observe(&format!("limiter-{i}"), config(1));
-            let remembered = (0..=i).filter(|j| cache.get(&format!("limiter-{j}")).is_some()).count();
-            assert!(remembered <= 3, "{remembered} entries");
+        for name in ["hot", "a", "b"] {
+            cache.observe(name, config(1));
         }
-        assert_eq!(cache.get("limiter-99"), Some(config(1)), "the newest entry is kept");
+        for i in 0..100 {
+            cache.observe("hot", config(1));
+            cache.observe(&format!("one-off-{i}"), config(1));
+            assert!(cache.len() <= 3, "{} entries", cache.len());
+            assert_eq!(cache.get("hot"), Some(config(1)), "a limiter used on every request stays (step {i})");
+        }
+        assert_eq!(cache.get("a"), None);
+        assert_eq!(cache.get("one-off-99"), Some(config(1)), "the newest entry is kept");
+        assert_eq!(cache.get("one-off-97"), None);
     }
 }

@@ -7,12 +7,10 @@
 use std::net::{IpAddr, SocketAddr};
 
 use base64::Engine as _;
-use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 /// Where a rule takes its key value from (`limit_by` in the configuration).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeySource {
     /// A request header, by name (matched case-insensitively).
     Header(String),
@@ -32,7 +30,7 @@ pub enum KeySource {
 }
 
 impl KeySource {
-    /// Checks the parts serde cannot: names must not be empty, hops must be at least 1.
+    /// Checks what the shape cannot: names must not be empty, hops must be at least 1.
     ///
     /// # Errors
     /// A sentence saying what is wrong, for [`crate::config::ConfigError`].

@@ -8,29 +8,39 @@
 //! - [`config`]: the plugin configuration, parsed and validated once into an immutable value.
 //! - [`key`]: key values of a request (header, query, cookie, client IP, path, global), limiter names,
 //!   Redisson's key layout.
-//! - [`resp`]: the transport seam: one RESP [`resp::Command`] out, one [`resp::Reply`] back.
-//! - [`script`]: the acquire Lua script (Redisson tryAcquire + trySetRate), its command and reply.
+//! - [`resp`]: RESP: one [`resp::Command`] out, one bounded [`resp::Reply`] back.
+//! - [`script`]: the Redisson operations as Lua scripts (SHA-1 computed by `build.rs`), the acquire
+//!   command and its reply.
 //! - [`limiter`]: one request's acquires across rules and the final decision.
-//! - [`cache`]: per-VM limiter configs as Redis holds them, bounded.
+//! - [`cache`]: per-VM limiter configs as Redis holds them, LRU-bounded.
 //! - [`response`]: `Retry-After` and rate limit headers.
 //!
-//! The proxy-wasm glue (feature `filter`, on in the default `http-bridge` build):
-//! - `transport`: the HTTP bridge (webdis) behind a small trait.
-//! - `host_redis` (feature `host-redis`): the Higress host Redis interface, the same trait.
-//! - `filter`: root and HTTP contexts: configuration, metrics, once-per-cause logging, pausing and
-//!   resuming requests.
+//! The glue, behind the host seam (also hostcall-free: it runs natively against a fake host in tests):
+//! - [`host`]: the [`host::Host`] trait, everything the filter needs from a proxy-wasm host.
+//! - [`transport`]: how a Redis call fails ([`transport::Failure`]); [`http_bridge`] (webdis through
+//!   `proxy_http_call`) and [`host_redis`] (Higress's `proxy_redis_call`) carry the calls.
+//! - [`filter`]: one root context's filter: configuration, metrics, paused requests, replies by token,
+//!   the deadline guard, resume or local reply.
+//!
+//! The module's ABI (feature `filter`, in both builds): `abi` declares the proxy-wasm hostcalls (and the
+//! Higress Redis calls in the `host-redis` build), implements [`host::Host`] with them, and exports the
+//! callbacks, each routed to the [`filter::Filter`] of its root context. Imports run one way:
+//! `abi` → `filter` → `host_redis` / `http_bridge` → `transport`, `host`.
 
 pub mod cache;
 pub mod config;
+pub mod filter;
+pub mod host;
+pub mod host_redis;
+pub mod http_bridge;
 pub mod key;
 pub mod limiter;
 pub mod resp;
 pub mod response;
 pub mod script;
+pub mod transport;
 
 #[cfg(feature = "filter")]
-mod filter;
-#[cfg(feature = "host-redis")]
-mod host_redis;
-#[cfg(feature = "filter")]
-mod transport;
+mod abi;
+#[cfg(test)]
+pub(crate) mod testing;

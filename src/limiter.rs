@@ -18,51 +18,7 @@ use crate::script::{
     decode_acquire_reply, Acquire, AcquireOutcome, Clock, ConfigChange, EffectiveConfig, Invocation, ReplyError,
     MEMBER_RANDOM_LEN,
 };
-
-/// Why a rule could not be decided. Each variant is one cause for once-per-cause logging.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Failure {
-    /// The host refused to send the call (unknown cluster, no healthy host): the host's status.
-    SendRefused(String),
-    /// No reply: the call timed out or the connection failed (the host does not tell which).
-    NoReply,
-    /// The bridge answered with an HTTP status other than 200 (webdis: 503 when Redis is down).
-    BridgeStatus(u16),
-    /// Redis answered with an error (`NOAUTH ...`, a Lua error...).
-    RedisError(String),
-    /// The reply is not what the acquire script answers.
-    BadReply(String),
-}
-
-impl Failure {
-    /// A small number per kind of failure, for "log once per cause" bookkeeping.
-    pub fn cause_index(&self) -> usize {
-        match self {
-            Failure::SendRefused(_) => 0,
-            Failure::NoReply => 1,
-            Failure::BridgeStatus(_) => 2,
-            Failure::RedisError(_) => 3,
-            Failure::BadReply(_) => 4,
-        }
-    }
-
-    /// Number of distinct [`Failure::cause_index`] values.
-    pub const CAUSES: usize = 5;
-}
-
-impl fmt::Display for Failure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Failure::SendRefused(status) => write!(f, "the host refused the Redis call ({status})"),
-            Failure::NoReply => write!(f, "no reply from Redis (timeout or connection failure)"),
-            // Envoy answers a callout that exceeds its timeout with a local 504.
-            Failure::BridgeStatus(504) => write!(f, "the Redis bridge timed out (HTTP 504 after redis.timeout)"),
-            Failure::BridgeStatus(status) => write!(f, "the Redis bridge answered HTTP {status}"),
-            Failure::RedisError(text) => write!(f, "Redis error: {text}"),
-            Failure::BadReply(what) => write!(f, "{what}"),
-        }
-    }
-}
+use crate::transport::Failure;
 
 /// How a request leaves the filter.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,7 +61,8 @@ pub struct Decision {
     pub verdict: Verdict,
     /// What happened, for metrics.
     pub outcome: Outcome,
-    /// The failures behind a failed-open or failed-closed decision, for logs.
+    /// Every Redis call of the request that failed, whatever the decision (a request rejected by one rule
+    /// can still carry another rule's failure), for `redis_errors` and the failure log.
     pub failures: Vec<Failure>,
 }
 
@@ -130,6 +87,16 @@ pub enum Notice {
         /// What Redis holds now.
         effective: EffectiveConfig,
     },
+    /// `rate_source: config`, but someone else (an operator, a Java service) changed the limiter's config
+    /// after the rule wrote it: their config stands.
+    ConfigKept {
+        /// The rule.
+        rule: String,
+        /// The limiter name.
+        limiter: String,
+        /// What Redis holds.
+        effective: EffectiveConfig,
+    },
     /// The rule's permits per request exceed the limiter's rate in Redis: such requests are always rejected.
     ExceedsRate {
         /// The rule.
@@ -152,6 +119,11 @@ impl fmt::Display for Notice {
                 "rule {rule}: limiter {limiter} held another config in Redis; applied rate {} per {} ms ({:?}) keeping consumed permits (rate_source: config)",
                 effective.rate, effective.interval_ms, effective.limiter_type
             ),
+            Notice::ConfigKept { rule, limiter, effective } => write!(
+                f,
+                "rule {rule}: limiter {limiter} holds rate {} per {} ms ({:?}), set by someone else after the rule wrote its own; keeping it (rate_source: config changes only a config the rule wrote)",
+                effective.rate, effective.interval_ms, effective.limiter_type
+            ),
             Notice::ExceedsRate { rule, limiter } => write!(
                 f,
                 "rule {rule}: requests take more permits than limiter {limiter} allows per interval in Redis; they are rejected"
@@ -168,8 +140,6 @@ pub struct Context<'a> {
     pub now_ms: u64,
     /// This gateway process's Redisson client id (a UUID string), for per_client limiters.
     pub client_id: &'a str,
-    /// The per-VM cache of limiter configs.
-    pub cache: &'a LimiterCache,
 }
 
 /// How one rule ended.
@@ -284,7 +254,7 @@ fn acquire_for(rule: &Rule, name: &str, ctx: &Context<'_>, member_random: [u8; M
         interval_ms: rule.interval_ms,
         limiter_type: rule.limiter_type,
         keep_alive_ms: rule.keep_alive_ms,
-        apply_config: rule.rate_source == RateSource::Config && !ctx.cache.is_applied(name),
+        apply_config: rule.rate_source == RateSource::Config,
     }
 }
 
@@ -326,11 +296,14 @@ impl PendingRequest {
                 let configured = (rule.rate, rule.interval_ms, rule.limiter_type);
                 let held = (reply.effective.rate, reply.effective.interval_ms, reply.effective.limiter_type);
                 let noticed = matches!(observation, Observation::New | Observation::Changed(_));
-                if entry.acquire.apply_config {
-                    cache.mark_applied(&limiter);
-                }
                 if reply.change == ConfigChange::Updated {
                     notice = Some(Notice::ConfigApplied {
+                        rule: rule.name.clone(),
+                        limiter: limiter.clone(),
+                        effective: reply.effective,
+                    });
+                } else if noticed && configured != held && reply.change == ConfigChange::Kept {
+                    notice = Some(Notice::ConfigKept {
                         rule: rule.name.clone(),
                         limiter: limiter.clone(),
                         effective: reply.effective,
@@ -368,6 +341,17 @@ impl PendingRequest {
         (self.progress(config), notice)
     }
 
+    /// Ends every call still waiting with `failure` (the request's deadline passed, see
+    /// [`Failure::TimedOut`]) and decides the request.
+    pub fn expire(&mut self, failure: &Failure, config: &PluginConfig) -> Decision {
+        for call in &mut self.calls {
+            if matches!(call.state, CallState::Waiting { .. }) {
+                call.state = CallState::Done(RuleResult::Failed(failure.clone()));
+            }
+        }
+        self.decide(config)
+    }
+
     fn progress(&self, config: &PluginConfig) -> Progress {
         if self.calls.iter().any(|c| matches!(c.state, CallState::Waiting { .. })) {
             Progress::Waiting
@@ -403,6 +387,13 @@ impl PendingRequest {
         if let Some(delay_ms) = delay.max() {
             headers.insert(0, retry_after(delay_ms));
         }
+        let failures: Vec<Failure> = results
+            .iter()
+            .filter_map(|r| match r {
+                RuleResult::Failed(failure) => Some(failure.clone()),
+                _ => None,
+            })
+            .collect();
         if denied || results.iter().any(|r| matches!(r, RuleResult::Rejected { .. })) {
             headers.push(("x-envoy-ratelimited".into(), "true".into()));
             return Decision {
@@ -412,16 +403,9 @@ impl PendingRequest {
                     body: config.rejection.body.clone(),
                 },
                 outcome: Outcome::Rejected,
-                failures: Vec::new(),
+                failures,
             };
         }
-        let failures: Vec<Failure> = results
-            .iter()
-            .filter_map(|r| match r {
-                RuleResult::Failed(failure) => Some(failure.clone()),
-                _ => None,
-            })
-            .collect();
         if failures.is_empty() {
             let outcome = if results.is_empty() { Outcome::Unlimited } else { Outcome::Allowed };
             return Decision { verdict: Verdict::Continue { response_headers: headers }, outcome, failures };
@@ -472,7 +456,7 @@ mod tests {
         }
 
         fn start(&mut self, headers: &[(&str, &str)]) -> Start {
-            let ctx = Context { config: &self.config, now_ms: 1_000_000, client_id: "cid", cache: &self.cache };
+            let ctx = Context { config: &self.config, now_ms: 1_000_000, client_id: "cid" };
             let counter = &mut self.counter;
             start(&ctx, &FakeRequest::with(headers), &mut || {
                 *counter += 1;
@@ -623,20 +607,47 @@ mod tests {
     }
 
     #[test]
-    fn the_configured_rate_is_applied_once_per_limiter_when_the_config_wins() {
+    fn with_the_config_winning_every_acquire_lets_redis_decide_and_changes_are_noticed() {
         let mut h = Harness::new(config(r#","rate_source":"config""#, ""));
         let (mut pending, commands) = sent(h.start(&[("x-user", "alice")]));
-        assert_eq!(commands[0].1.args()[15], b"1", "the first acquire asks Redis to apply the config");
+        assert_eq!(commands[0].1.args()[15], b"1", "the acquire asks Redis to apply the rule's config");
         let updated = b"*7\r\n:1\r\n:4\r\n:0\r\n:5\r\n:2000\r\n:0\r\n:2\r\n";
         let (_, notice) = pending.on_reply(0, Ok(updated), &h.config, &mut h.cache);
         assert!(matches!(notice, Some(Notice::ConfigApplied { .. })), "{notice:?}");
-        let (_, commands) = sent(h.start(&[("x-user", "alice")]));
-        assert_eq!(commands[0].1.args()[15], b"0", "never again under this configuration");
-        let (_, commands) = sent(h.start(&[("x-user", "bob")]));
-        assert_eq!(commands[0].1.args()[15], b"1", "each limiter once");
+        let (mut pending, commands) = sent(h.start(&[("x-user", "alice")]));
+        assert_eq!(commands[0].1.args()[15], b"1", "again: whether to apply is Redis's record, not a cache's");
+        let kept = b"*7\r\n:1\r\n:4\r\n:0\r\n:9\r\n:2000\r\n:0\r\n:3\r\n";
+        let (_, notice) = pending.on_reply(0, Ok(kept), &h.config, &mut h.cache);
+        assert!(matches!(notice, Some(Notice::ConfigKept { .. })), "{notice:?}");
         let mut redis_wins = Harness::new(config("", ""));
         let (_, commands) = sent(redis_wins.start(&[("x-user", "alice")]));
         assert_eq!(commands[0].1.args()[15], b"0");
+    }
+
+    #[test]
+    fn a_rejection_still_reports_the_failures_of_other_rules() {
+        let json = r#"{"redis":{"cluster":"w"},"rules":[
+            {"name":"a","limit_by":"global","rate":5,"interval":1000},
+            {"name":"b","limit_by":"client_ip","rate":5,"interval":1000}]}"#;
+        let mut h = Harness::new(PluginConfig::from_json(json.as_bytes()).unwrap());
+        let (mut pending, _) = sent(h.start(&[]));
+        assert!(matches!(h.reply(&mut pending, 0, Ok(&script_reply(0, 900, 900, 5))), Progress::Waiting));
+        let decision = done(h.reply(&mut pending, 1, Err(Failure::NoReply)));
+        assert_eq!(decision.outcome, Outcome::Rejected);
+        assert_eq!(decision.failures, vec![Failure::NoReply], "the failure is counted and logged too");
+    }
+
+    #[test]
+    fn an_expired_request_fails_its_waiting_calls_and_keeps_what_arrived() {
+        let json = r#"{"redis":{"cluster":"w"},"failure_mode":"deny","rules":[
+            {"name":"a","limit_by":"global","rate":5,"interval":1000},
+            {"name":"b","limit_by":"client_ip","rate":5,"interval":1000}]}"#;
+        let mut h = Harness::new(PluginConfig::from_json(json.as_bytes()).unwrap());
+        let (mut pending, _) = sent(h.start(&[]));
+        assert!(matches!(h.reply(&mut pending, 0, Ok(&script_reply(1, 4, 900, 5))), Progress::Waiting));
+        let decision = pending.expire(&Failure::TimedOut, &h.config);
+        assert_eq!(decision.outcome, Outcome::FailedClosed);
+        assert_eq!(decision.failures, vec![Failure::TimedOut]);
     }
 
     #[test]

@@ -2,13 +2,15 @@
 //! back, whatever carries them (the host's Redis interface writes the command's RESP bytes verbatim; the
 //! HTTP bridge carries it in webdis's path form and answers raw RESP thanks to the `.raw` suffix).
 //!
-//! Encoding and decoding use the `redis-protocol` crate (RESP2); this module only maps its frames to the
-//! small [`Reply`] type the rest of the filter matches on.
+//! The codec is this module's own: encoding is a length-prefixed join, and decoding accepts only what
+//! the filter's scripts answer (flat, small replies), with hard bounds ([`MAX_DEPTH`], [`MAX_ELEMENTS`],
+//! [`MAX_BULK_BYTES`]), so a hostile or broken bridge cannot make it recurse or allocate without limit
+//! (the `redis-protocol` crate recurses once per nesting level, unbounded). The unit tests check it
+//! against `redis-protocol` as an independent decoder on random replies.
 
 use std::fmt;
 
 use percent_encoding::{percent_encode, NON_ALPHANUMERIC};
-use redis_protocol::resp2::types::{BorrowedFrame, OwnedFrame};
 
 /// A Redis command: its name and arguments, each a binary-safe byte string.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,15 +42,15 @@ impl Command {
     /// *2\r\n$3\r\nGET\r\n$3\r\nkey\r\n
     /// ```
     pub fn to_resp(&self) -> Vec<u8> {
-        let parts: Vec<BorrowedFrame<'_>> = self.args.iter().map(|a| BorrowedFrame::BulkString(a)).collect();
-        let frame = BorrowedFrame::Array(&parts);
-        let mut buffer = vec![0; frame.encode_len(false)];
-        // The buffer has exactly the encoded length, which is the only way encoding can fail.
-        match redis_protocol::resp2::encode::encode_borrowed(&mut buffer, &frame, false) {
-            Ok(written) => buffer.truncate(written),
-            Err(_) => buffer.clear(),
+        let size: usize = self.args.iter().map(|a| a.len() + 16).sum::<usize>() + 16;
+        let mut out = Vec::with_capacity(size);
+        push_header(&mut out, b'*', self.args.len());
+        for arg in &self.args {
+            push_header(&mut out, b'$', arg.len());
+            out.extend_from_slice(arg);
+            out.extend_from_slice(b"\r\n");
         }
-        buffer
+        out
     }
 
     /// The command in webdis's form, for the body of `POST /`: every argument percent-encoded (all but
@@ -108,20 +110,21 @@ impl Reply {
     }
 }
 
-impl From<OwnedFrame> for Reply {
-    fn from(frame: OwnedFrame) -> Self {
-        match frame {
-            OwnedFrame::SimpleString(text) => Reply::Simple(text),
-            OwnedFrame::Error(text) => Reply::Error(text),
-            OwnedFrame::Integer(value) => Reply::Integer(value),
-            OwnedFrame::BulkString(bytes) => Reply::Bulk(bytes),
-            OwnedFrame::Array(items) => Reply::Array(items.into_iter().map(Reply::from).collect()),
-            OwnedFrame::Null => Reply::Null,
-        }
-    }
+/// Appends `<kind><n>\r\n` (an array or bulk string header).
+fn push_header(out: &mut Vec<u8>, kind: u8, n: usize) {
+    out.push(kind);
+    out.extend_from_slice(n.to_string().as_bytes());
+    out.extend_from_slice(b"\r\n");
 }
 
-/// A reply that is not exactly one well-formed RESP value.
+/// Deepest nesting of arrays accepted in a reply (the scripts answer flat arrays: depth 1).
+pub const MAX_DEPTH: usize = 4;
+/// Most elements accepted in one array (the acquire script answers 7).
+pub const MAX_ELEMENTS: usize = 1024;
+/// Longest bulk string, simple string or error accepted, bytes.
+pub const MAX_BULK_BYTES: usize = 64 * 1024;
+
+/// A reply that is not exactly one well-formed RESP value within the bounds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RespError {
     /// The bytes end before the value does.
@@ -130,6 +133,9 @@ pub enum RespError {
     TrailingBytes(usize),
     /// Not RESP.
     Malformed(String),
+    /// Nested deeper than [`MAX_DEPTH`], an array longer than [`MAX_ELEMENTS`] or a string longer than
+    /// [`MAX_BULK_BYTES`].
+    TooLarge(String),
 }
 
 impl fmt::Display for RespError {
@@ -138,6 +144,7 @@ impl fmt::Display for RespError {
             RespError::Truncated => write!(f, "truncated RESP reply"),
             RespError::TrailingBytes(n) => write!(f, "{n} bytes after the RESP reply"),
             RespError::Malformed(why) => write!(f, "malformed RESP reply: {why}"),
+            RespError::TooLarge(what) => write!(f, "RESP reply refused: {what}"),
         }
     }
 }
@@ -146,14 +153,112 @@ impl std::error::Error for RespError {}
 
 /// Decodes exactly one RESP2 reply from `bytes`.
 ///
+/// ```text
+/// *2\r\n:1\r\n$3\r\nabc\r\n   ->   Array([Integer(1), Bulk(b"abc")])
+/// ```
+///
 /// # Errors
-/// [`RespError`] when the bytes are not one complete reply.
+/// [`RespError`] when the bytes are not one complete reply within the bounds.
 pub fn decode_reply(bytes: &[u8]) -> Result<Reply, RespError> {
-    match redis_protocol::resp2::decode::decode(bytes) {
-        Ok(Some((frame, used))) if used == bytes.len() => Ok(frame.into()),
-        Ok(Some((_, used))) => Err(RespError::TrailingBytes(bytes.len().saturating_sub(used))),
-        Ok(None) => Err(RespError::Truncated),
-        Err(e) => Err(RespError::Malformed(e.to_string())),
+    let mut reader = Reader { bytes, at: 0 };
+    let reply = reader.value(0)?;
+    match bytes.len().saturating_sub(reader.at) {
+        0 => Ok(reply),
+        rest => Err(RespError::TrailingBytes(rest)),
+    }
+}
+
+/// A cursor over the reply bytes.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    /// One value at nesting `depth` (0 = the reply itself).
+    fn value(&mut self, depth: usize) -> Result<Reply, RespError> {
+        let kind = *self.bytes.get(self.at).ok_or(RespError::Truncated)?;
+        self.at += 1;
+        match kind {
+            b'+' => Ok(Reply::Simple(self.line()?.to_vec())),
+            b'-' => {
+                let line = self.line()?;
+                let text = std::str::from_utf8(line)
+                    .map_err(|_| RespError::Malformed("an error reply not in UTF-8".into()))?;
+                Ok(Reply::Error(text.to_string()))
+            }
+            b':' => Ok(Reply::Integer(self.integer()?)),
+            b'$' => match self.length()? {
+                None => Ok(Reply::Null),
+                Some(len) => {
+                    if len > MAX_BULK_BYTES {
+                        return Err(RespError::TooLarge(format!("a bulk string of {len} bytes")));
+                    }
+                    let end = self.at.checked_add(len).ok_or(RespError::Truncated)?;
+                    let body = self.bytes.get(self.at..end).ok_or(RespError::Truncated)?.to_vec();
+                    self.at = end;
+                    match self.bytes.get(self.at..self.at + 2) {
+                        Some(b"\r\n") => {
+                            self.at += 2;
+                            Ok(Reply::Bulk(body))
+                        }
+                        Some(_) => Err(RespError::Malformed("a bulk string longer than its length".into())),
+                        None => Err(RespError::Truncated),
+                    }
+                }
+            },
+            b'*' => match self.length()? {
+                None => Ok(Reply::Null),
+                Some(len) => {
+                    if depth >= MAX_DEPTH {
+                        return Err(RespError::TooLarge(format!("arrays nested deeper than {MAX_DEPTH}")));
+                    }
+                    if len > MAX_ELEMENTS {
+                        return Err(RespError::TooLarge(format!("an array of {len} elements")));
+                    }
+                    let mut items = Vec::with_capacity(len);
+                    for _ in 0..len {
+                        items.push(self.value(depth + 1)?);
+                    }
+                    Ok(Reply::Array(items))
+                }
+            },
+            other => Err(RespError::Malformed(format!("unknown type byte 0x{other:02x}"))),
+        }
+    }
+
+    /// The bytes up to the next CRLF (which is consumed), at most [`MAX_BULK_BYTES`].
+    fn line(&mut self) -> Result<&[u8], RespError> {
+        let rest = self.bytes.get(self.at..).unwrap_or_default();
+        let window = rest.get(..rest.len().min(MAX_BULK_BYTES + 2)).unwrap_or(rest);
+        let Some(end) = window.windows(2).position(|pair| pair == b"\r\n") else {
+            return if rest.len() > MAX_BULK_BYTES + 1 {
+                Err(RespError::TooLarge(format!("a line longer than {MAX_BULK_BYTES} bytes")))
+            } else {
+                Err(RespError::Truncated)
+            };
+        };
+        let line = rest.get(..end).unwrap_or_default();
+        self.at += end + 2;
+        Ok(line)
+    }
+
+    /// A signed decimal integer line.
+    fn integer(&mut self) -> Result<i64, RespError> {
+        let line = self.line()?;
+        std::str::from_utf8(line)
+            .ok()
+            .filter(|text| !text.starts_with('+'))
+            .and_then(|text| text.parse::<i64>().ok())
+            .ok_or_else(|| RespError::Malformed(format!("not an integer: {:?}", String::from_utf8_lossy(line))))
+    }
+
+    /// A length line: `None` for -1 (null), else a non-negative length.
+    fn length(&mut self) -> Result<Option<usize>, RespError> {
+        match self.integer()? {
+            -1 => Ok(None),
+            n => usize::try_from(n).map(Some).map_err(|_| RespError::Malformed(format!("length {n}"))),
+        }
     }
 }
 
@@ -206,5 +311,104 @@ mod tests {
         assert_eq!(decode_reply(b""), Err(RespError::Truncated));
         assert_eq!(decode_reply(b":1\r\n:2\r\n"), Err(RespError::TrailingBytes(4)));
         assert!(matches!(decode_reply(b"<html>503</html>"), Err(RespError::Malformed(_))));
+    }
+
+    #[test]
+    fn hostile_replies_are_refused_without_recursing_or_allocating() {
+        let deep = "*1\r\n".repeat(100_000);
+        assert!(matches!(decode_reply(deep.as_bytes()), Err(RespError::TooLarge(_))));
+        let nested_ok = format!("{}:1\r\n", "*1\r\n".repeat(MAX_DEPTH));
+        assert!(decode_reply(nested_ok.as_bytes()).is_ok(), "{MAX_DEPTH} levels are accepted");
+        assert!(matches!(decode_reply(b"*2147483647\r\n:1\r\n"), Err(RespError::TooLarge(_))));
+        assert!(matches!(decode_reply(b"$4294967295\r\n"), Err(RespError::TooLarge(_))));
+        assert!(decode_reply(b"$9223372036854775807\r\n").is_err(), "beyond usize on wasm32: malformed");
+        assert!(matches!(decode_reply(b"$-2\r\n"), Err(RespError::Malformed(_))));
+        assert!(matches!(decode_reply(b"$3\r\nabcd\r\n"), Err(RespError::Malformed(_))));
+        assert_eq!(decode_reply(b"$3\r\nab"), Err(RespError::Truncated));
+        let long_line = format!("+{}", "a".repeat(MAX_BULK_BYTES + 10));
+        assert!(matches!(decode_reply(long_line.as_bytes()), Err(RespError::TooLarge(_))));
+        assert!(matches!(decode_reply(b":12x\r\n"), Err(RespError::Malformed(_))));
+        assert!(matches!(decode_reply(b":+1\r\n"), Err(RespError::Malformed(_))));
+    }
+
+    /// The decoder agrees with `redis-protocol` (an independent, well-kept implementation) on every reply
+    /// within the bounds, and on whether bytes are one complete reply at all.
+    #[cfg(not(target_arch = "wasm32"))]
+    mod against_redis_protocol {
+        use super::*;
+        use proptest::prelude::*;
+        use redis_protocol::resp2::types::OwnedFrame;
+
+        fn from_frame(frame: OwnedFrame) -> Reply {
+            match frame {
+                OwnedFrame::SimpleString(text) => Reply::Simple(text),
+                OwnedFrame::Error(text) => Reply::Error(text),
+                OwnedFrame::Integer(value) => Reply::Integer(value),
+                OwnedFrame::BulkString(bytes) => Reply::Bulk(bytes),
+                OwnedFrame::Array(items) => Reply::Array(items.into_iter().map(from_frame).collect()),
+                OwnedFrame::Null => Reply::Null,
+            }
+        }
+
+        fn encode(reply: &Reply, out: &mut Vec<u8>) {
+            match reply {
+                Reply::Simple(text) => out.extend([&b"+"[..], text, b"\r\n"].concat()),
+                Reply::Error(text) => out.extend([b"-", text.as_bytes(), b"\r\n"].concat()),
+                Reply::Integer(value) => out.extend(format!(":{value}\r\n").bytes()),
+                Reply::Bulk(bytes) => {
+                    out.extend(format!("${}\r\n", bytes.len()).bytes());
+                    out.extend(bytes);
+                    out.extend(b"\r\n");
+                }
+                Reply::Array(items) => {
+                    out.extend(format!("*{}\r\n", items.len()).bytes());
+                    items.iter().for_each(|item| encode(item, out));
+                }
+                Reply::Null => out.extend(b"$-1\r\n"),
+            }
+        }
+
+        fn reply() -> impl Strategy<Value = Reply> {
+            let line = "[a-zA-Z0-9 ._:-]{0,20}";
+            let leaf = prop_oneof![
+                line.prop_map(|t: String| Reply::Simple(t.into_bytes())),
+                line.prop_map(Reply::Error),
+                any::<i64>().prop_map(Reply::Integer),
+                proptest::collection::vec(any::<u8>(), 0..40).prop_map(Reply::Bulk),
+                Just(Reply::Null),
+            ];
+            leaf.prop_recursive(3, 40, 8, |inner| proptest::collection::vec(inner, 0..8).prop_map(Reply::Array))
+        }
+
+        proptest! {
+            #[test]
+            fn well_formed_replies_decode_alike(reply in reply()) {
+                let mut bytes = Vec::new();
+                encode(&reply, &mut bytes);
+                let theirs = redis_protocol::resp2::decode::decode(&bytes).unwrap().map(|(f, n)| (from_frame(f), n));
+                prop_assert_eq!(theirs, Some((reply.clone(), bytes.len())));
+                prop_assert_eq!(decode_reply(&bytes), Ok(reply));
+            }
+
+            #[test]
+            fn cut_or_mangled_replies_are_refused_alike(reply in reply(), cut in any::<prop::sample::Index>(),
+                                                        flip in any::<prop::sample::Index>(), byte in any::<u8>()) {
+                let mut bytes = Vec::new();
+                encode(&reply, &mut bytes);
+                let truncated = &bytes[..cut.index(bytes.len())];
+                prop_assert!(decode_reply(truncated).is_err());
+                let mut mangled = bytes.clone();
+                let at = flip.index(mangled.len());
+                mangled[at] = byte;
+                let theirs = match redis_protocol::resp2::decode::decode(&mangled) {
+                    Ok(Some((frame, used))) if used == mangled.len() => Some(from_frame(frame)),
+                    _ => None,
+                };
+                // Ours may refuse more (bounds, `:+1`), never accept what theirs refuses or read it otherwise.
+                if let Ok(ours) = decode_reply(&mangled) {
+                    prop_assert_eq!(Some(ours), theirs);
+                }
+            }
+        }
     }
 }

@@ -1,87 +1,72 @@
-//! Transports: what carries one RESP command to Redis and its reply back. The filter sees only
-//! [`RedisTransport`]; host status codes and bridge HTTP statuses become [`Failure`]s here.
+//! The transport seam: how carrying one RESP command to Redis and its reply back can fail. Two
+//! transports, one shape: [`crate::http_bridge`] (webdis through `proxy_http_call`, the stock Envoy /
+//! Istio build) and [`crate::host_redis`] (Higress's `proxy_redis_call`). Both send through the
+//! [`crate::host::Host`] and return the host's token; the reply (or failure) arrives later, in a
+//! callback of the root context, and the filter matches it to its request by that token. Host statuses
+//! and bridge HTTP statuses become [`Failure`]s.
 
-use std::time::Duration;
+use std::fmt;
 
-use proxy_wasm::hostcalls;
-use proxy_wasm::types::{BufferType, MapType};
+use crate::host::HostError;
 
-use crate::config::RedisConfig;
-use crate::limiter::Failure;
-use crate::resp::Command;
-
-/// Sends commands; the reply of each arrives later, with the returned token, to the flow of the HTTP
-/// context that sent it.
-pub trait RedisTransport {
-    /// Sends `command` for the HTTP context `context_id`, returning the host's token for the call.
-    ///
-    /// # Errors
-    /// [`Failure::SendRefused`] when the host refuses the call (unknown cluster, no healthy host).
-    fn send(&self, context_id: u32, command: &Command) -> Result<u32, Failure>;
-
-    /// Drops the connection state so the next call sets it up again (after Redis answered `NOAUTH`).
-    fn reconnect(&self) {}
+/// Why a Redis call gave no usable reply. Each variant is one cause for once-per-cause logging.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// The host refused to send the call (unknown cluster, no healthy host, client not initialised).
+    SendRefused(String),
+    /// The host reported no reply: the call timed out or the connection failed (it does not say which).
+    NoReply,
+    /// The bridge answered with an HTTP status other than 200 (webdis: 503 when Redis is down; Envoy
+    /// synthesizes 504 when the call exceeds `redis.timeout`).
+    BridgeStatus(u16),
+    /// Redis answered with an error (`NOAUTH ...`, a Lua error...).
+    RedisError(String),
+    /// The reply is not what the script answers (not RESP, or another shape).
+    BadReply(String),
+    /// Nothing came back at all within `redis.timeout`: the filter's own deadline ended the wait (a host
+    /// that accepted the call and never answered, or a reply the filter could not match).
+    TimedOut,
 }
 
-/// The HTTP-to-Redis bridge (webdis): `POST /` with the command in webdis's path form (see
-/// [`Command::to_webdis_path`]) as the body; webdis answers the raw RESP reply (`.raw` suffix) with
-/// HTTP 200, or 503 when it cannot reach Redis.
-pub struct HttpBridge {
-    cluster: String,
-    headers: Vec<(String, String)>,
-    timeout: Duration,
-}
-
-impl HttpBridge {
-    /// A bridge on the Envoy cluster of `redis`, with its authority, credentials and timeout.
-    pub fn new(redis: &RedisConfig) -> Self {
-        let mut headers = vec![
-            (":method".to_string(), "POST".to_string()),
-            (":path".to_string(), "/".to_string()),
-            (":authority".to_string(), redis.authority.clone()),
-            ("content-type".to_string(), "text/plain".to_string()),
-        ];
-        if let Some(auth) = &redis.basic_auth {
-            headers.push(("authorization".to_string(), auth.clone()));
+impl Failure {
+    /// A small number per kind of failure, for "log once per cause" bookkeeping.
+    pub fn cause_index(&self) -> usize {
+        match self {
+            Failure::SendRefused(_) => 0,
+            Failure::NoReply => 1,
+            Failure::BridgeStatus(_) => 2,
+            Failure::RedisError(_) => 3,
+            Failure::BadReply(_) => 4,
+            Failure::TimedOut => 5,
         }
-        HttpBridge { cluster: redis.cluster.clone(), headers, timeout: Duration::from_millis(redis.timeout_ms) }
+    }
+
+    /// Number of distinct [`Failure::cause_index`] values.
+    pub const CAUSES: usize = 6;
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::SendRefused(status) => write!(f, "the host refused the Redis call ({status})"),
+            Failure::NoReply => write!(f, "no reply from Redis (timeout or connection failure)"),
+            // Envoy answers a callout that exceeds its timeout with a local 504.
+            Failure::BridgeStatus(504) => write!(f, "the Redis bridge timed out (HTTP 504 after redis.timeout)"),
+            Failure::BridgeStatus(status) => write!(f, "the Redis bridge answered HTTP {status}"),
+            Failure::RedisError(text) => write!(f, "Redis error: {text}"),
+            Failure::BadReply(what) => write!(f, "{what}"),
+            Failure::TimedOut => write!(f, "the host gave no answer to a Redis call within redis.timeout"),
+        }
     }
 }
 
-impl RedisTransport for HttpBridge {
-    /// `dispatch_http_call`; the SDK routes the response to the HTTP context that is active now.
-    fn send(&self, _context_id: u32, command: &Command) -> Result<u32, Failure> {
-        let headers: Vec<(&str, &str)> = self.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let body = command.to_webdis_path();
-        hostcalls::dispatch_http_call(&self.cluster, headers, Some(&body), vec![], self.timeout)
-            .map_err(|status| Failure::SendRefused(format!("{status:?} for cluster {:?}", self.cluster)))
-    }
-}
-
-impl HttpBridge {
-    /// Reads the reply of the call whose callback is running: the raw RESP bytes.
-    ///
-    /// # Errors
-    /// [`Failure::NoReply`] for a failed call, [`Failure::BridgeStatus`] for an HTTP answer other than
-    /// 200 (Envoy synthesizes 504 on timeout; webdis answers 503 without Redis), [`Failure::BadReply`]
-    /// for an empty body.
-    pub fn reply(num_headers: usize, body_size: usize) -> Result<Vec<u8>, Failure> {
-        // Envoy 1.40 answers a failed connection with a synthesized 503 and a timeout with a 504 (observed with
-        // the emulator's probe, tests/host); a response without headers is still possible from other hosts.
-        if num_headers == 0 {
-            return Err(Failure::NoReply);
-        }
-        let status = hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
-            .ok()
-            .flatten()
-            .and_then(|s| s.parse::<u16>().ok())
-            .ok_or(Failure::NoReply)?;
-        if status != 200 {
-            return Err(Failure::BridgeStatus(status));
-        }
-        match hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size) {
-            Ok(Some(body)) if !body.is_empty() => Ok(body),
-            _ => Err(Failure::BadReply("the bridge answered 200 with an empty body".into())),
-        }
-    }
+/// A host status as the reason of a [`Failure::SendRefused`], naming the call and the cluster.
+pub(crate) fn refused(call: &str, error: HostError, cluster: &str) -> Failure {
+    let why = match error {
+        HostError::BadArgument => format!("BadArgument: the host knows no cluster {cluster:?}"),
+        HostError::InternalFailure => format!("InternalFailure: no healthy host in {cluster:?}"),
+        HostError::Unimplemented => "Unimplemented: this host has no such call".to_string(),
+        other => format!("{other} for {cluster:?}"),
+    };
+    Failure::SendRefused(format!("{call}: {why}"))
 }

@@ -55,6 +55,37 @@ def test_config_wins_once_keeping_consumed_permits_then_an_operator_change_stand
     assert stack.redis.client.hget(DAVE, "rate") == b"1"
 
 
+def test_an_operator_change_stands_after_eviction_restart_and_on_another_gateway(stack):
+    # cache_size 1: every other user evicts dave's entry from the per-VM cache. Before the fix the `applied`
+    # mark went with the entry and the rule's rate was written over the operator's on dave's next request.
+    config = plugin_config(rule(rate=3, interval="1m", rate_source="config"), cache_size=1)
+    envoy = stack.envoy(config, concurrency=1)
+    client = RateLimiter(stack.redis.client, DAVE)
+    assert envoy.send(headers=HEADERS).status == 200
+    assert stack.redis.client.hget(DAVE, "rate") == b"3", "the filter created it with the rule's rate"
+    assert stack.redis.client.hget(DAVE, "erlRuleConfig") == b"3:60000:0:3600000", "and recorded what it wrote"
+
+    client.set_rate(OVERALL, 10, 60_000)  # an operator raises it (Redisson setRate: a reset)
+    for user in ("erin", "frank", "grace"):
+        assert envoy.send(headers={"x-user-id": user}).status == 200
+    assert [envoy.send(headers=HEADERS).status for _ in range(4)] == [200] * 4
+    assert stack.redis.client.hget(DAVE, "rate") == b"10", "evicted from the cache, the operator's rate stands"
+
+    # A restart (a new Envoy, empty caches) and a second gateway process see the same record in Redis.
+    envoy.stop()
+    second = stack.envoy(config, concurrency=2)
+    assert [second.send(headers=HEADERS).status for _ in range(2)] == [200, 200]
+    assert stack.redis.client.hget(DAVE, "rate") == b"10"
+
+    # A new rule config replaces a config the rule itself wrote (erin still holds the rule's 3/min).
+    third = stack.envoy(plugin_config(rule(rate=5, interval="1m", rate_source="config")), concurrency=1)
+    assert third.send(headers={"x-user-id": "erin"}).status == 200
+    assert stack.redis.client.hget("erl:per-user:erin", "rate") == b"5"
+    assert stack.redis.client.hget(DAVE, "rate") == b"10", "but not the operator's"
+    assert third.send(headers=HEADERS).status == 200
+    assert stack.redis.client.hget(DAVE, "rate") == b"10"
+
+
 def acquire_time_argument(stack, envoy) -> bytes:
     """The acquire time the filter sends to the script for one request (ARGV[2]: the 10th word of
     `EVALSHA sha 5 key*5 permits now ...`), read from Redis's slow log with every command logged."""

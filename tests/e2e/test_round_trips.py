@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from harness import METRIC_PREFIX, HarnessError, plugin_config, rule
 
-COUNTERS = ("allowed", "rejected", "failure_allowed", "failure_denied", "redis_calls", "redis_errors")
+COUNTERS = ("allowed", "rejected", "failure_allowed", "failure_denied", "redis_calls", "redis_errors", "host_errors")
 
 
 def script_calls(stack) -> int:
@@ -49,6 +49,7 @@ def test_one_redis_round_trip_per_request_once_the_limiter_exists(stack):
         "failure_denied": 0,
         "redis_calls": len(statuses),
         "redis_errors": 0,
+        "host_errors": 0,
     }
     assert scripts_after - scripts_before == len(statuses), "Redis ran one script per request"
 

@@ -152,6 +152,9 @@ pub struct Hash {
     pub rate_type: Option<RateType>,
     /// `keepAliveTime`, ms.
     pub keep_alive_ms: Option<Ms>,
+    /// `erlRuleConfig` (gateway, not Redisson): the config a `rate_source: config` rule last wrote, as
+    /// `rate:interval:type:keepAliveTime`. Redisson never writes or reads it; its `HSET`s leave it alone.
+    pub rule_config: Option<(i64, Ms, RateType, Ms)>,
 }
 
 impl Hash {
@@ -176,8 +179,17 @@ impl Hash {
         .into_iter()
         .filter_map(|(name, value)| Some((name.to_string(), value?.to_string())))
         .collect();
+        if let Some((rate, interval, rate_type, keep_alive)) = self.rule_config {
+            let record = format!("{rate}:{interval}:{}:{keep_alive}", rate_type.ordinal());
+            fields.push(("erlRuleConfig".to_string(), record));
+        }
         fields.sort();
         fields
+    }
+
+    /// The record of `config` as a rule writes it into `erlRuleConfig`.
+    fn record(config: RateConfig) -> (i64, Ms, RateType, Ms) {
+        (config.rate, config.interval_ms, config.rate_type, config.keep_alive())
     }
 
     /// `HSET` of the four fields.
@@ -187,6 +199,7 @@ impl Hash {
             interval_ms: Some(config.interval_ms),
             rate_type: Some(config.rate_type),
             keep_alive_ms: config.keep_alive_ms.or(self.keep_alive_ms),
+            rule_config: self.rule_config,
         };
     }
 
@@ -635,7 +648,11 @@ impl Limiter {
     /// an error; the gateway answers, after creating or updating the limiter as asked, without consuming
     /// anything or refreshing TTLs, with amount 0 and reset 0); `reset_ms` = max(0, oldest score +
     /// interval - now), 0 with no member; rate, interval, type: the config after the call; `change` 0 none,
-    /// 1 created, 2 updated.
+    /// 1 created, 2 updated, 3 kept.
+    ///
+    /// With `apply_config` (`rate_source: config`) the hash field `erlRuleConfig` records what the rule
+    /// wrote (on creation and on update); a differing config is updated only when it has no record or
+    /// still equals its record (nobody else changed it since the rule wrote it), else it is kept.
     pub fn gateway_acquire(
         &mut self,
         permits: i64,
@@ -646,10 +663,22 @@ impl Limiter {
         client: usize,
     ) -> GatewayReply {
         let change = match self.config() {
-            None => i64::from(self.try_set_rate(config, client)),
+            None => {
+                let created = self.try_set_rate(config, client);
+                if created && apply_config {
+                    self.hash_mut().rule_config = Some(Hash::record(config));
+                }
+                i64::from(created)
+            }
             Some(held) if apply_config && !Self::same_config(held, config) => {
-                self.update_rate(config, now_ms, client);
-                2
+                let record = self.hash().and_then(|hash| hash.rule_config);
+                if record.is_none() || record == Some(Hash::record(held)) {
+                    self.update_rate(config, now_ms, client);
+                    self.hash_mut().rule_config = Some(Hash::record(config));
+                    2
+                } else {
+                    3
+                }
             }
             Some(_) => 0,
         };

@@ -391,6 +391,7 @@ struct Coverage {
     exceeds_rate: AtomicU64,
     created: AtomicU64,
     updated: AtomicU64,
+    kept: AtomicU64,
     type_changed: AtomicU64,
     keys_expired: AtomicU64,
     legacy_members_released: AtomicU64,
@@ -410,6 +411,7 @@ impl Coverage {
             ("more permits than the rate (code 2)", read(&self.exceeds_rate)),
             ("created by the acquire", read(&self.created)),
             ("updated by the acquire", read(&self.updated)),
+            ("another writer's config kept by the acquire", read(&self.kept)),
             ("type changed by an update", read(&self.type_changed)),
             ("keys expired by time", read(&self.keys_expired)),
             ("8-byte members released", read(&self.legacy_members_released)),
@@ -670,6 +672,7 @@ impl Run<'_> {
         match change {
             1 => Coverage::count(&self.coverage.created),
             2 => Coverage::count(&self.coverage.updated),
+            3 => Coverage::count(&self.coverage.kept),
             _ => {}
         }
     }

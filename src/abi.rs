@@ -1,0 +1,548 @@
+//! The proxy-wasm ABI 0.2.1 (as Envoy, istio-proxy and Higress implement it with proxy-wasm-cpp-host):
+//! the hostcalls the filter uses, declared as imports and wrapped as [`AbiHost`], the one real [`Host`];
+//! and the exports the host calls, each routed to the [`Filter`] of its root context.
+//!
+//! This replaces the `proxy-wasm` crate's dispatcher and hostcall wrappers, which panic (and so kill the
+//! VM: `panic = "abort"`) on a status they do not expect: an unknown callout token, a refused
+//! `proxy_set_effective_context`, request headers read after the request went on. Here every status is
+//! a [`HostError`] at this boundary and nothing panics. Signatures and numbering follow proxy-wasm-cpp-host
+//! (`include/proxy-wasm/exports.h`, `wasm_api_impl.h`) and the proxy-wasm Rust SDK 0.2.5 that the
+//! previous glue used; the Higress Redis calls are declared only in the `host-redis` build (stock Envoy
+//! refuses a module that imports them).
+//!
+//! Contexts: `proxy_on_context_create(id, 0)` creates a root context (one [`Filter`] once configured),
+//! `proxy_on_context_create(id, root)` an HTTP context of that root. Callbacks a host delivers to the
+//! root context (`proxy_on_tick`, call responses) are routed by the id they carry, which may also be an
+//! HTTP context's (then its root's filter takes it).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ptr::{null, null_mut};
+
+use crate::filter::{Action, Filter};
+use crate::host::{Host, HostError, LogLevel};
+
+/// Buffer types of `proxy_get_buffer_bytes` (ABI 0.2.1; 9 is Higress's Redis call response).
+const HTTP_CALL_RESPONSE_BODY: u32 = 4;
+const PLUGIN_CONFIGURATION: u32 = 7;
+#[cfg(feature = "host-redis")]
+const REDIS_CALL_RESPONSE: u32 = 9;
+/// Header map types of `proxy_get_header_map_value` / `proxy_add_header_map_value`.
+const REQUEST_HEADERS: u32 = 0;
+const RESPONSE_HEADERS: u32 = 2;
+const HTTP_CALL_RESPONSE_HEADERS: u32 = 6;
+/// `proxy_continue_stream` stream type of the HTTP request.
+const STREAM_REQUEST: u32 = 0;
+/// `proxy_define_metric` type of a counter.
+const METRIC_COUNTER: u32 = 0;
+
+#[link(wasm_import_module = "env")]
+extern "C" {
+    fn proxy_log(level: u32, message: *const u8, size: usize) -> u32;
+    fn proxy_get_current_time_nanoseconds(time: *mut u64) -> u32;
+    fn proxy_set_tick_period_milliseconds(period: u32) -> u32;
+    fn proxy_get_buffer_bytes(kind: u32, start: usize, max: usize, data: *mut *mut u8, size: *mut usize) -> u32;
+    fn proxy_get_header_map_value(
+        map: u32,
+        key: *const u8,
+        key_size: usize,
+        value: *mut *mut u8,
+        value_size: *mut usize,
+    ) -> u32;
+    fn proxy_add_header_map_value(
+        map: u32,
+        key: *const u8,
+        key_size: usize,
+        value: *const u8,
+        value_size: usize,
+    ) -> u32;
+    fn proxy_get_property(path: *const u8, path_size: usize, value: *mut *mut u8, value_size: *mut usize) -> u32;
+    fn proxy_get_shared_data(
+        key: *const u8,
+        key_size: usize,
+        value: *mut *mut u8,
+        value_size: *mut usize,
+        cas: *mut u32,
+    ) -> u32;
+    fn proxy_set_shared_data(key: *const u8, key_size: usize, value: *const u8, value_size: usize, cas: u32) -> u32;
+    fn proxy_continue_stream(stream: u32) -> u32;
+    fn proxy_send_local_response(
+        status: u32,
+        details: *const u8,
+        details_size: usize,
+        body: *const u8,
+        body_size: usize,
+        headers: *const u8,
+        headers_size: usize,
+        grpc_status: i32,
+    ) -> u32;
+    fn proxy_http_call(
+        upstream: *const u8,
+        upstream_size: usize,
+        headers: *const u8,
+        headers_size: usize,
+        body: *const u8,
+        body_size: usize,
+        trailers: *const u8,
+        trailers_size: usize,
+        timeout_ms: u32,
+        token: *mut u32,
+    ) -> u32;
+    fn proxy_set_effective_context(context_id: u32) -> u32;
+    fn proxy_define_metric(kind: u32, name: *const u8, name_size: usize, id: *mut u32) -> u32;
+    fn proxy_increment_metric(id: u32, offset: i64) -> u32;
+}
+
+#[cfg(feature = "host-redis")]
+#[link(wasm_import_module = "env")]
+extern "C" {
+    fn proxy_redis_init(
+        service: *const u8,
+        service_size: usize,
+        username: *const u8,
+        username_size: usize,
+        password: *const u8,
+        password_size: usize,
+        timeout_ms: u32,
+    ) -> u32;
+    fn proxy_redis_call(
+        service: *const u8,
+        service_size: usize,
+        query: *const u8,
+        query_size: usize,
+        token: *mut u32,
+    ) -> u32;
+}
+
+#[link(wasm_import_module = "wasi_snapshot_preview1")]
+extern "C" {
+    fn random_get(buf: *mut u8, buf_len: usize) -> u16;
+}
+
+/// Takes ownership of bytes the host wrote into memory it allocated with [`proxy_on_memory_allocate`].
+///
+/// # Safety
+/// `data` must be null or a `size`-byte allocation made by `proxy_on_memory_allocate` and not yet owned.
+unsafe fn owned(data: *mut u8, size: usize) -> Vec<u8> {
+    if data.is_null() {
+        Vec::new()
+    } else {
+        // SAFETY: per the contract above, an allocation of exactly `size` bytes (Vec::with_capacity(size)).
+        unsafe { Vec::from_raw_parts(data, size, size) }
+    }
+}
+
+/// A hostcall that returns bytes: `Ok(None)` for NotFound.
+fn bytes_of(call: impl FnOnce(*mut *mut u8, *mut usize) -> u32) -> Result<Option<Vec<u8>>, HostError> {
+    let mut data = null_mut();
+    let mut size = 0usize;
+    let status = call(&mut data, &mut size);
+    // SAFETY: on status 0 the host allocated `size` bytes with proxy_on_memory_allocate (or left null).
+    let bytes = unsafe { owned(data, size) };
+    match HostError::check(status) {
+        Ok(()) => Ok(Some(bytes)),
+        Err(HostError::NotFound) => Ok(None),
+        Err(error) => Err(error),
+    }
+}
+
+/// A header map as proxy-wasm serializes it: count, then (key size, value size) pairs, then each key and
+/// value NUL-terminated; sizes little-endian u32.
+fn serialize_map(pairs: &[(&str, &str)]) -> Vec<u8> {
+    let size = 4 + pairs.iter().map(|(k, v)| k.len() + v.len() + 10).sum::<usize>();
+    let mut out = Vec::with_capacity(size);
+    let len = |n: usize| u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes();
+    out.extend_from_slice(&len(pairs.len()));
+    for (key, value) in pairs {
+        out.extend_from_slice(&len(key.len()));
+        out.extend_from_slice(&len(value.len()));
+    }
+    for (key, value) in pairs {
+        out.extend_from_slice(key.as_bytes());
+        out.push(0);
+        out.extend_from_slice(value.as_bytes());
+        out.push(0);
+    }
+    out
+}
+
+/// The host, through the proxy-wasm ABI.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AbiHost;
+
+impl Host for AbiHost {
+    fn now_ms(&self) -> u64 {
+        let mut nanos = 0u64;
+        // SAFETY: the host writes one u64.
+        let _ = unsafe { proxy_get_current_time_nanoseconds(&mut nanos) };
+        nanos / 1_000_000
+    }
+
+    fn random_seed(&self) -> u64 {
+        let mut seed = [0u8; 8];
+        // SAFETY: the host fills the 8-byte buffer.
+        match unsafe { random_get(seed.as_mut_ptr(), seed.len()) } {
+            0 => u64::from_le_bytes(seed),
+            _ => self.now_ms() ^ 0x9e37_79b9_7f4a_7c15,
+        }
+    }
+
+    fn log(&self, level: LogLevel, message: &str) {
+        // SAFETY: the message slice lives for the call.
+        let _ = unsafe { proxy_log(level as u32, message.as_ptr(), message.len()) };
+    }
+
+    fn plugin_configuration(&self) -> Result<Option<Vec<u8>>, HostError> {
+        // SAFETY: the host writes a pointer it allocated and its size.
+        let bytes =
+            bytes_of(|data, size| unsafe { proxy_get_buffer_bytes(PLUGIN_CONFIGURATION, 0, usize::MAX, data, size) })?;
+        Ok(bytes.filter(|b| !b.is_empty()))
+    }
+
+    fn define_counter(&self, name: &str) -> Result<u32, HostError> {
+        let mut id = 0u32;
+        // SAFETY: the name lives for the call; the host writes one u32.
+        HostError::check(unsafe { proxy_define_metric(METRIC_COUNTER, name.as_ptr(), name.len(), &mut id) })?;
+        Ok(id)
+    }
+
+    fn increment_counter(&self, id: u32, delta: u64) -> Result<(), HostError> {
+        let delta = i64::try_from(delta).map_err(|_| HostError::BadArgument)?;
+        // SAFETY: plain values.
+        HostError::check(unsafe { proxy_increment_metric(id, delta) })
+    }
+
+    fn set_effective_context(&self, context_id: u32) -> Result<(), HostError> {
+        // SAFETY: a plain value.
+        HostError::check(unsafe { proxy_set_effective_context(context_id) })
+    }
+
+    fn request_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostError> {
+        // SAFETY: the key lives for the call; the host writes a pointer it allocated and its size.
+        bytes_of(|data, size| unsafe {
+            proxy_get_header_map_value(REQUEST_HEADERS, name.as_ptr(), name.len(), data, size)
+        })
+    }
+
+    fn property(&self, path: &[&str]) -> Result<Option<Vec<u8>>, HostError> {
+        // Segments joined by NUL (proxy-wasm's property path encoding).
+        let path = path.join("\0");
+        // SAFETY: as above.
+        bytes_of(|data, size| unsafe { proxy_get_property(path.as_ptr(), path.len(), data, size) })
+    }
+
+    fn resume_request(&self) -> Result<(), HostError> {
+        // SAFETY: a plain value.
+        HostError::check(unsafe { proxy_continue_stream(STREAM_REQUEST) })
+    }
+
+    fn send_local_reply(&self, status: u16, headers: &[(&str, &str)], body: &[u8]) -> Result<(), HostError> {
+        let headers = serialize_map(headers);
+        // SAFETY: every slice lives for the call; grpc_status -1 = not a gRPC reply.
+        HostError::check(unsafe {
+            proxy_send_local_response(
+                u32::from(status),
+                null(),
+                0,
+                body.as_ptr(),
+                body.len(),
+                headers.as_ptr(),
+                headers.len(),
+                -1,
+            )
+        })
+    }
+
+    fn add_response_header(&self, name: &str, value: &str) -> Result<(), HostError> {
+        // SAFETY: the slices live for the call.
+        HostError::check(unsafe {
+            proxy_add_header_map_value(RESPONSE_HEADERS, name.as_ptr(), name.len(), value.as_ptr(), value.len())
+        })
+    }
+
+    fn set_tick_period_ms(&self, period_ms: u32) -> Result<(), HostError> {
+        // SAFETY: a plain value.
+        HostError::check(unsafe { proxy_set_tick_period_milliseconds(period_ms) })
+    }
+
+    fn get_shared_data(&self, key: &str) -> Result<(Option<Vec<u8>>, u32), HostError> {
+        let mut cas = 0u32;
+        // SAFETY: the key lives for the call; the host writes a pointer it allocated, its size and a u32.
+        let value =
+            bytes_of(|data, size| unsafe { proxy_get_shared_data(key.as_ptr(), key.len(), data, size, &mut cas) })?;
+        Ok((value, cas))
+    }
+
+    fn set_shared_data(&self, key: &str, value: &[u8], cas: u32) -> Result<(), HostError> {
+        // SAFETY: the slices live for the call.
+        HostError::check(unsafe { proxy_set_shared_data(key.as_ptr(), key.len(), value.as_ptr(), value.len(), cas) })
+    }
+
+    fn http_call(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout_ms: u32,
+    ) -> Result<u32, HostError> {
+        let headers = serialize_map(headers);
+        let trailers = serialize_map(&[]);
+        let mut token = 0u32;
+        // SAFETY: every slice lives for the call; the host writes one u32.
+        HostError::check(unsafe {
+            proxy_http_call(
+                cluster.as_ptr(),
+                cluster.len(),
+                headers.as_ptr(),
+                headers.len(),
+                body.as_ptr(),
+                body.len(),
+                trailers.as_ptr(),
+                trailers.len(),
+                timeout_ms,
+                &mut token,
+            )
+        })?;
+        Ok(token)
+    }
+
+    fn http_call_response_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostError> {
+        // SAFETY: as for request headers.
+        bytes_of(|data, size| unsafe {
+            proxy_get_header_map_value(HTTP_CALL_RESPONSE_HEADERS, name.as_ptr(), name.len(), data, size)
+        })
+    }
+
+    fn http_call_response_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
+        // SAFETY: the host writes a pointer it allocated and its size.
+        let bytes = bytes_of(|data, written| unsafe {
+            proxy_get_buffer_bytes(HTTP_CALL_RESPONSE_BODY, 0, size, data, written)
+        })?;
+        Ok(bytes.unwrap_or_default())
+    }
+
+    #[cfg(feature = "host-redis")]
+    fn redis_init(&self, service: &str, username: &str, password: &str, timeout_ms: u32) -> Result<(), HostError> {
+        // SAFETY: every slice lives for the call.
+        HostError::check(unsafe {
+            proxy_redis_init(
+                service.as_ptr(),
+                service.len(),
+                username.as_ptr(),
+                username.len(),
+                password.as_ptr(),
+                password.len(),
+                timeout_ms,
+            )
+        })
+    }
+
+    #[cfg(not(feature = "host-redis"))]
+    fn redis_init(&self, _service: &str, _username: &str, _password: &str, _timeout_ms: u32) -> Result<(), HostError> {
+        Err(HostError::Unimplemented)
+    }
+
+    #[cfg(feature = "host-redis")]
+    fn redis_call(&self, service: &str, query: &[u8]) -> Result<u32, HostError> {
+        let mut token = 0u32;
+        // SAFETY: the slices live for the call; the host writes one u32.
+        HostError::check(unsafe {
+            proxy_redis_call(service.as_ptr(), service.len(), query.as_ptr(), query.len(), &mut token)
+        })?;
+        Ok(token)
+    }
+
+    #[cfg(not(feature = "host-redis"))]
+    fn redis_call(&self, _service: &str, _query: &[u8]) -> Result<u32, HostError> {
+        Err(HostError::Unimplemented)
+    }
+
+    #[cfg(feature = "host-redis")]
+    fn redis_call_response(&self, size: usize) -> Result<Vec<u8>, HostError> {
+        // SAFETY: the host writes a pointer it allocated and its size (buffer type 9, Higress ABI).
+        let bytes =
+            bytes_of(|data, written| unsafe { proxy_get_buffer_bytes(REDIS_CALL_RESPONSE, 0, size, data, written) })?;
+        Ok(bytes.unwrap_or_default())
+    }
+
+    #[cfg(not(feature = "host-redis"))]
+    fn redis_call_response(&self, _size: usize) -> Result<Vec<u8>, HostError> {
+        Err(HostError::Unimplemented)
+    }
+}
+
+/// The root contexts of this VM and the HTTP contexts they created.
+#[derive(Default)]
+struct Vm {
+    /// Root context id -> its filter (`None` until configured, or when the configuration was refused).
+    roots: Vec<(u32, Option<Filter<AbiHost>>)>,
+    /// HTTP context id -> its root context id.
+    contexts: HashMap<u32, u32>,
+}
+
+impl Vm {
+    /// The filter of a root context, or of the root of an HTTP context.
+    fn filter(&mut self, context_id: u32) -> Option<&mut Filter<AbiHost>> {
+        let root = if self.roots.iter().any(|(id, _)| *id == context_id) {
+            context_id
+        } else {
+            *self.contexts.get(&context_id)?
+        };
+        self.roots.iter_mut().find(|(id, _)| *id == root).and_then(|(_, filter)| filter.as_mut())
+    }
+}
+
+thread_local! {
+    static VM: RefCell<Vm> = RefCell::new(Vm::default());
+}
+
+/// Runs `f` on the VM state; `None` if a callback re-entered while another holds it (the host called
+/// back during a hostcall: the inner callback then does nothing).
+fn with_vm<T>(f: impl FnOnce(&mut Vm) -> T) -> Option<T> {
+    VM.with(|vm| vm.try_borrow_mut().ok().map(|mut vm| f(&mut vm)))
+}
+
+#[cfg(target_os = "wasi")]
+extern "C" {
+    fn __wasm_call_ctors();
+}
+
+/// WASI reactor initialisation: the host calls it once before anything else.
+#[cfg(target_os = "wasi")]
+#[no_mangle]
+pub extern "C" fn _initialize() {
+    // SAFETY: called once by the host, before any other export, as the WASI reactor ABI requires.
+    unsafe { __wasm_call_ctors() }
+}
+
+/// The ABI version this module speaks (what proxy-wasm 0.2.5 modules export; Envoy and Higress accept it).
+#[no_mangle]
+pub extern "C" fn proxy_abi_version_0_2_1() {}
+
+/// Allocates `size` bytes for the host to write into (header values, buffers); ownership passes to the
+/// module through the hostcall that returns the pointer.
+#[no_mangle]
+pub extern "C" fn proxy_on_memory_allocate(size: usize) -> *mut u8 {
+    let mut buffer: Vec<u8> = Vec::with_capacity(size);
+    let pointer = buffer.as_mut_ptr();
+    std::mem::forget(buffer);
+    pointer
+}
+
+/// `proxy_on_context_create(id, 0)`: a root context; otherwise an HTTP context of root `parent`.
+#[no_mangle]
+pub extern "C" fn proxy_on_context_create(context_id: u32, parent_context_id: u32) {
+    with_vm(|vm| {
+        if parent_context_id == 0 {
+            vm.roots.push((context_id, None));
+        } else {
+            vm.contexts.insert(context_id, parent_context_id);
+        }
+    });
+}
+
+/// The VM starts: nothing to do (the configuration comes with `proxy_on_configure`).
+#[no_mangle]
+pub extern "C" fn proxy_on_vm_start(_context_id: u32, _vm_configuration_size: usize) -> bool {
+    true
+}
+
+/// Reads, validates and applies the plugin configuration; `false` refuses it (Envoy then does not load
+/// the plugin), after a log line naming the field.
+#[no_mangle]
+pub extern "C" fn proxy_on_configure(context_id: u32, _plugin_configuration_size: usize) -> bool {
+    let host = AbiHost;
+    let configured = match host.plugin_configuration() {
+        Ok(bytes) => Filter::configure(host, &bytes.unwrap_or_default(), cfg!(feature = "host-redis")),
+        Err(error) => Err(format!("cannot read the plugin configuration: {error}")),
+    };
+    let filter = match configured {
+        Ok(filter) => filter,
+        Err(reason) => {
+            host.log(LogLevel::Error, &format!("edge-rate-limiter: invalid configuration: {reason}"));
+            return false;
+        }
+    };
+    with_vm(|vm| match vm.roots.iter_mut().find(|(id, _)| *id == context_id) {
+        Some((_, slot)) => *slot = Some(filter),
+        None => vm.roots.push((context_id, Some(filter))),
+    })
+    .is_some()
+}
+
+/// The request headers arrived: decide, or pause until Redis answers.
+#[no_mangle]
+pub extern "C" fn proxy_on_request_headers(context_id: u32, _num_headers: usize, _end_of_stream: bool) -> u32 {
+    with_vm(|vm| vm.filter(context_id).map(|filter| filter.on_request_headers(context_id)))
+        .flatten()
+        .unwrap_or(Action::Continue) as u32
+}
+
+/// The response headers arrived: add the rate limit headers of an allowed request.
+#[no_mangle]
+pub extern "C" fn proxy_on_response_headers(context_id: u32, _num_headers: usize, _end_of_stream: bool) -> u32 {
+    with_vm(|vm| vm.filter(context_id).map(|filter| filter.on_response_headers(context_id)))
+        .flatten()
+        .unwrap_or(Action::Continue) as u32
+}
+
+/// The stream is done: forget it (a reply still on its way is dropped when it arrives).
+#[no_mangle]
+pub extern "C" fn proxy_on_done(context_id: u32) -> bool {
+    with_vm(|vm| {
+        if let Some(filter) = vm.filter(context_id) {
+            filter.on_done(context_id);
+        }
+    });
+    true
+}
+
+/// The context is deleted: forget it; a deleted root context takes its filter along.
+#[no_mangle]
+pub extern "C" fn proxy_on_delete(context_id: u32) {
+    with_vm(|vm| {
+        if let Some(filter) = vm.filter(context_id) {
+            filter.on_done(context_id);
+        }
+        vm.contexts.remove(&context_id);
+        vm.roots.retain(|(id, _)| *id != context_id);
+    });
+}
+
+/// The root context's tick: the deadline guard.
+#[no_mangle]
+pub extern "C" fn proxy_on_tick(context_id: u32) {
+    with_vm(|vm| {
+        if let Some(filter) = vm.filter(context_id) {
+            filter.on_tick();
+        }
+    });
+}
+
+/// An HTTP call's response (the bridge), delivered to the root context.
+#[no_mangle]
+pub extern "C" fn proxy_on_http_call_response(
+    context_id: u32,
+    token: u32,
+    num_headers: usize,
+    body_size: usize,
+    _num_trailers: usize,
+) {
+    with_vm(|vm| {
+        if let Some(filter) = vm.filter(context_id) {
+            filter.on_http_call_response(token, num_headers, body_size);
+        }
+    });
+}
+
+/// A Redis reply from the host's client (Higress ABI), delivered to the root context: `status` 0 = a reply
+/// of `response_size` bytes in buffer type 9, 1 = network error or timeout.
+#[cfg(feature = "host-redis")]
+#[no_mangle]
+pub extern "C" fn proxy_on_redis_call_response(context_id: u32, token: u32, status: u32, response_size: usize) {
+    with_vm(|vm| {
+        if let Some(filter) = vm.filter(context_id) {
+            filter.on_redis_call_response(token, status, response_size);
+        }
+    });
+}

@@ -1,0 +1,474 @@
+//! Plugin configuration: the JSON a gateway hands to the filter, parsed and validated once (in
+//! `on_configure`) into an immutable [`PluginConfig`] shared by every request of the VM.
+//!
+//! Every error names the field it is about (`rules[0].rate: must be at least 1`), so an operator can fix
+//! the configuration from the gateway's log line alone. The field reference is in README.md.
+//!
+//! - this module: the validated types ([`PluginConfig`], [`Rule`], [`RedisConfig`]...) and [`ConfigError`];
+//! - `reader`: the JSON read field by field, errors naming the field, unknown fields refused;
+//! - `validate`: every field read, defaulted and validated;
+//! - `match_rules`: Higress `_rules_` overlays ([`Plugin`], [`Override`]) and their selection per request.
+
+use std::fmt;
+
+use crate::key::KeySource;
+
+mod match_rules;
+mod reader;
+mod validate;
+
+pub use match_rules::{Override, Plugin};
+pub use reader::DurationMs;
+
+/// A configuration the filter refuses to load.
+///
+/// `field` is the path of the offending field in the JSON (`redis.timeout`, `rules[2].limit_by`), or
+/// empty when the document as a whole is wrong (not JSON, not an object).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// Path of the field, as `a.b[3].c`.
+    pub field: String,
+    /// Why the value was refused.
+    pub reason: String,
+}
+
+impl ConfigError {
+    pub(crate) fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self { field: field.into(), reason: reason.into() }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_empty() {
+            write!(f, "{}", self.reason)
+        } else {
+            write!(f, "{}: {}", self.field, self.reason)
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// How the filter reaches Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportKind {
+    /// An HTTP-to-Redis bridge (webdis) reached with `dispatch_http_call`: the stock Envoy / Istio build.
+    Http,
+    /// The host's outbound Redis interface (`proxy_redis_call`, Higress): the host-redis build.
+    Host,
+}
+
+/// What happens to a request the filter cannot decide because Redis or the bridge failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailureMode {
+    /// Fail open: the request continues upstream (Envoy's global rate limit filter does the same by default).
+    #[default]
+    Allow,
+    /// Fail closed: the request is answered with `failure_status`.
+    Deny,
+}
+
+/// Redisson's `RateType`: whose window a limiter counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LimiterType {
+    /// `RateType.OVERALL` (stored as `"0"`): one window shared by every gateway and Redisson client.
+    #[default]
+    Overall,
+    /// `RateType.PER_CLIENT` (stored as `"1"`): one window per client instance, here per gateway process.
+    PerClient,
+}
+
+impl LimiterType {
+    /// The value Redisson stores in the limiter hash's `type` field (`RateType.ordinal()`).
+    pub fn redisson_ordinal(self) -> u8 {
+        match self {
+            LimiterType::Overall => 0,
+            LimiterType::PerClient => 1,
+        }
+    }
+
+    /// The type for a Redisson `type` field value, if it is one Redisson writes.
+    pub fn from_redisson_ordinal(ordinal: i64) -> Option<Self> {
+        match ordinal {
+            0 => Some(LimiterType::Overall),
+            1 => Some(LimiterType::PerClient),
+            _ => None,
+        }
+    }
+}
+
+/// What a rule does with a request that carries no key value (no such header, query parameter, cookie...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnMissing {
+    /// The rule does not apply to the request.
+    #[default]
+    Skip,
+    /// The request is rejected with the rejection status.
+    Deny,
+    /// All requests without a key value share one limiter (key value: the empty string).
+    Share,
+}
+
+/// Who wins when Redis holds another rate, interval or type for a limiter than the rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RateSource {
+    /// Redis wins (trySetRate semantics): an operator or a Java service controls the limit.
+    #[default]
+    Redis,
+    /// The configuration wins: applied once per limiter and configuration with updateRate, keeping
+    /// consumed permits (no burst at the change).
+    Config,
+}
+
+/// Where the acquire time comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClockSource {
+    /// The gateway's clock, as Redisson uses its client's clock.
+    #[default]
+    Gateway,
+    /// Redis's `TIME`: removes clock skew between gateways (and Redisson clients using it).
+    Redis,
+}
+
+/// Which rate limit headers responses carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HeaderStyle {
+    /// `RateLimit-Policy` and `RateLimit`, as draft-ietf-httpapi-ratelimit-headers-11.
+    #[default]
+    Draft,
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`.
+    Legacy,
+    /// Both of the above.
+    Both,
+    /// No rate limit headers (rejections still carry `Retry-After`).
+    None,
+}
+
+/// A credential from the configuration (a Redis password, a bridge's `Authorization` value). Its `Debug`
+/// never shows it, so a logged or formatted configuration carries no secret; [`Secret::expose`] is the
+/// one way to read it, at the transport that sends it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+
+    /// The secret itself, for the transport that sends it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// How to reach Redis, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    /// Which transport carries the commands.
+    pub transport: TransportKind,
+    /// The Envoy cluster: `cluster` as given, or Higress's `outbound|<port>||<service_name>`.
+    pub cluster: String,
+    /// `:authority` of bridge requests (default: the cluster name).
+    pub authority: String,
+    /// Redis ACL user name (host transport), or HTTP Basic user (http transport).
+    pub username: Option<String>,
+    /// Redis password (host transport), or HTTP Basic password (http transport); redacted in `Debug`.
+    pub password: Option<Secret>,
+    /// `Authorization` header value for the bridge, precomputed when a password or user is set; redacted.
+    pub basic_auth: Option<Secret>,
+    /// Per-call timeout, milliseconds.
+    pub timeout_ms: u64,
+    /// Redis logical database (host transport only; the bridge selects its database itself).
+    pub database: u32,
+}
+
+/// One rate limit rule, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    /// The rule's name, `[A-Za-z0-9_-]+`: in logs and `RateLimit` headers.
+    pub name: String,
+    /// Where the key value comes from.
+    pub source: KeySource,
+    /// Base of the limiter names in Redis (default `erl:<name>`).
+    pub limiter: String,
+    /// Permits per interval (Redisson `rate`).
+    pub rate: u64,
+    /// Window length in milliseconds (Redisson `interval`).
+    pub interval_ms: u64,
+    /// Overall or per client (Redisson `type`).
+    pub limiter_type: LimiterType,
+    /// Permits one request takes.
+    pub permits: u64,
+    /// Redisson `keepAliveTime` in milliseconds; 0 = the keys never expire.
+    pub keep_alive_ms: u64,
+    /// What to do when the request has no key value.
+    pub on_missing: OnMissing,
+    /// Who wins when Redis holds another config.
+    pub rate_source: RateSource,
+}
+
+/// The response sent for a rejected request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// HTTP status (default 429).
+    pub status: u16,
+    /// Body, sent as `text/plain`.
+    pub body: String,
+}
+
+/// The whole validated plugin configuration, immutable after `on_configure`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginConfig {
+    /// How to reach Redis.
+    pub redis: RedisConfig,
+    /// The rules, in configuration order.
+    pub rules: Vec<Rule>,
+    /// Fail open or closed.
+    pub failure_mode: FailureMode,
+    /// Status of a fail-closed answer.
+    pub failure_status: u16,
+    /// The answer to a rejected request.
+    pub rejection: Rejection,
+    /// Which rate limit headers responses carry.
+    pub headers: HeaderStyle,
+    /// How many limiter names the per-VM cache remembers.
+    pub cache_size: usize,
+    /// Where acquire times come from.
+    pub clock: ClockSource,
+}
+
+impl PluginConfig {
+    /// Parses and validates a plugin configuration (JSON bytes).
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the first offending field: JSON syntax, unknown fields, wrong types and
+    /// out-of-range values are all refused; nothing is defaulted silently over a wrong value.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, ConfigError> {
+        let value: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| ConfigError::new("", e.to_string()))?;
+        Self::from_value(&value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn parse(json: &str) -> Result<PluginConfig, ConfigError> {
+        PluginConfig::from_json(json.as_bytes())
+    }
+
+    fn error_of(json: &str) -> String {
+        parse(json).expect_err("configuration should be refused").to_string()
+    }
+
+    const MINIMAL: &str =
+        r#"{"redis":{"cluster":"webdis"},"rules":[{"name":"r","limit_by":"global","rate":5,"interval":"1s"}]}"#;
+
+    #[test]
+    fn minimal_configuration_gets_documented_defaults() {
+        let config = parse(MINIMAL).unwrap();
+        assert_eq!(config.redis.cluster, "webdis");
+        assert_eq!(config.redis.authority, "webdis");
+        assert_eq!(config.redis.timeout_ms, 1000);
+        assert_eq!(config.redis.transport, TransportKind::Http);
+        assert_eq!(config.failure_mode, FailureMode::Allow);
+        assert_eq!(config.failure_status, 503);
+        assert_eq!(config.rejection, Rejection { status: 429, body: "rate limit exceeded\n".into() });
+        let rule = &config.rules[0];
+        assert_eq!((rule.rate, rule.interval_ms, rule.permits), (5, 1000, 1));
+        assert_eq!(rule.limiter, "erl:r");
+        assert_eq!(rule.limiter_type, LimiterType::Overall);
+        assert_eq!(rule.keep_alive_ms, 0, "a global limiter never expires by default");
+    }
+
+    #[test]
+    fn keyed_rules_expire_after_an_hour_or_the_interval_by_default() {
+        let config = parse(
+            r#"{"redis":{"cluster":"c"},"rules":[
+                {"name":"a","limit_by":{"header":"x-user"},"rate":5,"interval":"1s"},
+                {"name":"b","limit_by":"client_ip","rate":5,"interval":"2h"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(config.rules[0].keep_alive_ms, 3_600_000);
+        assert_eq!(config.rules[1].keep_alive_ms, 7_200_000);
+    }
+
+    #[test]
+    fn durations_accept_milliseconds_and_human_strings() {
+        for (written, ms) in [("1500", 1500), ("\"1.5s\"", 1500), ("\"1m\"", 60_000), ("\"1h 30m\"", 5_400_000)] {
+            let json = MINIMAL.replace("\"1s\"", written);
+            assert_eq!(parse(&json).unwrap().rules[0].interval_ms, ms, "{written}");
+        }
+        assert!(error_of(&MINIMAL.replace("\"1s\"", "\"soon\"")).starts_with("rules[0].interval: invalid duration"));
+        assert!(error_of(&MINIMAL.replace("\"1s\"", "-5")).starts_with("rules[0].interval: expected milliseconds"));
+        assert!(error_of(&MINIMAL.replace("\"1s\"", "\"1500us\"")).contains("whole number of milliseconds"));
+    }
+
+    #[test]
+    fn higress_service_names_become_outbound_clusters() {
+        let config = parse(
+            r#"{"redis":{"service_name":"redis.static","transport":"host","database":2,"password":"pw"},
+                "rules":[{"name":"r","limit_by":"global","rate":1,"interval":1}]}"#,
+        )
+        .unwrap();
+        assert_eq!(config.redis.cluster, "outbound|80||redis.static");
+        assert_eq!(config.redis.database, 2);
+        let config = parse(
+            r#"{"redis":{"service_name":"redis.default.svc.cluster.local","service_port":6380},
+                "rules":[{"name":"r","limit_by":"global","rate":1,"interval":1}]}"#,
+        )
+        .unwrap();
+        assert_eq!(config.redis.cluster, "outbound|6380||redis.default.svc.cluster.local");
+    }
+
+    #[test]
+    fn bridge_credentials_become_a_basic_authorization_header() {
+        let config =
+            parse(&MINIMAL.replace(r#""cluster":"webdis""#, r#""cluster":"webdis","username":"u","password":"p""#))
+                .unwrap();
+        assert_eq!(config.redis.basic_auth.as_ref().map(Secret::expose), Some("Basic dTpw"));
+    }
+
+    #[test]
+    fn formatting_a_configuration_shows_no_secret() {
+        let json = r#"{"redis":{"cluster":"webdis","username":"ops","password":"hunter2-pw"},
+            "rules":[{"name":"r","limit_by":"global","rate":5,"interval":"1s"}],
+            "_rules_":[{"_match_route_":["a"],"redis":{"transport":"host","cluster":"r","password":"other-pw"}}]}"#;
+        let plugin = Plugin::from_json(json.as_bytes()).unwrap();
+        let shown = format!("{plugin:?} {plugin:#?}");
+        for secret in ["hunter2-pw", "other-pw", "b3BzOmh1bnRlcjItcHc" /* base64 of ops:hunter2-pw */] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(shown.contains("ops"), "the user name may show");
+        assert!(shown.contains("<redacted>"));
+        let mistyped = r#"{"redis":{"cluster":"w","password":123456},"rules":[]}"#;
+        let error = PluginConfig::from_json(mistyped.as_bytes()).unwrap_err().to_string();
+        assert!(error.starts_with("redis.password: must be a string"), "{error}");
+        assert!(!error.contains("123456"), "{error}");
+    }
+
+    #[test]
+    fn higress_match_rules_override_by_route_then_domain_then_global() {
+        let json = r#"{"redis":{"cluster":"webdis"},"rules":[{"name":"r","limit_by":"global","rate":5,"interval":"1s"}],
+                "_rules_":[
+                  {"_match_domain_":["*.partner.example","api.example"],"rules":[{"name":"d","limit_by":"global","rate":7,"interval":1000}]},
+                  {"_match_route_":["default/login"],"failure_mode":"deny","rules":[{"name":"login","limit_by":"client_ip","rate":2,"interval":1000}]}]}"#;
+        let plugin = Plugin::from_json(json.as_bytes()).unwrap();
+        let name = |route, authority| plugin.select(route, authority).map(|(i, c)| (i, c.rules[0].name.clone()));
+        assert_eq!(name(Some("default/login"), Some("api.example")), Some((2, "login".into())), "route beats domain");
+        assert_eq!(name(None, Some("API.example:8443")), Some((1, "d".into())));
+        assert_eq!(name(None, Some("eu.partner.example")), Some((1, "d".into())));
+        assert_eq!(name(None, Some("partner.example")), Some((0, "r".into())), "*. matches subdomains only");
+        assert_eq!(name(Some("other"), None), Some((0, "r".into())));
+        let login = &plugin.overrides[1].config;
+        assert_eq!(
+            (login.failure_mode, login.redis.cluster.as_str()),
+            (FailureMode::Deny, "webdis"),
+            "global fields carry over"
+        );
+        assert_eq!(plugin.configs().count(), 3);
+    }
+
+    #[test]
+    fn match_rules_alone_leave_other_requests_unlimited_and_errors_name_the_rule() {
+        let only = r#"{"_rules_":[{"_match_route_":["a"],"redis":{"cluster":"c"},"rules":[{"name":"r","limit_by":"global","rate":1,"interval":1}]}]}"#;
+        let plugin = Plugin::from_json(only.as_bytes()).unwrap();
+        assert!(plugin.global.is_none());
+        assert!(plugin.select(Some("b"), Some("x")).is_none());
+        assert!(plugin.select(Some("a"), None).is_some());
+        let bad = only.replace("\"rate\":1", "\"rate\":0");
+        assert_eq!(
+            Plugin::from_json(bad.as_bytes()).unwrap_err().to_string(),
+            "_rules_[0].rules[0].rate: must be at least 1"
+        );
+        let unmatched = only.replace("\"_match_route_\":[\"a\"],", "");
+        assert_eq!(
+            Plugin::from_json(unmatched.as_bytes()).unwrap_err().to_string(),
+            "_rules_[0]: needs `_match_route_` or `_match_domain_`"
+        );
+        let plain = Plugin::from_json(MINIMAL.as_bytes()).unwrap();
+        assert_eq!(plain.global, Some(parse(MINIMAL).unwrap()));
+        assert_eq!(Plugin::from_json(b"[1]").unwrap_err().to_string(), "the configuration must be a JSON object");
+    }
+
+    #[test]
+    fn every_refusal_names_its_field() {
+        let cases = [
+            (MINIMAL.replace("\"rate\":5", "\"rate\":0"), "rules[0].rate: must be at least 1"),
+            (MINIMAL.replace("\"rate\":5", "\"rate\":\"5\""), "rules[0].rate: must be a whole number"),
+            (
+                MINIMAL.replace("\"rate\":5", "\"rate\":5,\"permits\":6"),
+                "rules[0].permits: 6 must be between 1 and the rate (5)",
+            ),
+            (MINIMAL.replace("\"rate\":5", "\"rate\":5,\"colour\":1"), "rules[0].colour: unknown field `colour`"),
+            (MINIMAL.replace("\"name\":\"r\"", "\"name\":\"a:b\""), "rules[0].name:"),
+            (
+                MINIMAL.replace("\"global\"", "{\"header\":\"\"}"),
+                "rules[0].limit_by: the header name must not be empty",
+            ),
+            (
+                MINIMAL.replace("\"global\"", "{\"x_forwarded_for\":0}"),
+                "rules[0].limit_by: trusted hops must be at least 1",
+            ),
+            (MINIMAL.replace("\"global\"", "\"everything\""), "rules[0].limit_by: unknown variant `everything`"),
+            (
+                MINIMAL.replace("\"1s\"", "\"1s\",\"keep_alive\":\"500ms\""),
+                "rules[0].keep_alive: 500 ms is shorter than the interval",
+            ),
+            (MINIMAL.replace("\"1s\"", "\"1s\",\"type\":\"per_user\""), "rules[0].type: unknown variant `per_user`"),
+            (
+                MINIMAL.replace("\"cluster\":\"webdis\"", "\"cluster\":\"webdis\",\"timeout\":0"),
+                "redis.timeout: must be at least 1 ms",
+            ),
+            (
+                MINIMAL.replace("\"cluster\":\"webdis\"", "\"cluster\":\"webdis\",\"database\":3"),
+                "redis.database: the http transport cannot select a database",
+            ),
+            (MINIMAL.replace("\"cluster\":\"webdis\"", ""), "redis: `cluster` or `service_name` is required"),
+            (
+                MINIMAL.replace("\"cluster\":\"webdis\"", "\"cluster\":\"webdis\",\"transport\":\"tcp\""),
+                "redis.transport: unknown variant `tcp`",
+            ),
+            (MINIMAL.replace("}]}", "}],\"rejected_status\":99}"), "rejected_status: 99 is not an HTTP status"),
+            (MINIMAL.replace("}]}", "}],\"failure_mode\":\"maybe\"}"), "failure_mode: unknown variant `maybe`"),
+            (
+                MINIMAL.replace("}]}", "},{\"name\":\"r\",\"limit_by\":\"path\",\"rate\":1,\"interval\":1}]}"),
+                "rules[1].name: duplicate rule name",
+            ),
+            (r#"{"redis":{"cluster":"c"},"rules":[]}"#.to_string(), "rules: at least one rule is required"),
+            (r#"{"redis":{"cluster":"c"}}"#.to_string(), "rules: is required"),
+            (MINIMAL.replace("\"name\":\"r\",", ""), "rules[0].name: is required"),
+            (MINIMAL.replace("\"global\"", "{\"header\":\"a\",\"query\":\"b\"}"), "rules[0].limit_by: must be one of"),
+            (
+                MINIMAL.replace("\"global\"", "{\"x_forwarded_for\":\"2\"}"),
+                "rules[0].limit_by: `x_forwarded_for` must be",
+            ),
+            (
+                MINIMAL.replace("{\"cluster", "{\"port\":1,\"cluster"),
+                "redis.port: unknown field `port`, expected one of",
+            ),
+            (format!("[{MINIMAL}]"), "must be a JSON object"),
+            ("not json".to_string(), "expected ident"),
+            (format!("{MINIMAL} trailing"), "trailing characters"),
+        ];
+        for (json, expected) in cases {
+            let error = error_of(&json);
+            assert!(
+                error.starts_with(expected) || error.contains(expected),
+                "{json}\n  gave: {error}\n  expected: {expected}"
+            );
+        }
+    }
+}

@@ -1,0 +1,264 @@
+//! Validation: the configuration's JSON, read field by field ([`super::reader`]), becomes a
+//! [`PluginConfig`], or a [`ConfigError`] that names the offending field. Defaults are written here, next
+//! to the field they belong to; nothing is defaulted silently over a wrong value.
+
+use base64::Engine as _;
+use serde_json::Value;
+
+use super::reader::{DurationMs, Object};
+use super::{
+    ClockSource, ConfigError, FailureMode, HeaderStyle, LimiterType, OnMissing, PluginConfig, RateSource, RedisConfig,
+    Rejection, Rule, Secret, TransportKind,
+};
+use crate::key::KeySource;
+
+/// Default keep-alive of a keyed limiter (per user, per IP...): one hour, so the keys of one-off clients vanish.
+const DEFAULT_KEEP_ALIVE_MS: u64 = 3_600_000;
+/// Largest rate accepted: Redisson's members carry permits as a 4-byte unsigned integer.
+const MAX_RATE: u64 = u32::MAX as u64;
+/// Largest interval accepted (about 31 years): keeps `now - interval` and TTL arithmetic far from overflow.
+const MAX_INTERVAL_MS: u64 = 1 << 40;
+
+const TOP_FIELDS: &[&str] = &[
+    "redis",
+    "rules",
+    "failure_mode",
+    "failure_status",
+    "rejected_status",
+    "rejected_body",
+    "rate_limit_headers",
+    "cache_size",
+    "clock",
+];
+const REDIS_FIELDS: &[&str] = &[
+    "transport",
+    "cluster",
+    "service_name",
+    "service_port",
+    "username",
+    "password",
+    "timeout",
+    "database",
+    "authority",
+];
+const RULE_FIELDS: &[&str] =
+    &["name", "limit_by", "rate", "interval", "type", "permits", "keep_alive", "on_missing", "limiter", "rate_source"];
+
+impl PluginConfig {
+    /// Reads and validates a configuration already parsed as JSON.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the first offending field: unknown fields, wrong types and out-of-range
+    /// values are all refused.
+    pub fn from_value(value: &Value) -> Result<Self, ConfigError> {
+        let mut top = Object::new(value, "")?;
+        let redis = read_redis(top.required("redis", Object::object)?)?;
+        let (items, at) = top.required("rules", Object::array)?;
+        if items.is_empty() {
+            return Err(ConfigError::new("rules", "at least one rule is required"));
+        }
+        let mut rules: Vec<Rule> = Vec::with_capacity(items.len());
+        for (index, item) in items.iter().enumerate() {
+            let path = format!("{at}[{index}]");
+            let rule = read_rule(Object::new(item, &path)?)?;
+            if rules.iter().any(|r| r.name == rule.name) {
+                return Err(ConfigError::new(format!("{path}.name"), format!("duplicate rule name {:?}", rule.name)));
+            }
+            rules.push(rule);
+        }
+        let failure_mode = top.choice("failure_mode", &[("allow", FailureMode::Allow), ("deny", FailureMode::Deny)])?;
+        let failure_status = status(&mut top, "failure_status", 503)?;
+        let rejected_status = status(&mut top, "rejected_status", 429)?;
+        let rejected_body = top.string("rejected_body")?.unwrap_or_else(|| "rate limit exceeded\n".to_string());
+        let headers = top.choice(
+            "rate_limit_headers",
+            &[
+                ("draft", HeaderStyle::Draft),
+                ("legacy", HeaderStyle::Legacy),
+                ("both", HeaderStyle::Both),
+                ("none", HeaderStyle::None),
+            ],
+        )?;
+        let cache_size = top.number::<usize>("cache_size")?.unwrap_or(10_000);
+        if cache_size == 0 {
+            return Err(ConfigError::new("cache_size", "must be at least 1"));
+        }
+        let clock = top.choice("clock", &[("gateway", ClockSource::Gateway), ("redis", ClockSource::Redis)])?;
+        top.finish(TOP_FIELDS)?;
+        Ok(PluginConfig {
+            redis,
+            rules,
+            failure_mode: failure_mode.unwrap_or_default(),
+            failure_status,
+            rejection: Rejection { status: rejected_status, body: rejected_body },
+            headers: headers.unwrap_or_default(),
+            cache_size,
+            clock: clock.unwrap_or_default(),
+        })
+    }
+}
+
+/// An HTTP status field between 200 and 599.
+fn status(top: &mut Object<'_>, name: &'static str, default: u16) -> Result<u16, ConfigError> {
+    let status = top.number::<u16>(name)?.unwrap_or(default);
+    if (200..=599).contains(&status) {
+        Ok(status)
+    } else {
+        Err(top.error(name, format!("{status} is not an HTTP status between 200 and 599")))
+    }
+}
+
+fn read_redis(mut redis: Object<'_>) -> Result<RedisConfig, ConfigError> {
+    let transport = redis
+        .choice("transport", &[("http", TransportKind::Http), ("host", TransportKind::Host)])?
+        .unwrap_or(TransportKind::Http);
+    let cluster = match (redis.string("cluster")?, redis.string("service_name")?) {
+        (Some(_), Some(_)) => return Err(redis.error("cluster", "set either `cluster` or `service_name`, not both")),
+        (None, None) => return Err(ConfigError::new("redis", "`cluster` or `service_name` is required")),
+        (Some(cluster), None) => {
+            if redis.get("service_port").is_some() {
+                return Err(redis.error("service_port", "only valid with `service_name`"));
+            }
+            non_empty(&redis.path_of("cluster"), cluster)?
+        }
+        (None, Some(name)) => {
+            let name = non_empty(&redis.path_of("service_name"), name)?;
+            let default_port = if name.ends_with(".static") { 80 } else { 6379 };
+            let port = redis.number::<u16>("service_port")?.unwrap_or(default_port);
+            // Higress builds cluster names this way (DESIGN.md, "the Higress host Redis interface").
+            format!("outbound|{port}||{name}")
+        }
+    };
+    let username = redis.string("username")?;
+    let password = redis.secret("password")?;
+    let timeout_ms = redis.duration("timeout")?.map_or(1000, |DurationMs(ms)| ms);
+    if timeout_ms == 0 {
+        return Err(redis.error("timeout", "must be at least 1 ms"));
+    }
+    if timeout_ms > u64::from(u32::MAX) {
+        return Err(redis.error("timeout", format!("must be at most {} ms", u32::MAX)));
+    }
+    let database = redis.number::<u32>("database")?.unwrap_or(0);
+    if transport == TransportKind::Http && database != 0 {
+        return Err(redis.error(
+            "database",
+            "the http transport cannot select a database: set `database` in the bridge's (webdis) configuration",
+        ));
+    }
+    let basic_auth = match (&username, &password) {
+        (None, None) => None,
+        (user, password) => {
+            let credentials =
+                format!("{}:{}", user.as_deref().unwrap_or(""), password.as_ref().map_or("", Secret::expose));
+            Some(Secret::new(format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(credentials))))
+        }
+    };
+    let authority = match redis.string("authority")? {
+        Some(authority) => non_empty(&redis.path_of("authority"), authority)?,
+        None => cluster.clone(),
+    };
+    redis.finish(REDIS_FIELDS)?;
+    Ok(RedisConfig { transport, cluster, authority, username, password, basic_auth, timeout_ms, database })
+}
+
+fn non_empty(field: &str, value: String) -> Result<String, ConfigError> {
+    if value.trim().is_empty() {
+        Err(ConfigError::new(field, "must not be empty"))
+    } else {
+        Ok(value)
+    }
+}
+
+fn read_rule(mut rule: Object<'_>) -> Result<Rule, ConfigError> {
+    let name = rule.required("name", Object::string)?;
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+        return Err(rule.error("name", format!("{name:?} must be non-empty and use only A-Z a-z 0-9 _ -")));
+    }
+    let limit_by = rule.required("limit_by", |rule, name| Ok(rule.get(name)))?;
+    let source = read_key_source(limit_by).map_err(|why| rule.error("limit_by", why))?;
+    let rate = rule.required("rate", Object::u64)?;
+    if rate == 0 {
+        return Err(rule.error("rate", "must be at least 1"));
+    }
+    if rate > MAX_RATE {
+        return Err(rule.error("rate", format!("must be at most {MAX_RATE}")));
+    }
+    let DurationMs(interval_ms) = rule.required("interval", Object::duration)?;
+    if interval_ms == 0 {
+        return Err(rule.error("interval", "must be at least 1 ms"));
+    }
+    if interval_ms > MAX_INTERVAL_MS {
+        return Err(rule.error("interval", format!("must be at most {MAX_INTERVAL_MS} ms")));
+    }
+    let limiter_type = rule
+        .choice("type", &[("overall", LimiterType::Overall), ("per_client", LimiterType::PerClient)])?
+        .unwrap_or_default();
+    let permits = rule.u64("permits")?.unwrap_or(1);
+    if permits == 0 || permits > rate {
+        return Err(rule.error("permits", format!("{permits} must be between 1 and the rate ({rate})")));
+    }
+    let keep_alive_ms = match rule.duration("keep_alive")? {
+        Some(DurationMs(ms)) => {
+            if ms != 0 && ms < interval_ms {
+                return Err(rule.error(
+                    "keep_alive",
+                    format!(
+                        "{ms} ms is shorter than the interval ({interval_ms} ms): keys would expire with permits still in the window; use 0 (never) or at least the interval"
+                    ),
+                ));
+            }
+            if ms > MAX_INTERVAL_MS {
+                return Err(rule.error("keep_alive", format!("must be at most {MAX_INTERVAL_MS} ms")));
+            }
+            ms
+        }
+        None if source == KeySource::Global => 0,
+        None => interval_ms.max(DEFAULT_KEEP_ALIVE_MS),
+    };
+    let on_missing = rule
+        .choice("on_missing", &[("skip", OnMissing::Skip), ("deny", OnMissing::Deny), ("share", OnMissing::Share)])?
+        .unwrap_or_default();
+    let limiter = match rule.string("limiter")? {
+        Some(limiter) => non_empty(&rule.path_of("limiter"), limiter)?,
+        None => format!("erl:{name}"),
+    };
+    let rate_source = rule
+        .choice("rate_source", &[("redis", RateSource::Redis), ("config", RateSource::Config)])?
+        .unwrap_or_default();
+    rule.finish(RULE_FIELDS)?;
+    Ok(Rule { name, source, limiter, rate, interval_ms, limiter_type, permits, keep_alive_ms, on_missing, rate_source })
+}
+
+/// `limit_by`: `"client_ip"`, `"path"`, `"global"`, or one of `{"header": name}`, `{"query": name}`,
+/// `{"cookie": name}`, `{"x_forwarded_for": hops}`.
+fn read_key_source(value: &Value) -> Result<KeySource, String> {
+    const UNITS: &str = "`client_ip`, `path`, `global`";
+    const KEYED: &str = "`header`, `query`, `cookie`, `x_forwarded_for`";
+    let source = match value {
+        Value::String(text) => match text.as_str() {
+            "client_ip" => KeySource::ClientIp,
+            "path" => KeySource::Path,
+            "global" => KeySource::Global,
+            other => {
+                return Err(format!("unknown variant `{other}`, expected one of {UNITS} or an object with {KEYED}"))
+            }
+        },
+        Value::Object(map) if map.len() == 1 => {
+            let Some((kind, argument)) = map.iter().next() else { return Err("must not be empty".into()) };
+            let name = || argument.as_str().map(str::to_string).ok_or_else(|| format!("`{kind}` must be a string"));
+            match kind.as_str() {
+                "header" => KeySource::Header(name()?),
+                "query" => KeySource::Query(name()?),
+                "cookie" => KeySource::Cookie(name()?),
+                "x_forwarded_for" => {
+                    let hops = argument.as_u64().and_then(|n| u32::try_from(n).ok());
+                    KeySource::XForwardedFor(hops.ok_or("`x_forwarded_for` must be a whole number of trusted hops")?)
+                }
+                other => return Err(format!("unknown variant `{other}`, expected one of {KEYED}")),
+            }
+        }
+        _ => return Err(format!("must be one of {UNITS}, or an object with one of {KEYED}")),
+    };
+    source.validate()?;
+    Ok(source)
+}

@@ -1,0 +1,101 @@
+//! The filter's counters (README.md, "Metrics") and its once-per-cause failure log.
+
+use crate::config::FailureMode;
+use crate::host::{Host, LogLevel};
+use crate::limiter::Outcome;
+use crate::transport::Failure;
+
+use super::{log, NAME};
+
+/// Counter ids, by the names in README.md ("Metrics"). A counter the host refused to define is skipped.
+#[derive(Debug, Default)]
+pub(super) struct Metrics {
+    allowed: Option<u32>,
+    rejected: Option<u32>,
+    failure_allowed: Option<u32>,
+    failure_denied: Option<u32>,
+    redis_calls: Option<u32>,
+    redis_errors: Option<u32>,
+    host_errors: Option<u32>,
+}
+
+impl Metrics {
+    /// Defines every counter as `edge_rate_limiter.<name>`.
+    pub(super) fn define(host: &impl Host) -> Self {
+        let counter = |name: &str| host.define_counter(&format!("{NAME}.{name}")).ok();
+        Metrics {
+            allowed: counter("allowed"),
+            rejected: counter("rejected"),
+            failure_allowed: counter("failure_allowed"),
+            failure_denied: counter("failure_denied"),
+            redis_calls: counter("redis_calls"),
+            redis_errors: counter("redis_errors"),
+            host_errors: counter("host_errors"),
+        }
+    }
+
+    fn add(host: &impl Host, id: Option<u32>, amount: usize) {
+        if let (Some(id), Ok(amount)) = (id, u64::try_from(amount)) {
+            if amount > 0 {
+                let _ = host.increment_counter(id, amount);
+            }
+        }
+    }
+
+    /// One decided request, by its outcome, and the Redis calls of it that failed.
+    pub(super) fn decided(&self, host: &impl Host, outcome: Outcome, failures: usize) {
+        let id = match outcome {
+            Outcome::Unlimited => None,
+            Outcome::Allowed => self.allowed,
+            Outcome::Rejected => self.rejected,
+            Outcome::FailedOpen => self.failure_allowed,
+            Outcome::FailedClosed => self.failure_denied,
+        };
+        Self::add(host, id, 1);
+        Self::add(host, self.redis_errors, failures);
+    }
+
+    /// One Redis call sent.
+    pub(super) fn redis_call(&self, host: &impl Host) {
+        Self::add(host, self.redis_calls, 1);
+    }
+
+    /// One hostcall on a request's path that the host refused (a context switch, a resume, a local reply).
+    pub(super) fn host_error(&self, host: &impl Host) {
+        Self::add(host, self.host_errors, 1);
+    }
+}
+
+/// Logs each cause of failure once, until Redis answers again (then says so, once).
+#[derive(Debug, Default)]
+pub(super) struct FailureLog {
+    logged: [bool; Failure::CAUSES],
+}
+
+impl FailureLog {
+    /// A failed call: logged if its cause was not logged since Redis last answered.
+    pub(super) fn failed(&mut self, host: &impl Host, failure: &Failure, mode: FailureMode) {
+        if let Some(logged) = self.logged.get_mut(failure.cause_index()) {
+            if !*logged {
+                *logged = true;
+                let action = match mode {
+                    FailureMode::Allow => "failing open",
+                    FailureMode::Deny => "failing closed",
+                };
+                log(
+                    host,
+                    LogLevel::Warn,
+                    &format!("{failure}; {action}; further failures of this kind are counted in {NAME}.redis_errors until Redis answers again"),
+                );
+            }
+        }
+    }
+
+    /// A request decided by Redis without failures: logs the recovery once if failures were logged.
+    pub(super) fn recovered(&mut self, host: &impl Host) {
+        if self.logged.iter().any(|&l| l) {
+            self.logged = Default::default();
+            log(host, LogLevel::Info, "Redis answers again");
+        }
+    }
+}

@@ -1,0 +1,551 @@
+//! The filter of one root context (one plugin configuration in one VM): configuration, transports,
+//! metrics and logs, and every request's way through the limiters: start, pause, the replies, the
+//! deadline guard, and the end (resume with rate limit headers, or a local reply).
+//!
+//! It sees the host only through [`Host`], so all of it runs natively against the fake host in the unit
+//! tests. Every decision is made by [`crate::limiter`]; this module keeps the per-request state and moves
+//! bytes between the limiter, the transports and the host.
+//!
+//! Replies flow one way: the host delivers a reply to the root context (`proxy_on_http_call_response`,
+//! `proxy_on_redis_call_response`); the `abi` module hands it to [`Filter::on_http_call_response`] or
+//! [`Filter::on_redis_call_response`]; the transport module reads its bytes; the filter finds the request
+//! by the call's token (its own token map), feeds the limiter and acts. The transports know nothing of
+//! requests.
+//!
+//! Every request the filter pauses ends within `redis.timeout` (+ [`DEADLINE_GRACE_MS`] + one tick):
+//! by its replies, or by the deadline guard, which runs on the root context's tick while any request is
+//! paused and ends the calls still waiting as [`Failure::TimedOut`] (the failure mode then applies). A
+//! decision the host refused to take (the switch to the request's context failed) is delivered again on
+//! the next tick; the request is forgotten when the host deletes its context.
+
+use std::collections::HashMap;
+
+use crate::cache::LimiterCache;
+use crate::config::{FailureMode, Plugin, PluginConfig, TransportKind};
+use crate::host::{Host, HostError, LogLevel};
+use crate::host_redis::{self, HostRedis};
+use crate::http_bridge::{self, HttpBridge};
+use crate::key::RequestView;
+use crate::limiter::{self, Decision, PendingRequest, Progress, Start, Verdict};
+use crate::resp::Command;
+use crate::script::MEMBER_RANDOM_LEN;
+use crate::transport::Failure;
+
+mod metrics;
+#[cfg(test)]
+mod tests;
+
+use metrics::{FailureLog, Metrics};
+
+/// Prefix of every metric name; log lines start with `edge-rate-limiter: `.
+pub const NAME: &str = "edge_rate_limiter";
+/// Shared-data key of this gateway process's Redisson client id (shared by all VMs of the process).
+pub const CLIENT_ID_KEY: &str = "edge_rate_limiter.client_id";
+/// Period of the root context's tick while requests are paused, ms: the deadline guard's resolution.
+pub const TICK_MS: u32 = 10;
+/// How long after `redis.timeout` the guard ends a call still waiting, ms: the host's own timeout
+/// (Envoy's 504, Higress's status 1) comes first and names the failure better.
+pub const DEADLINE_GRACE_MS: u64 = 10;
+
+/// What a callback tells the host about the request: go on, or wait (the filter resumes or answers it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Continue the request (proxy-wasm `Action::Continue`, 0).
+    Continue = 0,
+    /// Pause the request (proxy-wasm `Action::Pause`, 1).
+    Pause = 1,
+}
+
+/// Writes `edge-rate-limiter: <message>` to the host's log.
+pub(crate) fn log(host: &impl Host, level: LogLevel, message: &str) {
+    host.log(level, &format!("edge-rate-limiter: {message}"));
+}
+
+/// The transport of one configuration (`redis.transport`).
+#[derive(Debug)]
+enum Transport {
+    Http(HttpBridge),
+    Host(HostRedis),
+}
+
+impl Transport {
+    fn send(&self, host: &impl Host, command: &Command) -> Result<u32, Failure> {
+        match self {
+            Transport::Http(bridge) => bridge.send(host, command),
+            Transport::Host(client) => client.send(host, command),
+        }
+    }
+}
+
+/// How a decided request ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Next {
+    /// Resume it; add these headers to the upstream's response.
+    Continue(Vec<(String, String)>),
+    /// Answer it locally.
+    Respond { status: u16, headers: Vec<(String, String)>, body: String },
+}
+
+/// Where a paused request stands.
+#[derive(Debug)]
+enum Stage {
+    /// Waiting for the replies of its calls.
+    Waiting(PendingRequest),
+    /// Decided, but the host refused to switch to its context: delivered again on the next tick.
+    Undelivered(Next),
+}
+
+/// A request the filter paused.
+#[derive(Debug)]
+struct Flow {
+    /// Index of its configuration in [`Plugin::configs`].
+    entry: usize,
+    stage: Stage,
+    /// Tokens of its outstanding calls.
+    tokens: Vec<u32>,
+    /// When the guard ends the calls still waiting, ms since the epoch.
+    deadline_ms: u64,
+}
+
+/// An outstanding call: the request (HTTP context id) and the call index in its [`PendingRequest`].
+#[derive(Debug, Clone, Copy)]
+struct Call {
+    context_id: u32,
+    call: usize,
+}
+
+/// The filter of one root context.
+pub struct Filter<H: Host> {
+    host: H,
+    plugin: Plugin,
+    /// One transport per configuration, by the index of [`Plugin::configs`].
+    transports: Vec<(usize, Transport)>,
+    metrics: Metrics,
+    cache: LimiterCache,
+    failure_log: FailureLog,
+    random: fastrand::Rng,
+    client_id: String,
+    client_id_confirmed: bool,
+    /// Paused requests, by HTTP context id.
+    flows: HashMap<u32, Flow>,
+    /// Outstanding calls, by token.
+    calls: HashMap<u32, Call>,
+    /// Rate limit headers of resumed requests, added when their response headers arrive.
+    response_headers: HashMap<u32, Vec<(String, String)>>,
+    /// Whether the tick is on (it runs only while requests are paused).
+    ticking: bool,
+    /// Whether a refused hostcall was logged (once per configuration).
+    host_error_logged: bool,
+}
+
+impl<H: Host> Filter<H> {
+    /// Parses and validates the plugin configuration and sets the filter up: transports (a host Redis
+    /// client is initialised at once), counters, this process's Redisson client id.
+    ///
+    /// `host_redis_build`: whether this build has the Higress Redis calls (`transport: "host"` is refused
+    /// otherwise).
+    ///
+    /// # Errors
+    /// The reason the configuration is refused, naming the field (`rules[0].rate: must be at least 1`).
+    pub fn configure(host: H, configuration: &[u8], host_redis_build: bool) -> Result<Self, String> {
+        let plugin = Plugin::from_json(configuration).map_err(|e| e.to_string())?;
+        for (index, config) in plugin.configs() {
+            if config.redis.transport == TransportKind::Host && !host_redis_build {
+                let at = if index == 0 { String::new() } else { format!("_rules_[{}].", index - 1) };
+                return Err(format!("{at}redis.transport: \"host\" needs the host-redis build (edge-rate-limiter-higress.wasm); this is the stock Envoy build, which supports \"http\""));
+            }
+        }
+        let transports = plugin
+            .configs()
+            .map(|(index, config)| {
+                let transport = match config.redis.transport {
+                    TransportKind::Http => Transport::Http(HttpBridge::new(&config.redis)),
+                    TransportKind::Host => {
+                        let client = HostRedis::new(&config.redis);
+                        if let Err(why) = client.init(&host) {
+                            log(&host, LogLevel::Warn, &format!("{why}; retrying on the next request"));
+                        }
+                        Transport::Host(client)
+                    }
+                };
+                (index, transport)
+            })
+            .collect();
+        let mut random = fastrand::Rng::with_seed(host.random_seed());
+        let client_id = client_id(&host, &mut random);
+        let global = match &plugin.global {
+            Some(config) => format!("{} rule(s), Redis via cluster {:?}", config.rules.len(), config.redis.cluster),
+            None => "no global rules".to_string(),
+        };
+        log(
+            &host,
+            LogLevel::Info,
+            &format!("configured {global}, {} route/domain override(s)", plugin.overrides.len()),
+        );
+        Ok(Filter {
+            metrics: Metrics::define(&host),
+            cache: LimiterCache::new(plugin.configs().map(|(_, c)| c.cache_size).max().unwrap_or(1)),
+            failure_log: FailureLog::default(),
+            random,
+            client_id,
+            client_id_confirmed: false,
+            flows: HashMap::new(),
+            calls: HashMap::new(),
+            response_headers: HashMap::new(),
+            ticking: false,
+            host_error_logged: false,
+            transports,
+            plugin,
+            host,
+        })
+    }
+
+    /// The host this filter runs on.
+    pub fn host(&self) -> &H {
+        &self.host
+    }
+
+    /// `proxy_on_request_headers`: decides at once, or sends one acquire per rule and pauses.
+    pub fn on_request_headers(&mut self, context_id: u32) -> Action {
+        self.confirm_client_id();
+        let Some((entry, config)) = select(&self.host, &self.plugin) else { return Action::Continue };
+        let now_ms = self.host.now_ms();
+        let start = {
+            let random = &mut self.random;
+            let ctx = limiter::Context { config, now_ms, client_id: &self.client_id };
+            limiter::start(&ctx, &HostRequest(&self.host), &mut || {
+                let mut bytes = [0u8; MEMBER_RANDOM_LEN];
+                random.fill(&mut bytes);
+                bytes
+            })
+        };
+        let (pending, commands) = match start {
+            Start::Decided(decision) => {
+                let next = self.finish(entry, decision);
+                return self.end_in_callback(context_id, next);
+            }
+            Start::Send(pending, commands) => (pending, commands),
+        };
+        let mut flow = Flow { entry, stage: Stage::Waiting(pending), tokens: Vec::new(), deadline_ms: now_ms };
+        let mut decided = None;
+        for (call, command) in commands {
+            let progress = self.send(context_id, &mut flow, call, &command);
+            if let Some(decision) = self.drive(context_id, &mut flow, progress) {
+                decided = Some(decision);
+            }
+        }
+        match decided {
+            Some(decision) => {
+                self.forget_calls(&flow);
+                let next = self.finish(entry, decision);
+                self.end_in_callback(context_id, next)
+            }
+            None => {
+                self.pause(context_id, flow);
+                Action::Pause
+            }
+        }
+    }
+
+    /// `proxy_on_response_headers`: adds the rate limit headers of a request that was allowed.
+    pub fn on_response_headers(&mut self, context_id: u32) -> Action {
+        if let Some(headers) = self.response_headers.remove(&context_id) {
+            for (name, value) in headers {
+                if self.host.add_response_header(&name, &value).is_err() {
+                    self.host_refused("proxy_add_header_map_value");
+                }
+            }
+        }
+        Action::Continue
+    }
+
+    /// `proxy_on_done` / `proxy_on_delete` of an HTTP context: forgets the request (a reply still on its
+    /// way is dropped when it arrives).
+    pub fn on_done(&mut self, context_id: u32) {
+        if let Some(flow) = self.flows.remove(&context_id) {
+            self.forget_calls(&flow);
+        }
+        self.response_headers.remove(&context_id);
+    }
+
+    /// `proxy_on_http_call_response` (delivered to the root context): a reply of the HTTP bridge.
+    pub fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
+        let reply = http_bridge::read_reply(&self.host, num_headers, body_size);
+        self.on_reply(token, reply);
+    }
+
+    /// `proxy_on_redis_call_response` (delivered to the root context): a reply of the host's Redis client.
+    pub fn on_redis_call_response(&mut self, token: u32, status: u32, response_size: usize) {
+        let reply = host_redis::read_reply(&self.host, status, response_size);
+        self.on_reply(token, reply);
+    }
+
+    /// `proxy_on_tick`: the deadline guard. Ends the calls of requests past their deadline (failure
+    /// mode), delivers decisions the host refused before, and stops the tick when nothing is paused.
+    pub fn on_tick(&mut self) {
+        let now_ms = self.host.now_ms();
+        let due: Vec<u32> = self
+            .flows
+            .iter()
+            .filter(|(_, flow)| matches!(flow.stage, Stage::Undelivered(_)) || flow.deadline_ms <= now_ms)
+            .map(|(&context_id, _)| context_id)
+            .collect();
+        for context_id in due {
+            let Some(flow) = self.flows.remove(&context_id) else { continue };
+            self.forget_calls(&flow);
+            let next = match flow.stage {
+                Stage::Undelivered(next) => next,
+                Stage::Waiting(mut pending) => {
+                    let Some(config) = self.plugin.config(flow.entry) else { continue };
+                    let decision = pending.expire(&Failure::TimedOut, config);
+                    self.finish(flow.entry, decision)
+                }
+            };
+            self.end_from_root(context_id, flow.entry, next);
+        }
+        if self.flows.is_empty() && self.ticking && self.host.set_tick_period_ms(0).is_ok() {
+            self.ticking = false;
+        }
+    }
+
+    /// A reply (or failure) for the call with this token.
+    fn on_reply(&mut self, token: u32, reply: Result<Vec<u8>, Failure>) {
+        let Some(Call { context_id, call }) = self.calls.remove(&token) else {
+            log(&self.host, LogLevel::Debug, &format!("a reply for unknown call {token} was dropped"));
+            return;
+        };
+        // The request may be gone (the client left): nothing to resume then.
+        let Some(mut flow) = self.flows.remove(&context_id) else { return };
+        flow.tokens.retain(|&t| t != token);
+        if reply.as_deref().is_ok_and(|bytes| bytes.starts_with(b"-NOAUTH")) {
+            if let Some(Transport::Host(client)) = self.transport(flow.entry) {
+                client.reconnect();
+            }
+        }
+        let progress = self.feed(&mut flow, call, reply.as_deref().map_err(Clone::clone));
+        match self.drive(context_id, &mut flow, progress) {
+            None => self.pause(context_id, flow),
+            Some(decision) => {
+                self.forget_calls(&flow);
+                let next = self.finish(flow.entry, decision);
+                self.end_from_root(context_id, flow.entry, next);
+            }
+        }
+    }
+
+    fn transport(&self, entry: usize) -> Option<&Transport> {
+        self.transports.iter().find(|(index, _)| *index == entry).map(|(_, transport)| transport)
+    }
+
+    /// VMs may have raced to publish their client id while starting; by the first request the stored one
+    /// is final, so each VM adopts it once.
+    fn confirm_client_id(&mut self) {
+        if !self.client_id_confirmed {
+            self.client_id_confirmed = true;
+            if let Ok((Some(stored), _)) = self.host.get_shared_data(CLIENT_ID_KEY) {
+                if let Ok(stored) = String::from_utf8(stored) {
+                    self.client_id = stored;
+                }
+            }
+        }
+    }
+
+    /// Sends a call's command; a refused send is that call's failure.
+    fn send(&mut self, context_id: u32, flow: &mut Flow, call: usize, command: &Command) -> Progress {
+        let sent = match self.transport(flow.entry) {
+            Some(transport) => transport.send(&self.host, command),
+            None => Err(Failure::SendRefused("no transport for this configuration".into())),
+        };
+        match sent {
+            Ok(token) => {
+                self.metrics.redis_call(&self.host);
+                self.calls.insert(token, Call { context_id, call });
+                flow.tokens.push(token);
+                let timeout_ms = self.plugin.config(flow.entry).map_or(0, |c| c.redis.timeout_ms);
+                let deadline = self.host.now_ms().saturating_add(timeout_ms).saturating_add(DEADLINE_GRACE_MS);
+                flow.deadline_ms = flow.deadline_ms.max(deadline);
+                Progress::Waiting
+            }
+            Err(failure) => self.feed(flow, call, Err(failure)),
+        }
+    }
+
+    /// Hands one call's reply (or failure) to the request's pending acquires; logs what is worth it.
+    fn feed(&mut self, flow: &mut Flow, call: usize, reply: Result<&[u8], Failure>) -> Progress {
+        let (Stage::Waiting(pending), Some(config)) = (&mut flow.stage, self.plugin.config(flow.entry)) else {
+            return Progress::Waiting;
+        };
+        let (progress, notice) = pending.on_reply(call, reply, config, &mut self.cache);
+        if let Some(notice) = notice {
+            log(&self.host, LogLevel::Warn, &notice.to_string());
+        }
+        progress
+    }
+
+    /// Follows the progress until the request waits for Redis or is decided.
+    fn drive(&mut self, context_id: u32, flow: &mut Flow, mut progress: Progress) -> Option<Decision> {
+        loop {
+            progress = match progress {
+                Progress::Resend(call, command) => self.send(context_id, flow, call, &command),
+                Progress::Waiting => return None,
+                Progress::Done(decision) => return Some(decision),
+            };
+        }
+    }
+
+    /// Counts and logs a decision and says how the request ends.
+    fn finish(&mut self, entry: usize, decision: Decision) -> Next {
+        self.metrics.decided(&self.host, decision.outcome, decision.failures.len());
+        let mode = self.plugin.config(entry).map_or(FailureMode::Allow, |c| c.failure_mode);
+        for failure in &decision.failures {
+            self.failure_log.failed(&self.host, failure, mode);
+        }
+        if decision.failures.is_empty()
+            && matches!(decision.outcome, limiter::Outcome::Allowed | limiter::Outcome::Rejected)
+        {
+            self.failure_log.recovered(&self.host);
+        }
+        match decision.verdict {
+            Verdict::Continue { response_headers } => Next::Continue(response_headers),
+            Verdict::Respond { status, headers, body } => Next::Respond { status, headers, body },
+        }
+    }
+
+    /// Keeps a request paused until its replies or its deadline; the tick runs while any is paused.
+    fn pause(&mut self, context_id: u32, flow: Flow) {
+        self.flows.insert(context_id, flow);
+        if !self.ticking {
+            match self.host.set_tick_period_ms(TICK_MS) {
+                Ok(()) => self.ticking = true,
+                Err(_) => self.host_refused("proxy_set_tick_period_milliseconds"),
+            }
+        }
+    }
+
+    /// Ends a request from its own callback (`proxy_on_request_headers`): the context is effective.
+    fn end_in_callback(&mut self, context_id: u32, next: Next) -> Action {
+        match next {
+            Next::Continue(headers) => {
+                self.remember_headers(context_id, headers);
+                Action::Continue
+            }
+            Next::Respond { status, headers, body } => {
+                self.respond(status, headers, &body);
+                Action::Pause
+            }
+        }
+    }
+
+    /// Ends a paused request from a callback of the root context: switches to the request's context,
+    /// then resumes or answers it. If the host refuses the switch, the decision waits for the next tick.
+    fn end_from_root(&mut self, context_id: u32, entry: usize, next: Next) {
+        if self.host.set_effective_context(context_id).is_err() {
+            self.host_refused("proxy_set_effective_context");
+            let flow = Flow { entry, stage: Stage::Undelivered(next), tokens: Vec::new(), deadline_ms: 0 };
+            self.pause(context_id, flow);
+            return;
+        }
+        match next {
+            Next::Continue(headers) => {
+                self.remember_headers(context_id, headers);
+                if self.host.resume_request().is_err() {
+                    self.host_refused("proxy_continue_stream");
+                }
+            }
+            Next::Respond { status, headers, body } => self.respond(status, headers, &body),
+        }
+    }
+
+    fn remember_headers(&mut self, context_id: u32, headers: Vec<(String, String)>) {
+        if !headers.is_empty() {
+            self.response_headers.insert(context_id, headers);
+        }
+    }
+
+    /// Answers the effective context's request locally, as `text/plain`.
+    fn respond(&mut self, status: u16, mut headers: Vec<(String, String)>, body: &str) {
+        headers.push(("content-type".into(), "text/plain".into()));
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        if self.host.send_local_reply(status, &headers, body.as_bytes()).is_err() {
+            self.host_refused("proxy_send_local_response");
+        }
+    }
+
+    fn forget_calls(&mut self, flow: &Flow) {
+        for token in &flow.tokens {
+            self.calls.remove(token);
+        }
+    }
+
+    /// Counts a hostcall the host refused on a request's path; the first one is logged.
+    fn host_refused(&mut self, call: &str) {
+        self.metrics.host_error(&self.host);
+        if !self.host_error_logged {
+            self.host_error_logged = true;
+            log(
+                &self.host,
+                LogLevel::Warn,
+                &format!("the host refused {call} for a request; such refusals are counted in {NAME}.host_errors"),
+            );
+        }
+    }
+}
+
+/// The configuration for the current request: by route and domain when there are overrides.
+fn select<'p>(host: &impl Host, plugin: &'p Plugin) -> Option<(usize, &'p PluginConfig)> {
+    if !plugin.has_overrides() {
+        return plugin.global.as_ref().map(|config| (0, config));
+    }
+    let property = |path: &[&str]| host.property(path).ok().flatten().and_then(|bytes| String::from_utf8(bytes).ok());
+    // Higress sets `route_name`; stock Envoy has `xds.route_name`.
+    let route = property(&["route_name"]).or_else(|| property(&["xds", "route_name"]));
+    let authority = host.request_header(":authority").ok().flatten().and_then(|bytes| String::from_utf8(bytes).ok());
+    plugin.select(route.as_deref(), authority.as_deref())
+}
+
+/// The request as the host shows it (the effective context's headers and properties).
+struct HostRequest<'a, H: Host>(&'a H);
+
+impl<H: Host> RequestView for HostRequest<'_, H> {
+    fn header(&self, name: &str) -> Option<Vec<u8>> {
+        self.0.request_header(name).ok().flatten()
+    }
+
+    fn source_address(&self) -> Option<String> {
+        let bytes = self.0.property(&["source", "address"]).ok().flatten()?;
+        String::from_utf8(bytes).ok()
+    }
+}
+
+/// This process's Redisson client id: the one in shared data, or a new random UUID (version 4) published
+/// there. Redisson uses its client instance's UUID string the same way (PER_CLIENT keys).
+fn client_id(host: &impl Host, random: &mut fastrand::Rng) -> String {
+    if let Ok((Some(stored), _)) = host.get_shared_data(CLIENT_ID_KEY) {
+        if let Ok(stored) = String::from_utf8(stored) {
+            return stored;
+        }
+    }
+    let mut bytes = [0u8; 16];
+    random.fill(&mut bytes);
+    let id = uuid_v4(bytes);
+    if let Err(error) = host.set_shared_data(CLIENT_ID_KEY, id.as_bytes(), 0) {
+        if error != HostError::CasMismatch {
+            log(host, LogLevel::Warn, &format!("cannot publish the client id in shared data: {error}"));
+        }
+    }
+    id
+}
+
+/// A random UUID (RFC 9562 version 4) from 16 random bytes, in the hyphenated lowercase form.
+fn uuid_v4(mut bytes: [u8; 16]) -> String {
+    bytes[6] = (bytes[6] & 0x0f) | 0x40;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    let mut out = String::with_capacity(36);
+    for (index, byte) in bytes.iter().enumerate() {
+        if matches!(index, 4 | 6 | 8 | 10) {
+            out.push('-');
+        }
+        out.push_str(&format!("{byte:02x}"));
+    }
+    out
+}

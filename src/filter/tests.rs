@@ -1,0 +1,381 @@
+//! The filter driven callback by callback through the fake host ([`crate::testing::FakeHost`]): every
+//! outcome, both transports' reply shapes, and the paths where a host misbehaves (a refused context
+//! switch, a reply for a token nobody waits for, a call never answered).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
+
+use super::*;
+use crate::testing::{End, FakeHost, ROOT};
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+const BRIDGE: &str = r#""redis":{"cluster":"webdis","timeout":200}"#;
+const HOST_REDIS: &str = r#""redis":{"transport":"host","cluster":"redis","timeout":200,"password":"s3cret"}"#;
+const PER_USER: &str = r#"{"name":"per-user","limit_by":{"header":"x-user"},"rate":2,"interval":"1s"}"#;
+
+fn configure(redis: &str, rules: &str, extra: &str) -> (FakeHost, Filter<FakeHost>) {
+    let host = FakeHost::new();
+    let json = format!(r#"{{{redis},"rules":[{rules}]{extra}}}"#);
+    let filter = Filter::configure(host.clone(), json.as_bytes(), true).unwrap();
+    (host, filter)
+}
+
+/// The acquire script's reply: `{code, amount, reset_ms, rate, interval_ms, type, change}`.
+fn script_reply(code: i64, amount: i64, rate: i64) -> Vec<u8> {
+    let items = [code, amount, 900, rate, 1000, 0, 0];
+    let mut out = format!("*{}\r\n", items.len()).into_bytes();
+    for item in items {
+        out.extend(format!(":{item}\r\n").bytes());
+    }
+    out
+}
+
+fn acquired(remaining: i64) -> Vec<u8> {
+    script_reply(1, remaining, 2)
+}
+
+fn rejected(delay_ms: i64) -> Vec<u8> {
+    script_reply(0, delay_ms, 2)
+}
+
+fn start(host: &FakeHost, filter: &mut Filter<FakeHost>, context_id: u32, user: &str) -> Action {
+    host.request(context_id, &[(":path", "/"), ("x-user", user), (":authority", "api.example")]);
+    filter.on_request_headers(context_id)
+}
+
+fn answer_http(host: &FakeHost, filter: &mut Filter<FakeHost>, token: u32, status: u16, body: &[u8]) {
+    host.http_reply(status, body);
+    filter.on_http_call_response(token, 1, body.len());
+}
+
+fn answer_redis(host: &FakeHost, filter: &mut Filter<FakeHost>, token: u32, reply: &[u8]) {
+    host.redis_reply(reply);
+    filter.on_redis_call_response(token, host_redis::STATUS_OK, reply.len());
+}
+
+fn last_token(host: &FakeHost) -> u32 {
+    let http = host.http_calls().last().map(|c| c.token);
+    let redis = host.redis_calls().last().map(|c| c.token);
+    http.max(redis).unwrap()
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+fn local_reply(host: &FakeHost, context_id: u32) -> (u16, Vec<(String, String)>, String) {
+    match host.end(context_id) {
+        Some(End::LocalReply { status, headers, body }) => (status, headers, body),
+        other => panic!("expected a local reply, got {other:?}"),
+    }
+}
+
+fn counters(host: &FakeHost) -> [u64; 7] {
+    ["allowed", "rejected", "failure_allowed", "failure_denied", "redis_calls", "redis_errors", "host_errors"]
+        .map(|name| host.counter(&format!("{NAME}.{name}")))
+}
+
+/// Ticks as the host does, on the root context, after moving the clock.
+fn tick_after(host: &FakeHost, filter: &mut Filter<FakeHost>, ms: u64) {
+    host.advance(ms);
+    host.enter(ROOT);
+    filter.on_tick();
+}
+
+#[test]
+fn a_request_no_rule_applies_to_goes_on_without_a_call() {
+    let (host, mut filter) = configure(BRIDGE, PER_USER, "");
+    host.request(2, &[(":path", "/")]);
+    assert_eq!(filter.on_request_headers(2), Action::Continue);
+    assert!(host.http_calls().is_empty());
+    assert_eq!(counters(&host), [0; 7], "Outcome::Unlimited counts nothing");
+    assert_eq!(filter.on_response_headers(2), Action::Continue);
+    assert!(host.response_headers(2).is_empty());
+}
+
+#[test]
+fn an_allowed_request_is_paused_then_resumed_with_rate_limit_headers_on_its_response() {
+    let (host, mut filter) = configure(BRIDGE, PER_USER, "");
+    assert_eq!(start(&host, &mut filter, 2, "alice"), Action::Pause);
+    let call = host.http_calls().pop().unwrap();
+    assert_eq!(call.cluster, "webdis");
+    assert_eq!(call.timeout_ms, 200);
+    assert!(call.headers.contains(&(":method".into(), "POST".into())));
+    assert!(String::from_utf8(call.body).unwrap().starts_with("EVALSHA/"));
+    assert_eq!(host.tick_period(), TICK_MS, "the deadline guard runs while a request is paused");
+    answer_http(&host, &mut filter, call.token, 200, &acquired(1));
+    assert_eq!(host.end(2), Some(End::Resumed));
+    host.enter(2);
+    filter.on_response_headers(2);
+    let headers = host.response_headers(2);
+    assert_eq!(header(&headers, "ratelimit"), Some("\"per-user\";r=1;t=1"));
+    assert_eq!(counters(&host), [1, 0, 0, 0, 1, 0, 0]);
+    tick_after(&host, &mut filter, TICK_MS.into());
+    assert_eq!(host.tick_period(), 0, "the tick stops when nothing is paused");
+}
+
+#[test]
+fn a_rejected_request_is_answered_with_the_rejection() {
+    let (host, mut filter) = configure(BRIDGE, PER_USER, "");
+    start(&host, &mut filter, 2, "alice");
+    answer_http(&host, &mut filter, last_token(&host), 200, &rejected(1503));
+    let (status, headers, body) = local_reply(&host, 2);
+    assert_eq!((status, body.as_str()), (429, "rate limit exceeded\n"));
+    assert_eq!(header(&headers, "retry-after"), Some("2"));
+    assert_eq!(header(&headers, "x-envoy-ratelimited"), Some("true"));
+    assert_eq!(header(&headers, "content-type"), Some("text/plain"));
+    assert_eq!(counters(&host), [0, 1, 0, 0, 1, 0, 0]);
+}
+
+#[test]
+fn failures_follow_the_failure_mode_and_are_logged_once_until_redis_answers() {
+    let (host, mut filter) = configure(BRIDGE, PER_USER, "");
+    for context_id in [2, 3] {
+        start(&host, &mut filter, context_id, "alice");
+        answer_http(&host, &mut filter, last_token(&host), 503, b"");
+        assert_eq!(host.end(context_id), Some(End::Resumed), "fail open");
+    }
+    assert_eq!(counters(&host), [0, 0, 2, 0, 2, 2, 0]);
+    let warnings = |host: &FakeHost| host.logs().iter().filter(|(l, _)| *l == LogLevel::Warn).count();
+    assert_eq!(warnings(&host), 1, "{:?}", host.logs());
+    start(&host, &mut filter, 4, "alice");
+    answer_http(&host, &mut filter, last_token(&host), 200, &acquired(1));
+    assert!(host.logs().iter().any(|(_, m)| m.contains("Redis answers again")));
+
+    let (host, mut filter) = configure(BRIDGE, PER_USER, r#","failure_mode":"deny","failure_status":500"#);
+    start(&host, &mut filter, 2, "alice");
+    answer_http(&host, &mut filter, last_token(&host), 200, b"-ERR boom\r\n");
+    let (status, _, body) = local_reply(&host, 2);
+    assert_eq!((status, body.as_str()), (500, "rate limiter unavailable\n"));
+    assert_eq!(counters(&host), [0, 0, 0, 1, 1, 1, 0]);
+}
+
+#[test]
+fn a_refused_call_is_decided_at_once_by_the_failure_mode() {
+    let (host, mut filter) = configure(BRIDGE, PER_USER, r#","failure_mode":"deny""#);
+    host.refuse_calls(Some(HostError::BadArgument));
+    assert_eq!(start(&host, &mut filter, 2, "alice"), Action::Pause);
+    assert_eq!(local_reply(&host, 2).0, 503);
+    assert_eq!(counters(&host), [0, 0, 0, 1, 0, 1, 0]);
+    assert!(host.logs().iter().any(|(_, m)| m.contains("knows no cluster \"webdis\"")), "{:?}", host.logs());
+}
+
+#[test]
+fn noscript_is_sent_again_by_source_in_the_same_request() {
+    let (host, mut filter) = configure(BRIDGE, PER_USER, "");
+    start(&host, &mut filter, 2, "alice");
+    answer_http(&host, &mut filter, last_token(&host), 200, b"-NOSCRIPT No matching script.\r\n");
+    assert_eq!(host.end(2), None, "still paused");
+    let again = host.http_calls().pop().unwrap();
+    assert!(String::from_utf8(again.body).unwrap().starts_with("EVAL/"));
+    answer_http(&host, &mut filter, again.token, 200, &acquired(1));
+    assert_eq!(host.end(2), Some(End::Resumed));
+    assert_eq!(counters(&host), [1, 0, 0, 0, 2, 0, 0]);
+}
+
+#[test]
+fn a_rejection_still_counts_and_logs_the_other_rules_failures() {
+    let rules = format!(r#"{PER_USER},{{"name":"per-ip","limit_by":"client_ip","rate":5,"interval":1000}}"#);
+    let (host, mut filter) = configure(BRIDGE, &rules, "");
+    start(&host, &mut filter, 2, "alice");
+    let calls = host.http_calls();
+    assert_eq!(calls.len(), 2);
+    answer_http(&host, &mut filter, calls[0].token, 200, &rejected(800));
+    answer_http(&host, &mut filter, calls[1].token, 503, b"");
+    assert_eq!(local_reply(&host, 2).0, 429);
+    assert_eq!(counters(&host), [0, 1, 0, 0, 2, 1, 0], "redis_errors counts the failed call of per-ip");
+    assert!(host.logs().iter().any(|(_, m)| m.contains("HTTP 503")), "{:?}", host.logs());
+}
+
+#[test]
+fn the_host_redis_transport_sends_resp_and_reads_buffer_nine_replies() {
+    let (host, mut filter) = configure(HOST_REDIS, PER_USER, "");
+    assert_eq!(host.redis_inits(), vec![("redis".to_string(), String::new(), 200)], "init at configure");
+    start(&host, &mut filter, 2, "alice");
+    let call = host.redis_calls().pop().unwrap();
+    assert_eq!(call.service, "redis");
+    assert!(call.query.starts_with(b"*16\r\n$7\r\nEVALSHA\r\n"), "{:?}", String::from_utf8_lossy(&call.query));
+    answer_redis(&host, &mut filter, call.token, &acquired(1));
+    assert_eq!(host.end(2), Some(End::Resumed));
+    // Status 1: a network error or timeout.
+    start(&host, &mut filter, 3, "alice");
+    host.enter(ROOT);
+    filter.on_redis_call_response(last_token(&host), 1, 0);
+    assert_eq!(host.end(3), Some(End::Resumed), "fail open");
+    assert_eq!(counters(&host), [1, 0, 1, 0, 2, 1, 0]);
+}
+
+#[test]
+fn noauth_makes_the_host_client_initialise_again_before_the_next_call() {
+    let (host, mut filter) = configure(HOST_REDIS, PER_USER, "");
+    start(&host, &mut filter, 2, "alice");
+    answer_redis(&host, &mut filter, last_token(&host), b"-NOAUTH Authentication required.\r\n");
+    assert_eq!(host.redis_inits().len(), 1);
+    start(&host, &mut filter, 3, "alice");
+    assert_eq!(host.redis_inits().len(), 2);
+}
+
+#[test]
+fn an_unknown_cluster_at_configure_is_retried_on_the_next_request() {
+    let host = FakeHost::new();
+    host.refuse_redis_init(Some(HostError::BadArgument));
+    let json = format!(r#"{{{HOST_REDIS},"rules":[{PER_USER}]}}"#);
+    let mut filter = Filter::configure(host.clone(), json.as_bytes(), true).unwrap();
+    assert!(host.logs().iter().any(|(_, m)| m.contains("retrying on the next request")));
+    host.refuse_redis_init(None);
+    start(&host, &mut filter, 2, "alice");
+    assert_eq!(host.redis_inits().len(), 2);
+    assert_eq!(host.redis_calls().len(), 1);
+}
+
+#[test]
+fn the_stock_build_refuses_the_host_transport_naming_the_field() {
+    let json = format!(r#"{{{HOST_REDIS},"rules":[{PER_USER}]}}"#);
+    let error = Filter::configure(FakeHost::new(), json.as_bytes(), false).err().unwrap();
+    assert!(error.starts_with("redis.transport: \"host\" needs the host-redis build"), "{error}");
+    let json = format!(r#"{{"redis":{{}},"rules":[{PER_USER}]}}"#);
+    let error = Filter::configure(FakeHost::new(), json.as_bytes(), true).err().unwrap();
+    assert_eq!(error, "redis: `cluster` or `service_name` is required");
+}
+
+#[test]
+fn a_refused_context_switch_is_counted_and_the_decision_delivered_on_the_next_tick() {
+    let (host, mut filter) = configure(BRIDGE, PER_USER, "");
+    start(&host, &mut filter, 2, "alice");
+    host.refuse_effective_context(1);
+    answer_http(&host, &mut filter, last_token(&host), 200, &rejected(900));
+    assert_eq!(host.end(2), None, "the host refused the switch: nothing could be sent yet");
+    assert_eq!(counters(&host)[6], 1, "host_errors");
+    assert!(host.logs().iter().any(|(_, m)| m.contains("refused proxy_set_effective_context")));
+    tick_after(&host, &mut filter, TICK_MS.into());
+    assert_eq!(local_reply(&host, 2).0, 429, "the real decision, one tick later");
+    assert_eq!(counters(&host), [0, 1, 0, 0, 1, 0, 1]);
+    tick_after(&host, &mut filter, TICK_MS.into());
+    assert_eq!(host.tick_period(), 0);
+}
+
+#[test]
+fn a_reply_for_a_token_nobody_waits_for_is_dropped_and_the_request_ends_at_its_deadline() {
+    let (host, mut filter) = configure(BRIDGE, PER_USER, "");
+    start(&host, &mut filter, 2, "alice");
+    let token = last_token(&host);
+    answer_http(&host, &mut filter, token + 1_000_000, 200, &rejected(900));
+    assert_eq!(host.end(2), None);
+    tick_after(&host, &mut filter, 200);
+    assert_eq!(host.end(2), None, "redis.timeout (200 ms) not yet over by the grace");
+    tick_after(&host, &mut filter, DEADLINE_GRACE_MS);
+    assert_eq!(host.end(2), Some(End::Resumed), "failing open at the deadline");
+    assert_eq!(counters(&host), [0, 0, 1, 0, 1, 1, 0]);
+    assert!(host.logs().iter().any(|(_, m)| m.contains("no answer to a Redis call within redis.timeout")));
+    // The real reply, if it ever comes, finds nothing to act on.
+    answer_http(&host, &mut filter, token, 200, &acquired(1));
+    assert_eq!(counters(&host), [0, 0, 1, 0, 1, 1, 0]);
+}
+
+#[test]
+fn a_call_the_host_never_answers_ends_in_the_failure_mode_within_the_timeout() {
+    for (mode, end) in [("allow", None), ("deny", Some(503))] {
+        let (host, mut filter) = configure(HOST_REDIS, PER_USER, &format!(r#","failure_mode":"{mode}""#));
+        start(&host, &mut filter, 2, "alice");
+        let mut waited = 0;
+        while host.end(2).is_none() {
+            tick_after(&host, &mut filter, TICK_MS.into());
+            waited += u64::from(TICK_MS);
+            assert!(waited <= 200 + DEADLINE_GRACE_MS + u64::from(TICK_MS), "still paused after {waited} ms");
+        }
+        match end {
+            None => assert_eq!(host.end(2), Some(End::Resumed)),
+            Some(status) => assert_eq!(local_reply(&host, 2).0, status),
+        }
+        assert_eq!(counters(&host)[5], 1, "redis_errors");
+    }
+}
+
+#[test]
+fn a_request_that_went_away_is_forgotten_and_its_late_reply_dropped() {
+    let (host, mut filter) = configure(BRIDGE, PER_USER, "");
+    start(&host, &mut filter, 2, "alice");
+    let token = last_token(&host);
+    filter.on_done(2);
+    answer_http(&host, &mut filter, token, 200, &acquired(1));
+    assert_eq!(host.end(2), None);
+    assert_eq!(counters(&host), [0, 0, 0, 0, 1, 0, 0], "no decision is counted for it");
+    tick_after(&host, &mut filter, 1_000);
+    assert_eq!(host.tick_period(), 0);
+}
+
+#[test]
+fn a_missing_key_denied_by_the_rule_is_answered_without_a_call() {
+    let rules = r#"{"name":"per-user","limit_by":{"header":"x-user"},"rate":2,"interval":"1s","on_missing":"deny"}"#;
+    let (host, mut filter) = configure(BRIDGE, rules, "");
+    host.request(2, &[(":path", "/")]);
+    assert_eq!(filter.on_request_headers(2), Action::Pause);
+    assert_eq!(local_reply(&host, 2).0, 429);
+    assert!(host.http_calls().is_empty());
+    assert_eq!(counters(&host), [0, 1, 0, 0, 0, 0, 0]);
+}
+
+#[test]
+fn vms_that_raced_to_publish_their_client_id_adopt_the_stored_one() {
+    let first = FakeHost::new();
+    let second = first.sibling();
+    let json = format!(r#"{{{BRIDGE},"rules":[{}]}}"#, PER_USER.replace("\"1s\"", "\"1s\",\"type\":\"per_client\""));
+    let mut a = Filter::configure(first.clone(), json.as_bytes(), true).unwrap();
+    let stored = first.shared_data(CLIENT_ID_KEY).unwrap().0;
+    let mut b = Filter::configure(second.clone(), json.as_bytes(), true).unwrap();
+    assert_eq!(second.shared_data(CLIENT_ID_KEY).unwrap().0, stored, "the second VM found the first one's id");
+    // A VM that published its own id in the race (it read before the other wrote) adopts the stored one.
+    a.client_id = "lost-the-race".into();
+    for (host, filter) in [(&first, &mut a), (&second, &mut b)] {
+        start(host, filter, 2, "alice");
+        let body = String::from_utf8(host.http_calls().pop().unwrap().body).unwrap();
+        let id = String::from_utf8(stored.clone()).unwrap();
+        assert!(body.contains(&id.replace('-', "%2D")), "{body}");
+    }
+    let id = String::from_utf8(stored).unwrap();
+    assert_eq!(id.len(), 36);
+    assert_eq!(&id[14..15], "4", "a version 4 UUID: {id}");
+}
+
+#[test]
+fn shared_data_refuses_a_stale_compare_and_swap() {
+    let host = FakeHost::new();
+    let other_vm = host.sibling();
+    host.set_shared_data("k", b"1", 0).unwrap();
+    let (_, cas) = host.get_shared_data("k").unwrap();
+    other_vm.set_shared_data("k", b"2", cas).unwrap();
+    assert_eq!(host.set_shared_data("k", b"3", cas), Err(HostError::CasMismatch));
+    assert_eq!(host.get_shared_data("k").unwrap().0.as_deref(), Some(&b"2"[..]));
+}
+
+#[test]
+fn match_rules_choose_the_route_configuration() {
+    let json = format!(
+        r#"{{{BRIDGE},"rules":[{PER_USER}],"_rules_":[{{"_match_route_":["login"],"rules":[{{"name":"login","limit_by":"global","rate":1,"interval":1000}}]}}]}}"#
+    );
+    let host = FakeHost::new();
+    let mut filter = Filter::configure(host.clone(), json.as_bytes(), true).unwrap();
+    host.set_property("xds.route_name", "login");
+    start(&host, &mut filter, 2, "alice");
+    let body = String::from_utf8(host.http_calls().pop().unwrap().body).unwrap();
+    assert!(body.contains("erl%3Alogin/"), "{body}");
+}
+
+#[test]
+fn a_decision_made_while_starting_ends_the_request_at_once_even_with_several_rules() {
+    let rules = format!(r#"{PER_USER},{{"name":"per-ip","limit_by":"client_ip","rate":5,"interval":1000}}"#);
+    let (host, mut filter) = configure(BRIDGE, &rules, "");
+    host.refuse_calls(Some(HostError::InternalFailure));
+    assert_eq!(start(&host, &mut filter, 2, "alice"), Action::Continue, "both calls refused: fail open now");
+    assert_eq!(counters(&host), [0, 0, 1, 0, 0, 2, 0]);
+    assert_eq!(host.tick_period(), 0, "nothing paused");
+}
+
+#[test]
+fn without_a_tick_the_replies_still_end_requests_and_the_refusal_is_counted() {
+    let (host, mut filter) = configure(BRIDGE, PER_USER, "");
+    host.refuse_tick(true);
+    start(&host, &mut filter, 2, "alice");
+    assert_eq!(counters(&host)[6], 1, "host_errors");
+    answer_http(&host, &mut filter, last_token(&host), 200, &acquired(1));
+    assert_eq!(host.end(2), Some(End::Resumed));
+}

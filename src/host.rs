@@ -1,0 +1,234 @@
+//! The host seam: everything the filter needs from a proxy-wasm host, as one trait.
+//!
+//! [`crate::filter`] (configuration, the per-request flows, metrics, failure logs, the deadline guard)
+//! and the transports ([`crate::http_bridge`], [`crate::host_redis`]) talk to the host only through
+//! [`Host`]. The module `abi` (feature `filter`) implements it with the proxy-wasm ABI 0.2.1 hostcalls
+//! (plus Higress's Redis calls in the `host-redis` build); the unit tests implement it with a fake host
+//! (`crate::testing::FakeHost`), so every path of the filter, failure paths included, runs natively.
+//!
+//! Request-scoped calls (headers, properties, resume, local reply, response headers) act on the host's
+//! *effective context*: the HTTP context whose callback is running, or the one named by
+//! [`Host::set_effective_context`] from a callback delivered to the root context.
+
+use std::fmt;
+
+/// A proxy-wasm status other than `Ok`, as a hostcall returned it (proxy-wasm ABI 0.2.1 `WasmResult`
+/// numbering, as in proxy-wasm-cpp-host `include/proxy-wasm/wasm_api_impl.h`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostError {
+    /// 1: no such key, header, property or context.
+    NotFound,
+    /// 2: an argument the host refused (unknown cluster, unknown context, a call out of place).
+    BadArgument,
+    /// 3: the host could not serialize the value.
+    SerializationFailure,
+    /// 4: the host could not parse what it was given.
+    ParseFailure,
+    /// 6: a pointer or length outside the module's memory.
+    InvalidMemoryAccess,
+    /// 7: nothing there (an empty buffer).
+    Empty,
+    /// 8: shared data changed since it was read (compare-and-swap lost).
+    CasMismatch,
+    /// 10: the host failed (no healthy upstream host, ...).
+    InternalFailure,
+    /// 12: the host does not implement the call (e.g. the Higress Redis calls in the stock build).
+    Unimplemented,
+    /// Any other status code.
+    Other(u32),
+}
+
+impl HostError {
+    /// The error for a non-zero proxy-wasm status code.
+    pub fn from_status(status: u32) -> Self {
+        match status {
+            1 => HostError::NotFound,
+            2 => HostError::BadArgument,
+            3 => HostError::SerializationFailure,
+            4 => HostError::ParseFailure,
+            6 => HostError::InvalidMemoryAccess,
+            7 => HostError::Empty,
+            8 => HostError::CasMismatch,
+            10 => HostError::InternalFailure,
+            12 => HostError::Unimplemented,
+            other => HostError::Other(other),
+        }
+    }
+
+    /// `Ok(())` for status 0, else the error.
+    ///
+    /// # Errors
+    /// The [`HostError`] of a non-zero status.
+    pub fn check(status: u32) -> Result<(), HostError> {
+        if status == 0 {
+            Ok(())
+        } else {
+            Err(HostError::from_status(status))
+        }
+    }
+}
+
+impl fmt::Display for HostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HostError::Other(code) => write!(f, "status {code}"),
+            other => write!(f, "{other:?}"),
+        }
+    }
+}
+
+/// Log levels, numbered as proxy-wasm numbers them (0 trace ... 5 critical).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    /// 0.
+    Trace = 0,
+    /// 1.
+    Debug = 1,
+    /// 2: Envoy's default.
+    Info = 2,
+    /// 3.
+    Warn = 3,
+    /// 4.
+    Error = 4,
+    /// 5.
+    Critical = 5,
+}
+
+/// What the filter needs from a proxy-wasm host. Every method maps the host's status to [`HostError`]
+/// and never panics, whatever the host answers.
+pub trait Host {
+    /// Wall-clock time, ms since the Unix epoch (`proxy_get_current_time_nanoseconds`).
+    fn now_ms(&self) -> u64;
+
+    /// 8 random bytes as a seed for the filter's own generator (WASI `random_get`); the host's clock
+    /// when the host has no randomness.
+    fn random_seed(&self) -> u64;
+
+    /// Writes one log line (`proxy_log`); a refused line is dropped.
+    fn log(&self, level: LogLevel, message: &str);
+
+    /// The plugin configuration bytes (`proxy_get_buffer_bytes` of buffer type 7); `None` when empty.
+    ///
+    /// # Errors
+    /// The host's status (Envoy answers NotFound outside `proxy_on_configure`).
+    fn plugin_configuration(&self) -> Result<Option<Vec<u8>>, HostError>;
+
+    /// Defines a counter by name (`proxy_define_metric`, type 0), returning its id.
+    ///
+    /// # Errors
+    /// The host's status.
+    fn define_counter(&self, name: &str) -> Result<u32, HostError>;
+
+    /// Adds `delta` (> 0) to a counter (`proxy_increment_metric`).
+    ///
+    /// # Errors
+    /// The host's status (BadArgument for an offset <= 0 or an unknown id).
+    fn increment_counter(&self, id: u32, delta: u64) -> Result<(), HostError>;
+
+    /// Makes `context_id` the effective context for the calls that follow (`proxy_set_effective_context`).
+    ///
+    /// # Errors
+    /// The host's status (BadArgument: no such context, e.g. the stream is gone).
+    fn set_effective_context(&self, context_id: u32) -> Result<(), HostError>;
+
+    /// A request header of the effective context (lowercase name; `:path`, `:authority` included);
+    /// `Ok(None)` when absent.
+    ///
+    /// # Errors
+    /// The host's status (BadArgument once the request headers are no longer readable).
+    fn request_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostError>;
+
+    /// A property (`proxy_get_property`), by path segments such as `["source", "address"]`; `Ok(None)`
+    /// when the host has no such property.
+    ///
+    /// # Errors
+    /// The host's status.
+    fn property(&self, path: &[&str]) -> Result<Option<Vec<u8>>, HostError>;
+
+    /// Resumes the effective context's paused request (`proxy_continue_stream(HttpRequest)`).
+    ///
+    /// # Errors
+    /// The host's status.
+    fn resume_request(&self) -> Result<(), HostError>;
+
+    /// Answers the effective context's request locally (`proxy_send_local_response`): status, headers
+    /// (names lowercase) and body.
+    ///
+    /// # Errors
+    /// The host's status.
+    fn send_local_reply(&self, status: u16, headers: &[(&str, &str)], body: &[u8]) -> Result<(), HostError>;
+
+    /// Adds a header to the effective context's response headers (`proxy_add_header_map_value`).
+    ///
+    /// # Errors
+    /// The host's status.
+    fn add_response_header(&self, name: &str, value: &str) -> Result<(), HostError>;
+
+    /// Calls the root context's `proxy_on_tick` every `period_ms` ms; 0 stops the ticks.
+    ///
+    /// # Errors
+    /// The host's status.
+    fn set_tick_period_ms(&self, period_ms: u32) -> Result<(), HostError>;
+
+    /// Shared data of every VM of the gateway process (`proxy_get_shared_data`): the value and its CAS
+    /// version; `Ok((None, 0))` for a key never set.
+    ///
+    /// # Errors
+    /// The host's status other than NotFound.
+    fn get_shared_data(&self, key: &str) -> Result<(Option<Vec<u8>>, u32), HostError>;
+
+    /// Sets shared data (`proxy_set_shared_data`); with `cas` non-zero only if the value is still at that
+    /// version.
+    ///
+    /// # Errors
+    /// [`HostError::CasMismatch`] when another VM changed it since; other host statuses.
+    fn set_shared_data(&self, key: &str, value: &[u8], cas: u32) -> Result<(), HostError>;
+
+    /// Sends an HTTP request to an Envoy cluster (`proxy_http_call`), returning the call's token; the
+    /// response reaches `proxy_on_http_call_response` of the root context with that token.
+    ///
+    /// # Errors
+    /// The host's status (BadArgument: unknown cluster or missing pseudo-headers).
+    fn http_call(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout_ms: u32,
+    ) -> Result<u32, HostError>;
+
+    /// A header of the HTTP call response being delivered (only during `proxy_on_http_call_response`).
+    ///
+    /// # Errors
+    /// The host's status.
+    fn http_call_response_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostError>;
+
+    /// Up to `size` bytes of the HTTP call response body being delivered (buffer type 4).
+    ///
+    /// # Errors
+    /// The host's status.
+    fn http_call_response_body(&self, size: usize) -> Result<Vec<u8>, HostError>;
+
+    /// Higress `proxy_redis_init`: creates the host's Redis client for `service` (a cluster name, with
+    /// `?db=N`), with credentials and a per-operation timeout in ms.
+    ///
+    /// # Errors
+    /// The host's status (BadArgument: no such cluster); [`HostError::Unimplemented`] in a build or on a
+    /// host without the Higress Redis calls.
+    fn redis_init(&self, service: &str, username: &str, password: &str, timeout_ms: u32) -> Result<(), HostError>;
+
+    /// Higress `proxy_redis_call`: writes `query` (one RESP command) to the host's client for `service`,
+    /// returning the call's token; the reply reaches `proxy_on_redis_call_response` with it.
+    ///
+    /// # Errors
+    /// The host's status (BadArgument, InternalFailure: no host available); [`HostError::Unimplemented`]
+    /// without the Higress Redis calls.
+    fn redis_call(&self, service: &str, query: &[u8]) -> Result<u32, HostError>;
+
+    /// The raw RESP reply being delivered to `proxy_on_redis_call_response`: up to `size` bytes of buffer
+    /// type 9 (Higress ABI; readable only during that callback).
+    ///
+    /// # Errors
+    /// The host's status.
+    fn redis_call_response(&self, size: usize) -> Result<Vec<u8>, HostError>;
+}

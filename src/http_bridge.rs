@@ -1,0 +1,76 @@
+//! The HTTP-to-Redis bridge transport (webdis), for stock Envoy and Istio: `proxy_http_call` of
+//! `POST /` with the command in webdis's path form as the body ([`Command::to_webdis_path`], `.raw`
+//! suffix), answered by the raw RESP reply with HTTP 200 (DESIGN.md, "Facts: webdis").
+
+use crate::config::RedisConfig;
+use crate::host::Host;
+use crate::resp::Command;
+use crate::transport::{refused, Failure};
+
+/// Requests to webdis on one Envoy cluster: its authority, optional Basic credentials and timeout.
+#[derive(Debug)]
+pub struct HttpBridge {
+    cluster: String,
+    authority: String,
+    /// `Authorization` header value (HTTP Basic), when credentials are configured.
+    authorization: Option<String>,
+    timeout_ms: u32,
+}
+
+impl HttpBridge {
+    /// A bridge on the Envoy cluster of `redis`, with its authority, credentials and timeout.
+    pub fn new(redis: &RedisConfig) -> Self {
+        HttpBridge {
+            cluster: redis.cluster.clone(),
+            authority: redis.authority.clone(),
+            authorization: redis.basic_auth.as_ref().map(|secret| secret.expose().to_string()),
+            timeout_ms: u32::try_from(redis.timeout_ms).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// Sends `command` as `POST /` to the bridge; returns the call's token.
+    ///
+    /// # Errors
+    /// [`Failure::SendRefused`] when the host refuses the call (unknown cluster).
+    pub fn send(&self, host: &impl Host, command: &Command) -> Result<u32, Failure> {
+        let mut headers = vec![
+            (":method", "POST"),
+            (":path", "/"),
+            (":authority", self.authority.as_str()),
+            ("content-type", "text/plain"),
+        ];
+        if let Some(authorization) = &self.authorization {
+            headers.push(("authorization", authorization.as_str()));
+        }
+        let body = command.to_webdis_path();
+        host.http_call(&self.cluster, &headers, &body, self.timeout_ms)
+            .map_err(|error| refused("proxy_http_call", error, &self.cluster))
+    }
+}
+
+/// Reads the reply of the HTTP call whose `proxy_on_http_call_response` is running: the raw RESP bytes.
+///
+/// # Errors
+/// [`Failure::NoReply`] for a failed call (no headers), [`Failure::BridgeStatus`] for an HTTP status other
+/// than 200 (Envoy 1.40 synthesizes 503 on a failed connection and 504 on timeout; webdis answers 503
+/// without Redis), [`Failure::BadReply`] for an empty or unreadable body.
+pub fn read_reply(host: &impl Host, num_headers: usize, body_size: usize) -> Result<Vec<u8>, Failure> {
+    // A response without headers is what a host without Envoy's synthesized 503/504 delivers on failure.
+    if num_headers == 0 {
+        return Err(Failure::NoReply);
+    }
+    let status = host
+        .http_call_response_header(":status")
+        .ok()
+        .flatten()
+        .and_then(|s| std::str::from_utf8(&s).ok().and_then(|s| s.parse::<u16>().ok()))
+        .ok_or(Failure::NoReply)?;
+    if status != 200 {
+        return Err(Failure::BridgeStatus(status));
+    }
+    match host.http_call_response_body(body_size) {
+        Ok(body) if !body.is_empty() => Ok(body),
+        Ok(_) => Err(Failure::BadReply("the bridge answered 200 with an empty body".into())),
+        Err(error) => Err(Failure::BadReply(format!("cannot read the bridge's answer: {error}"))),
+    }
+}

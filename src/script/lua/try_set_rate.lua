@@ -1,0 +1,1 @@
+return trySetRate(ARGV[1], ARGV[2], ARGV[3], ARGV[4])

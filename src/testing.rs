@@ -1,0 +1,450 @@
+//! A fake proxy-wasm host for the unit tests: it implements [`Host`] in memory, with the semantics of
+//! Envoy 1.40 where the filter depends on them (effective context, request headers readable until the
+//! request goes on, a local reply or a resume only for a paused stream context, shared data with CAS,
+//! counters that refuse offsets <= 0), a clock the test moves, and faults the test switches on (refused
+//! context switches, refused calls). Several fakes can share one process's shared data (VMs).
+//!
+//! Tests drive a [`crate::filter::Filter`] callback by callback: [`FakeHost::enter`] a context, call the
+//! filter, then deliver replies with [`FakeHost::http_reply`] / [`FakeHost::redis_reply`] before calling
+//! the filter's reply callbacks, as the host does.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
+
+use crate::host::{Host, HostError, LogLevel};
+
+/// The root context's id, as Envoy numbers it.
+pub const ROOT: u32 = 1;
+
+/// How a request ended, as the client would see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum End {
+    /// Resumed by the filter (after a pause).
+    Resumed,
+    /// Answered locally.
+    LocalReply {
+        /// HTTP status.
+        status: u16,
+        /// Headers as the filter gave them.
+        headers: Vec<(String, String)>,
+        /// Body.
+        body: String,
+    },
+}
+
+/// An HTTP call the filter made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpCall {
+    /// The call's token.
+    pub token: u32,
+    /// Envoy cluster.
+    pub cluster: String,
+    /// Request headers.
+    pub headers: Vec<(String, String)>,
+    /// Request body.
+    pub body: Vec<u8>,
+    /// Timeout, ms.
+    pub timeout_ms: u32,
+}
+
+/// A Redis call the filter made through the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisCall {
+    /// The call's token.
+    pub token: u32,
+    /// Service (cluster and `?db=N`).
+    pub service: String,
+    /// The RESP command.
+    pub query: Vec<u8>,
+}
+
+/// The HTTP call response being delivered: headers and body.
+type HttpResponse = (Vec<(String, Vec<u8>)>, Vec<u8>);
+
+#[derive(Debug, Default)]
+struct Request {
+    headers: Vec<(String, Vec<u8>)>,
+    headers_open: bool,
+    end: Option<End>,
+    response_headers: Vec<(String, String)>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    now_ms: u64,
+    effective: u32,
+    properties: BTreeMap<String, Vec<u8>>,
+    requests: HashMap<u32, Request>,
+    logs: Vec<(LogLevel, String)>,
+    counters: Vec<(String, u64)>,
+    tick_period_ms: u32,
+    next_token: u32,
+    http_calls: Vec<HttpCall>,
+    redis_calls: Vec<RedisCall>,
+    redis_inits: Vec<(String, String, u32)>,
+    http_response: Option<HttpResponse>,
+    redis_response: Option<Vec<u8>>,
+    refuse_effective_context: u32,
+    refuse_calls: Option<HostError>,
+    refuse_redis_init: Option<HostError>,
+    refuse_tick: bool,
+}
+
+/// Shared data of one gateway process: key -> (value, CAS version).
+#[derive(Debug, Default)]
+pub struct SharedData {
+    entries: HashMap<String, (Vec<u8>, u32)>,
+    next_cas: u32,
+}
+
+/// The fake host of one VM. Cloning gives another handle on the same VM.
+#[derive(Debug, Clone)]
+pub struct FakeHost {
+    state: Rc<RefCell<State>>,
+    shared: Rc<RefCell<SharedData>>,
+}
+
+impl Default for FakeHost {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FakeHost {
+    /// A VM of a new gateway process, at 2023-11-14T22:13:20Z (1_700_000_000_000 ms).
+    pub fn new() -> Self {
+        let host = FakeHost { state: Rc::default(), shared: Rc::default() };
+        host.state.borrow_mut().now_ms = 1_700_000_000_000;
+        host.state.borrow_mut().effective = ROOT;
+        host.state.borrow_mut().next_token = 100;
+        host
+    }
+
+    /// Another VM of the same gateway process (same shared data, same clock now; its own contexts).
+    pub fn sibling(&self) -> Self {
+        let host = FakeHost { state: Rc::default(), shared: Rc::clone(&self.shared) };
+        host.state.borrow_mut().now_ms = self.now();
+        host.state.borrow_mut().effective = ROOT;
+        host.state.borrow_mut().next_token = 100_000;
+        host
+    }
+
+    /// Now, ms since the epoch.
+    pub fn now(&self) -> u64 {
+        self.state.borrow().now_ms
+    }
+
+    /// Moves the clock forward.
+    pub fn advance(&self, ms: u64) {
+        self.state.borrow_mut().now_ms += ms;
+    }
+
+    /// A property (dotted path as Envoy writes it, e.g. `xds.route_name`).
+    pub fn set_property(&self, path: &str, value: &str) {
+        self.state.borrow_mut().properties.insert(path.to_string(), value.as_bytes().to_vec());
+    }
+
+    /// A new request on `context_id` with these headers; the context becomes effective.
+    pub fn request(&self, context_id: u32, headers: &[(&str, &str)]) {
+        let mut state = self.state.borrow_mut();
+        let headers = headers.iter().map(|(k, v)| (k.to_ascii_lowercase(), v.as_bytes().to_vec())).collect();
+        state.requests.insert(context_id, Request { headers, headers_open: true, ..Request::default() });
+        state.effective = context_id;
+    }
+
+    /// Makes a context effective, as the host does before a callback of it (the root for replies/ticks).
+    pub fn enter(&self, context_id: u32) {
+        self.state.borrow_mut().effective = context_id;
+    }
+
+    /// How the request ended, if it did.
+    pub fn end(&self, context_id: u32) -> Option<End> {
+        self.state.borrow().requests.get(&context_id).and_then(|r| r.end.clone())
+    }
+
+    /// The headers the filter added to the request's response.
+    pub fn response_headers(&self, context_id: u32) -> Vec<(String, String)> {
+        self.state.borrow().requests.get(&context_id).map(|r| r.response_headers.clone()).unwrap_or_default()
+    }
+
+    /// The HTTP calls made so far.
+    pub fn http_calls(&self) -> Vec<HttpCall> {
+        self.state.borrow().http_calls.clone()
+    }
+
+    /// The Redis calls made so far.
+    pub fn redis_calls(&self) -> Vec<RedisCall> {
+        self.state.borrow().redis_calls.clone()
+    }
+
+    /// `proxy_redis_init` calls so far: (service, username, timeout ms).
+    pub fn redis_inits(&self) -> Vec<(String, String, u32)> {
+        self.state.borrow().redis_inits.clone()
+    }
+
+    /// Sets the HTTP call response the next `proxy_on_http_call_response` reads (status and body); the
+    /// root context becomes effective.
+    pub fn http_reply(&self, status: u16, body: &[u8]) {
+        let mut state = self.state.borrow_mut();
+        let headers = vec![(":status".to_string(), status.to_string().into_bytes())];
+        state.http_response = Some((headers, body.to_vec()));
+        state.effective = ROOT;
+    }
+
+    /// Sets the Redis reply the next `proxy_on_redis_call_response` reads; the root context becomes
+    /// effective.
+    pub fn redis_reply(&self, reply: &[u8]) {
+        let mut state = self.state.borrow_mut();
+        state.redis_response = Some(reply.to_vec());
+        state.effective = ROOT;
+    }
+
+    /// A counter's value by full name (`edge_rate_limiter.allowed`), 0 if never incremented.
+    pub fn counter(&self, name: &str) -> u64 {
+        self.state.borrow().counters.iter().find(|(n, _)| n == name).map_or(0, |(_, v)| *v)
+    }
+
+    /// Every log line so far.
+    pub fn logs(&self) -> Vec<(LogLevel, String)> {
+        self.state.borrow().logs.clone()
+    }
+
+    /// The tick period the filter asked for (0: off).
+    pub fn tick_period(&self) -> u32 {
+        self.state.borrow().tick_period_ms
+    }
+
+    /// A shared data entry and its CAS version.
+    pub fn shared_data(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+        self.shared.borrow().entries.get(key).cloned()
+    }
+
+    /// The next `times` context switches fail with BadArgument.
+    pub fn refuse_effective_context(&self, times: u32) {
+        self.state.borrow_mut().refuse_effective_context = times;
+    }
+
+    /// HTTP and Redis calls fail with this status (None: they work).
+    pub fn refuse_calls(&self, error: Option<HostError>) {
+        self.state.borrow_mut().refuse_calls = error;
+    }
+
+    /// `proxy_redis_init` fails with this status (None: it works).
+    pub fn refuse_redis_init(&self, error: Option<HostError>) {
+        self.state.borrow_mut().refuse_redis_init = error;
+    }
+
+    /// `proxy_set_tick_period_milliseconds` fails.
+    pub fn refuse_tick(&self, refuse: bool) {
+        self.state.borrow_mut().refuse_tick = refuse;
+    }
+
+    fn token(&self) -> u32 {
+        let mut state = self.state.borrow_mut();
+        state.next_token += 1;
+        state.next_token
+    }
+
+    /// The effective stream context's request, if the effective context is a stream.
+    fn with_request<T>(&self, f: impl FnOnce(&mut Request) -> Result<T, HostError>) -> Result<T, HostError> {
+        let mut state = self.state.borrow_mut();
+        let effective = state.effective;
+        match state.requests.get_mut(&effective) {
+            Some(request) => f(request),
+            None => Err(HostError::BadArgument),
+        }
+    }
+}
+
+impl Host for FakeHost {
+    fn now_ms(&self) -> u64 {
+        self.now()
+    }
+
+    fn random_seed(&self) -> u64 {
+        42
+    }
+
+    fn log(&self, level: LogLevel, message: &str) {
+        self.state.borrow_mut().logs.push((level, message.to_string()));
+    }
+
+    fn plugin_configuration(&self) -> Result<Option<Vec<u8>>, HostError> {
+        Err(HostError::NotFound)
+    }
+
+    fn define_counter(&self, name: &str) -> Result<u32, HostError> {
+        let mut state = self.state.borrow_mut();
+        if let Some(index) = state.counters.iter().position(|(n, _)| n == name) {
+            return Ok(u32::try_from(index).unwrap());
+        }
+        state.counters.push((name.to_string(), 0));
+        Ok(u32::try_from(state.counters.len() - 1).unwrap())
+    }
+
+    fn increment_counter(&self, id: u32, delta: u64) -> Result<(), HostError> {
+        let mut state = self.state.borrow_mut();
+        match state.counters.get_mut(id as usize) {
+            Some((_, value)) if delta > 0 => {
+                *value += delta;
+                Ok(())
+            }
+            _ => Err(HostError::BadArgument),
+        }
+    }
+
+    fn set_effective_context(&self, context_id: u32) -> Result<(), HostError> {
+        let mut state = self.state.borrow_mut();
+        if state.refuse_effective_context > 0 {
+            state.refuse_effective_context -= 1;
+            return Err(HostError::BadArgument);
+        }
+        if context_id != ROOT && !state.requests.contains_key(&context_id) {
+            return Err(HostError::BadArgument);
+        }
+        state.effective = context_id;
+        Ok(())
+    }
+
+    fn request_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostError> {
+        self.with_request(|request| {
+            if !request.headers_open {
+                return Err(HostError::BadArgument);
+            }
+            Ok(request.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+        })
+    }
+
+    fn property(&self, path: &[&str]) -> Result<Option<Vec<u8>>, HostError> {
+        let key = path.join(".");
+        if key == "source.address" {
+            return Ok(Some(b"10.0.0.7:51234".to_vec()));
+        }
+        Ok(self.state.borrow().properties.get(&key).cloned())
+    }
+
+    fn resume_request(&self) -> Result<(), HostError> {
+        self.with_request(|request| {
+            if request.end.is_some() {
+                return Err(HostError::BadArgument);
+            }
+            request.end = Some(End::Resumed);
+            request.headers_open = false;
+            Ok(())
+        })
+    }
+
+    fn send_local_reply(&self, status: u16, headers: &[(&str, &str)], body: &[u8]) -> Result<(), HostError> {
+        self.with_request(|request| {
+            if request.end.is_some() {
+                return Err(HostError::BadArgument);
+            }
+            let headers = headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            request.end = Some(End::LocalReply { status, headers, body: String::from_utf8_lossy(body).into_owned() });
+            Ok(())
+        })
+    }
+
+    fn add_response_header(&self, name: &str, value: &str) -> Result<(), HostError> {
+        self.with_request(|request| {
+            request.response_headers.push((name.to_string(), value.to_string()));
+            Ok(())
+        })
+    }
+
+    fn set_tick_period_ms(&self, period_ms: u32) -> Result<(), HostError> {
+        let mut state = self.state.borrow_mut();
+        if state.refuse_tick {
+            return Err(HostError::InternalFailure);
+        }
+        state.tick_period_ms = period_ms;
+        Ok(())
+    }
+
+    fn get_shared_data(&self, key: &str) -> Result<(Option<Vec<u8>>, u32), HostError> {
+        Ok(match self.shared.borrow().entries.get(key) {
+            Some((value, cas)) => (Some(value.clone()), *cas),
+            None => (None, 0),
+        })
+    }
+
+    fn set_shared_data(&self, key: &str, value: &[u8], cas: u32) -> Result<(), HostError> {
+        let mut shared = self.shared.borrow_mut();
+        shared.next_cas += 1;
+        let next = shared.next_cas;
+        match shared.entries.get_mut(key) {
+            Some((_, current)) if cas != 0 && cas != *current => Err(HostError::CasMismatch),
+            Some(entry) => {
+                *entry = (value.to_vec(), next);
+                Ok(())
+            }
+            None => {
+                shared.entries.insert(key.to_string(), (value.to_vec(), next));
+                Ok(())
+            }
+        }
+    }
+
+    fn http_call(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout_ms: u32,
+    ) -> Result<u32, HostError> {
+        if let Some(error) = self.state.borrow().refuse_calls {
+            return Err(error);
+        }
+        let token = self.token();
+        self.state.borrow_mut().http_calls.push(HttpCall {
+            token,
+            cluster: cluster.to_string(),
+            headers: headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            body: body.to_vec(),
+            timeout_ms,
+        });
+        Ok(token)
+    }
+
+    fn http_call_response_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostError> {
+        let state = self.state.borrow();
+        let (headers, _) = state.http_response.as_ref().ok_or(HostError::NotFound)?;
+        Ok(headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+    }
+
+    fn http_call_response_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
+        let state = self.state.borrow();
+        let (_, body) = state.http_response.as_ref().ok_or(HostError::NotFound)?;
+        Ok(body.iter().take(size).copied().collect())
+    }
+
+    fn redis_init(&self, service: &str, username: &str, _password: &str, timeout_ms: u32) -> Result<(), HostError> {
+        let mut state = self.state.borrow_mut();
+        state.redis_inits.push((service.to_string(), username.to_string(), timeout_ms));
+        match state.refuse_redis_init {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+
+    fn redis_call(&self, service: &str, query: &[u8]) -> Result<u32, HostError> {
+        if let Some(error) = self.state.borrow().refuse_calls {
+            return Err(error);
+        }
+        let token = self.token();
+        self.state.borrow_mut().redis_calls.push(RedisCall {
+            token,
+            service: service.to_string(),
+            query: query.to_vec(),
+        });
+        Ok(token)
+    }
+
+    fn redis_call_response(&self, size: usize) -> Result<Vec<u8>, HostError> {
+        let state = self.state.borrow();
+        let reply = state.redis_response.as_ref().ok_or(HostError::NotFound)?;
+        Ok(reply.iter().take(size).copied().collect())
+    }
+}
