@@ -15,9 +15,11 @@
 //! root context (`proxy_on_tick`, call responses) are routed by the id they carry, which may also be an
 //! HTTP context's (then its root's filter takes it).
 
-use std::cell::RefCell;
-use std::collections::HashMap;
-use std::ptr::{null, null_mut};
+use crate::prelude::*;
+
+use core::cell::RefCell;
+use core::ptr::{null, null_mut};
+use hashbrown::HashMap;
 
 use crate::filter::{Action, Filter};
 use crate::host::{Host, HostError, LogLevel};
@@ -147,10 +149,10 @@ fn bytes_of(call: impl FnOnce(*mut *mut u8, *mut usize) -> u32) -> Result<Option
 }
 
 /// A header map as proxy-wasm serializes it: count, then (key size, value size) pairs, then each key and
-/// value NUL-terminated; sizes little-endian u32.
-fn serialize_map(pairs: &[(&str, &str)]) -> Vec<u8> {
-    let size = 4 + pairs.iter().map(|(k, v)| k.len() + v.len() + 10).sum::<usize>();
-    let mut out = Vec::with_capacity(size);
+/// value NUL-terminated; sizes little-endian u32. Written into `out` (cleared first).
+fn serialize_map_into(pairs: &[(&str, &str)], out: &mut Vec<u8>) {
+    out.clear();
+    out.reserve(4 + pairs.iter().map(|(k, v)| k.len() + v.len() + 10).sum::<usize>());
     let len = |n: usize| u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes();
     out.extend_from_slice(&len(pairs.len()));
     for (key, value) in pairs {
@@ -163,12 +165,31 @@ fn serialize_map(pairs: &[(&str, &str)]) -> Vec<u8> {
         out.extend_from_slice(value.as_bytes());
         out.push(0);
     }
-    out
 }
 
-/// The host, through the proxy-wasm ABI.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct AbiHost;
+/// The host, through the proxy-wasm ABI. Keeps one buffer for the header maps it serializes (local replies,
+/// HTTP calls), so the request path does not allocate one each time.
+#[derive(Debug, Default)]
+pub struct AbiHost {
+    scratch: RefCell<Vec<u8>>,
+}
+
+impl AbiHost {
+    /// `pairs` serialized into the scratch buffer, then `call` with it.
+    fn with_map<T>(&self, pairs: &[(&str, &str)], call: impl FnOnce(&[u8]) -> T) -> T {
+        match self.scratch.try_borrow_mut() {
+            Ok(mut buffer) => {
+                serialize_map_into(pairs, &mut buffer);
+                call(&buffer)
+            }
+            Err(_) => {
+                let mut buffer = Vec::new();
+                serialize_map_into(pairs, &mut buffer);
+                call(&buffer)
+            }
+        }
+    }
+}
 
 impl Host for AbiHost {
     fn now_ms(&self) -> u64 {
@@ -237,19 +258,20 @@ impl Host for AbiHost {
     }
 
     fn send_local_reply(&self, status: u16, headers: &[(&str, &str)], body: &[u8]) -> Result<(), HostError> {
-        let headers = serialize_map(headers);
-        // SAFETY: every slice lives for the call; grpc_status -1 = not a gRPC reply.
-        HostError::check(unsafe {
-            proxy_send_local_response(
-                u32::from(status),
-                null(),
-                0,
-                body.as_ptr(),
-                body.len(),
-                headers.as_ptr(),
-                headers.len(),
-                -1,
-            )
+        self.with_map(headers, |headers| {
+            // SAFETY: every slice lives for the call; grpc_status -1 = not a gRPC reply.
+            HostError::check(unsafe {
+                proxy_send_local_response(
+                    u32::from(status),
+                    null(),
+                    0,
+                    body.as_ptr(),
+                    body.len(),
+                    headers.as_ptr(),
+                    headers.len(),
+                    -1,
+                )
+            })
         })
     }
 
@@ -285,23 +307,25 @@ impl Host for AbiHost {
         body: &[u8],
         timeout_ms: u32,
     ) -> Result<u32, HostError> {
-        let headers = serialize_map(headers);
-        let trailers = serialize_map(&[]);
+        // An empty map: a zero count.
+        const NO_TRAILERS: [u8; 4] = [0; 4];
         let mut token = 0u32;
-        // SAFETY: every slice lives for the call; the host writes one u32.
-        HostError::check(unsafe {
-            proxy_http_call(
-                cluster.as_ptr(),
-                cluster.len(),
-                headers.as_ptr(),
-                headers.len(),
-                body.as_ptr(),
-                body.len(),
-                trailers.as_ptr(),
-                trailers.len(),
-                timeout_ms,
-                &mut token,
-            )
+        self.with_map(headers, |headers| {
+            // SAFETY: every slice lives for the call; the host writes one u32.
+            HostError::check(unsafe {
+                proxy_http_call(
+                    cluster.as_ptr(),
+                    cluster.len(),
+                    headers.as_ptr(),
+                    headers.len(),
+                    body.as_ptr(),
+                    body.len(),
+                    NO_TRAILERS.as_ptr(),
+                    NO_TRAILERS.len(),
+                    timeout_ms,
+                    &mut token,
+                )
+            })
         })?;
         Ok(token)
     }
@@ -372,7 +396,6 @@ impl Host for AbiHost {
 }
 
 /// The root contexts of this VM and the HTTP contexts they created.
-#[derive(Default)]
 struct Vm {
     /// Root context id -> its filter (`None` until configured, or when the configuration was refused).
     roots: Vec<(u32, Option<Filter<AbiHost>>)>,
@@ -392,14 +415,20 @@ impl Vm {
     }
 }
 
-thread_local! {
-    static VM: RefCell<Vm> = RefCell::new(Vm::default());
-}
+/// The VM's state. A proxy-wasm VM runs on one thread (one per Envoy worker), and this `no_std` module has
+/// no threads of its own, so a plain cell is enough.
+struct VmCell(RefCell<Option<Vm>>);
+
+// SAFETY: a wasm32 proxy-wasm VM is single-threaded: the cell is never reached from two threads.
+unsafe impl Sync for VmCell {}
+
+static VM: VmCell = VmCell(RefCell::new(None));
 
 /// Runs `f` on the VM state; `None` if a callback re-entered while another holds it (the host called
 /// back during a hostcall: the inner callback then does nothing).
 fn with_vm<T>(f: impl FnOnce(&mut Vm) -> T) -> Option<T> {
-    VM.with(|vm| vm.try_borrow_mut().ok().map(|mut vm| f(&mut vm)))
+    let mut vm = VM.0.try_borrow_mut().ok()?;
+    Some(f(vm.get_or_insert_with(|| Vm { roots: Vec::new(), contexts: HashMap::new() })))
 }
 
 #[cfg(target_os = "wasi")]
@@ -425,7 +454,7 @@ pub extern "C" fn proxy_abi_version_0_2_1() {}
 pub extern "C" fn proxy_on_memory_allocate(size: usize) -> *mut u8 {
     let mut buffer: Vec<u8> = Vec::with_capacity(size);
     let pointer = buffer.as_mut_ptr();
-    std::mem::forget(buffer);
+    core::mem::forget(buffer);
     pointer
 }
 
@@ -451,7 +480,7 @@ pub extern "C" fn proxy_on_vm_start(_context_id: u32, _vm_configuration_size: us
 /// the plugin), after a log line naming the field.
 #[no_mangle]
 pub extern "C" fn proxy_on_configure(context_id: u32, _plugin_configuration_size: usize) -> bool {
-    let host = AbiHost;
+    let host = AbiHost::default();
     let configured = match host.plugin_configuration() {
         Ok(bytes) => Filter::configure(host, &bytes.unwrap_or_default(), cfg!(feature = "host-redis")),
         Err(error) => Err(format!("cannot read the plugin configuration: {error}")),
@@ -459,7 +488,7 @@ pub extern "C" fn proxy_on_configure(context_id: u32, _plugin_configuration_size
     let filter = match configured {
         Ok(filter) => filter,
         Err(reason) => {
-            host.log(LogLevel::Error, &format!("edge-rate-limiter: invalid configuration: {reason}"));
+            AbiHost::default().log(LogLevel::Error, &format!("edge-rate-limiter: invalid configuration: {reason}"));
             return false;
         }
     };

@@ -9,7 +9,9 @@
 //! Eviction is least-recently-used (the `lru` crate): a limiter seen on every request stays, while the
 //! one-off keys of a scan of per-user or per-IP limiters are the ones that leave.
 
-use std::num::NonZeroUsize;
+use crate::prelude::*;
+
+use core::num::NonZeroUsize;
 
 use lru::LruCache;
 
@@ -50,7 +52,7 @@ impl LimiterCache {
             if *known == config {
                 return Observation::Unchanged;
             }
-            let old = std::mem::replace(known, config);
+            let old = core::mem::replace(known, config);
             return Observation::Changed(old);
         }
         self.entries.push(name.to_string(), config);

@@ -10,7 +10,9 @@
 //! *effective context*: the HTTP context whose callback is running, or the one named by
 //! [`Host::set_effective_context`] from a callback delivered to the root context.
 
-use std::fmt;
+use crate::prelude::*;
+
+use core::fmt;
 
 /// A proxy-wasm status other than `Ok`, as a hostcall returned it (proxy-wasm ABI 0.2.1 `WasmResult`
 /// numbering, as in proxy-wasm-cpp-host `include/proxy-wasm/wasm_api_impl.h`).
@@ -72,7 +74,15 @@ impl fmt::Display for HostError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             HostError::Other(code) => write!(f, "status {code}"),
-            other => write!(f, "{other:?}"),
+            HostError::NotFound => f.write_str("NotFound"),
+            HostError::BadArgument => f.write_str("BadArgument"),
+            HostError::SerializationFailure => f.write_str("SerializationFailure"),
+            HostError::ParseFailure => f.write_str("ParseFailure"),
+            HostError::InvalidMemoryAccess => f.write_str("InvalidMemoryAccess"),
+            HostError::Empty => f.write_str("Empty"),
+            HostError::CasMismatch => f.write_str("CasMismatch"),
+            HostError::InternalFailure => f.write_str("InternalFailure"),
+            HostError::Unimplemented => f.write_str("Unimplemented"),
         }
     }
 }

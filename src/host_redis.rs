@@ -4,11 +4,12 @@
 //! hostcalls themselves are behind [`Host::redis_init`] / [`Host::redis_call`]; this module knows the
 //! convention around them (service naming, init once and again after `NOAUTH`, status 1 = no reply).
 
-use std::cell::Cell;
+use crate::prelude::*;
+
+use core::cell::Cell;
 
 use crate::config::RedisConfig;
 use crate::host::Host;
-use crate::resp::Command;
 use crate::transport::{refused, Failure};
 
 /// Reply status of `proxy_on_redis_call_response` for a reply (possibly a Redis error reply).
@@ -25,8 +26,8 @@ pub struct HostRedis {
     initialized: Cell<bool>,
 }
 
-impl std::fmt::Debug for HostRedis {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl core::fmt::Debug for HostRedis {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("HostRedis")
             .field("service", &self.service)
             .field("username", &self.username)
@@ -64,16 +65,15 @@ impl HostRedis {
         result.map_err(|error| refused("proxy_redis_init", error, &self.service).to_string())
     }
 
-    /// Sends `command`'s RESP bytes; returns the call's token.
+    /// Sends one command's RESP bytes ([`crate::script::Encoding::Resp`]); returns the call's token.
     ///
     /// # Errors
     /// [`Failure::SendRefused`] when the client cannot be initialised or the host refuses the call.
-    pub fn send(&self, host: &impl Host, command: &Command) -> Result<u32, Failure> {
+    pub fn send(&self, host: &impl Host, query: &[u8]) -> Result<u32, Failure> {
         if !self.initialized.get() {
             self.init(host).map_err(Failure::SendRefused)?;
         }
-        host.redis_call(&self.service, &command.to_resp())
-            .map_err(|error| refused("proxy_redis_call", error, &self.service))
+        host.redis_call(&self.service, query).map_err(|error| refused("proxy_redis_call", error, &self.service))
     }
 
     /// Initialise the client again before the next call (Redis answered `NOAUTH`).

@@ -1,10 +1,11 @@
 //! The HTTP-to-Redis bridge transport (webdis), for stock Envoy and Istio: `proxy_http_call` of
-//! `POST /` with the command in webdis's path form as the body ([`Command::to_webdis_path`], `.raw`
+//! `POST /` with the command in webdis's path form as the body ([`crate::resp::Command::to_webdis_path`], `.raw`
 //! suffix), answered by the raw RESP reply with HTTP 200 (DESIGN.md, "Facts: webdis").
+
+use crate::prelude::*;
 
 use crate::config::RedisConfig;
 use crate::host::Host;
-use crate::resp::Command;
 use crate::transport::{refused, Failure};
 
 /// Requests to webdis on one Envoy cluster: its authority, optional Basic credentials and timeout.
@@ -28,11 +29,12 @@ impl HttpBridge {
         }
     }
 
-    /// Sends `command` as `POST /` to the bridge; returns the call's token.
+    /// Sends a command in webdis's path form ([`crate::script::Encoding::WebdisPath`]) as the body of
+    /// `POST /` to the bridge; returns the call's token.
     ///
     /// # Errors
     /// [`Failure::SendRefused`] when the host refuses the call (unknown cluster).
-    pub fn send(&self, host: &impl Host, command: &Command) -> Result<u32, Failure> {
+    pub fn send(&self, host: &impl Host, body: &[u8]) -> Result<u32, Failure> {
         let mut headers = vec![
             (":method", "POST"),
             (":path", "/"),
@@ -42,8 +44,7 @@ impl HttpBridge {
         if let Some(authorization) = &self.authorization {
             headers.push(("authorization", authorization.as_str()));
         }
-        let body = command.to_webdis_path();
-        host.http_call(&self.cluster, &headers, &body, self.timeout_ms)
+        host.http_call(&self.cluster, &headers, body, self.timeout_ms)
             .map_err(|error| refused("proxy_http_call", error, &self.cluster))
     }
 }
@@ -63,7 +64,7 @@ pub fn read_reply(host: &impl Host, num_headers: usize, body_size: usize) -> Res
         .http_call_response_header(":status")
         .ok()
         .flatten()
-        .and_then(|s| std::str::from_utf8(&s).ok().and_then(|s| s.parse::<u16>().ok()))
+        .and_then(|s| core::str::from_utf8(&s).ok().and_then(|s| s.parse::<u16>().ok()))
         .ok_or(Failure::NoReply)?;
     if status != 200 {
         return Err(Failure::BridgeStatus(status));

@@ -4,7 +4,9 @@
 //! Nothing here calls the host: a request is seen through [`RequestView`], so the same code runs in the
 //! filter, in native unit tests and under wasm-bindgen-test.
 
-use std::net::{IpAddr, SocketAddr};
+use crate::prelude::*;
+
+use core::net::{IpAddr, SocketAddr};
 
 use base64::Engine as _;
 use sha2::{Digest, Sha256};
@@ -12,7 +14,7 @@ use sha2::{Digest, Sha256};
 /// Where a rule takes its key value from (`limit_by` in the configuration).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeySource {
-    /// A request header, by name (matched case-insensitively).
+    /// A request header, by name (matched case-insensitively: [`KeySource::header`] lowercases it).
     Header(String),
     /// A query parameter of `:path`, by name (form-decoded).
     Query(String),
@@ -30,6 +32,11 @@ pub enum KeySource {
 }
 
 impl KeySource {
+    /// A header source; the name is trimmed and lowercased, as hosts present header names.
+    pub fn header(name: &str) -> Self {
+        KeySource::Header(name.trim().to_ascii_lowercase())
+    }
+
     /// Checks what the shape cannot: names must not be empty, hops must be at least 1.
     ///
     /// # Errors
@@ -45,12 +52,12 @@ impl KeySource {
     }
 
     /// The header this source reads, lowercased, if it reads a header (`:path` for path and query).
-    fn header_name(&self) -> Option<String> {
+    fn header_name(&self) -> Option<&str> {
         match self {
-            KeySource::Header(name) => Some(name.trim().to_ascii_lowercase()),
-            KeySource::Query(_) | KeySource::Path => Some(":path".into()),
-            KeySource::Cookie(_) => Some("cookie".into()),
-            KeySource::XForwardedFor(_) => Some("x-forwarded-for".into()),
+            KeySource::Header(name) => Some(name),
+            KeySource::Query(_) | KeySource::Path => Some(":path"),
+            KeySource::Cookie(_) => Some("cookie"),
+            KeySource::XForwardedFor(_) => Some("x-forwarded-for"),
             KeySource::ClientIp | KeySource::Global => None,
         }
     }
@@ -77,7 +84,7 @@ pub enum KeyValue {
 
 /// Reads a rule's key value from a request.
 pub fn extract(source: &KeySource, request: &impl RequestView) -> KeyValue {
-    let header = source.header_name().and_then(|name| request.header(&name));
+    let header = source.header_name().and_then(|name| request.header(name));
     let value = match source {
         KeySource::Global => return KeyValue::Global,
         KeySource::Header(_) => header,
@@ -139,7 +146,7 @@ fn parse_ip(address: &str) -> Option<IpAddr> {
 
 /// The client address `hops` entries from the right of `x-forwarded-for`, normalized, if it is an IP.
 fn forwarded_client(header: &[u8], hops: u32) -> Option<Vec<u8>> {
-    let text = std::str::from_utf8(header).ok()?;
+    let text = core::str::from_utf8(header).ok()?;
     let entries: Vec<&str> = text.split(',').map(str::trim).filter(|e| !e.is_empty()).collect();
     let index = entries.len().checked_sub(usize::try_from(hops).ok()?)?;
     parse_ip(entries.get(index)?).map(|ip| ip.to_string().into_bytes())
@@ -169,16 +176,20 @@ pub fn limiter_name(base: &str, value: &KeyValue) -> Option<String> {
         KeyValue::Value(bytes) => bytes,
     };
     let engine = &base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    let encoded = if !bytes.is_empty() && bytes.len() <= MAX_VERBATIM_LEN && bytes.iter().copied().all(is_verbatim_byte)
-    {
-        // Only bytes from the verbatim set: valid UTF-8.
-        String::from_utf8_lossy(bytes).into_owned()
+    let mut name = String::with_capacity(base.len() + 2 + bytes.len().min(MAX_ENCODED_LEN) * 4 / 3 + 4);
+    name.push_str(base);
+    name.push(':');
+    if !bytes.is_empty() && bytes.len() <= MAX_VERBATIM_LEN && bytes.iter().copied().all(is_verbatim_byte) {
+        // Only bytes from the verbatim set: valid ASCII.
+        name.extend(bytes.iter().copied().map(char::from));
     } else if bytes.len() <= MAX_ENCODED_LEN {
-        format!("~{}", engine.encode(bytes))
+        name.push('~');
+        engine.encode_string(bytes, &mut name);
     } else {
-        format!("#{}", engine.encode(Sha256::digest(bytes)))
-    };
-    Some(format!("{base}:{encoded}"))
+        name.push('#');
+        engine.encode_string(Sha256::digest(bytes), &mut name);
+    }
+    Some(name)
 }
 
 /// The Redis keys of one Redisson limiter, as Redisson 4.x `RedissonRateLimiter` names them.
@@ -263,8 +274,8 @@ pub(crate) mod tests {
 
     #[test]
     fn headers_are_read_case_insensitively() {
-        assert_eq!(value_of(KeySource::Header("X-User-Id".into()), &[("x-user-id", "alice")]), some("alice"));
-        assert_eq!(value_of(KeySource::Header("x-user-id".into()), &[]), KeyValue::Missing);
+        assert_eq!(value_of(KeySource::header(" X-User-Id"), &[("x-user-id", "alice")]), some("alice"));
+        assert_eq!(value_of(KeySource::header("x-user-id"), &[]), KeyValue::Missing);
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! - [`script`]: the Redisson operations as Lua scripts (SHA-1 computed by `build.rs`), the acquire
 //!   command and its reply.
 //! - [`limiter`]: one request's acquires across rules and the final decision.
+//! - [`block`]: the exact local block after a rejection, in shared data, bounded slots.
 //! - [`cache`]: per-VM limiter configs as Redis holds them, LRU-bounded.
 //! - [`response`]: `Retry-After` and rate limit headers.
 //!
@@ -26,7 +27,16 @@
 //! Higress Redis calls in the `host-redis` build), implements [`host::Host`] with them, and exports the
 //! callbacks, each routed to the [`filter::Filter`] of its root context. Imports run one way:
 //! `abi` → `filter` → `host_redis` / `http_bridge` → `transport`, `host`.
+//!
+//! On wasm32 the crate is `no_std` (with `alloc`): the module carries no std runtime (panic printing, I/O
+//! errors, environment access), only its own panic handler (a trap) and allocator (`dlmalloc`), below.
+//! Native builds (tests, `erl-admin`) and every test build use std.
 
+#![cfg_attr(all(target_arch = "wasm32", not(test)), no_std)]
+
+extern crate alloc;
+
+pub mod block;
 pub mod cache;
 pub mod config;
 pub mod filter;
@@ -35,6 +45,7 @@ pub mod host_redis;
 pub mod http_bridge;
 pub mod key;
 pub mod limiter;
+pub mod quote;
 pub mod resp;
 pub mod response;
 pub mod script;
@@ -42,5 +53,26 @@ pub mod transport;
 
 #[cfg(feature = "filter")]
 mod abi;
+mod prelude;
 #[cfg(test)]
 pub(crate) mod testing;
+
+/// A panic traps the VM at once: nothing in the module panics by design (clippy denies panics, unwraps
+/// and indexing), and a host logs a trap with its backtrace; printing a message would only add the std
+/// runtime to the module.
+#[cfg(all(target_arch = "wasm32", not(test)))]
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo<'_>) -> ! {
+    core::arch::wasm32::unreachable()
+}
+
+// wasi-libc, from the toolchain's wasm32-wasip1 sysroot, for the C memory functions the compiler calls
+// (`memcmp`; std links it on its own): otherwise the module would import `env.memcmp`, which no host has.
+#[cfg(all(target_os = "wasi", not(test)))]
+#[link(name = "c")]
+extern "C" {}
+
+/// The module's allocator: `dlmalloc`, as Rust's std uses on wasm32-unknown-unknown.
+#[cfg(all(target_arch = "wasm32", not(test)))]
+#[global_allocator]
+static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;

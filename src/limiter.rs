@@ -1,22 +1,27 @@
-//! One request's way through the limiters: which rules apply, the acquire command of each, what every
-//! reply means, and the final [`Decision`]. Pure: time, randomness and the client id are passed in, the
-//! transport is the caller's, so every path (acquired, rejected, NOSCRIPT retry, failures) is unit-tested.
+//! One request's way through the limiters: which rules apply, the acquire of each, what every reply means,
+//! and the final [`Decision`]. Pure: time, randomness, the local blocks and the templates of the commands
+//! are passed in, the transport is the caller's, so every path (acquired, rejected, blocked locally,
+//! NOSCRIPT retry, failures) is unit-tested.
 //!
 //! Flow: [`start`] reads the key values and returns either a decision at once (no rule applies, a missing
-//! key is denied, a request exceeds a cached rate) or a [`PendingRequest`] with one command per rule. The
-//! caller sends them, feeds each outcome to [`PendingRequest::on_reply`] and acts on the [`Progress`]:
-//! send again (after `NOSCRIPT`), keep waiting, or apply the decision.
+//! key is denied, a limiter is blocked locally) or a [`PendingRequest`] with one acquire per rule. The
+//! caller encodes and sends each ([`PendingRequest::encode`]), feeds each outcome to
+//! [`PendingRequest::on_reply`] and acts on the [`Progress`]: send again (after `NOSCRIPT`), keep waiting,
+//! or apply the decision; and records the [`crate::block::Block`] a rejection reports.
 
-use std::fmt;
+use alloc::rc::Rc;
+use core::fmt;
 
+use crate::prelude::*;
+
+use crate::block::Block;
 use crate::cache::{LimiterCache, Observation};
-use crate::config::{ClockSource, FailureMode, OnMissing, PluginConfig, RateSource, Rule};
-use crate::key::{extract, limiter_name, KeyValue, LimiterKeys, RequestView};
-use crate::resp::{decode_reply, Command};
-use crate::response::{rate_limit_headers, retry_after, Quota};
+use crate::config::{ClockSource, FailureMode, OnMissing, PluginConfig, RateSource};
+use crate::key::{extract, limiter_name, KeyValue, RequestView};
+use crate::response::{policy_value, rate_limit_headers, retry_after, HeaderValue, Headers, Quota};
 use crate::script::{
-    decode_acquire_reply, Acquire, AcquireOutcome, Clock, ConfigChange, EffectiveConfig, Invocation, ReplyError,
-    MEMBER_RANDOM_LEN,
+    decode_acquire_reply, AcquireConfig, AcquireOutcome, AcquireTemplate, Clock, ConfigChange, EffectiveConfig,
+    Encoding, Invocation, ReplyError, MEMBER_RANDOM_LEN,
 };
 use crate::transport::Failure;
 
@@ -26,16 +31,16 @@ pub enum Verdict {
     /// Continue upstream, adding these headers to the upstream's response.
     Continue {
         /// Headers for the response (rate limit headers).
-        response_headers: Vec<(String, String)>,
+        response_headers: Headers,
     },
     /// Answer locally.
     Respond {
         /// HTTP status.
         status: u16,
         /// Response headers.
-        headers: Vec<(String, String)>,
-        /// Response body.
-        body: String,
+        headers: Headers,
+        /// Response body (`text/plain`).
+        body: HeaderValue,
     },
 }
 
@@ -46,8 +51,10 @@ pub enum Outcome {
     Unlimited,
     /// Every rule that applied allowed it.
     Allowed,
-    /// A limiter rejected it (or a missing key was denied, or it asked for more than a rate).
+    /// A limiter in Redis rejected it (or a missing key was denied, or it asked for more than a rate).
     Rejected,
+    /// A limiter's local block rejected it, without a Redis call.
+    LocallyRejected,
     /// A rule could not be decided and the failure mode let the request through.
     FailedOpen,
     /// A rule could not be decided and the failure mode answered it.
@@ -111,18 +118,24 @@ impl fmt::Display for Notice {
         match self {
             Notice::ConfigDiffers { rule, limiter, effective } => write!(
                 f,
-                "rule {rule}: limiter {limiter} exists in Redis with rate {} per {} ms ({:?}), which differs from the configuration; obeying Redis",
-                effective.rate, effective.interval_ms, effective.limiter_type
+                "rule {rule}: limiter {limiter} exists in Redis with rate {} per {} ms ({}), which differs from the configuration; obeying Redis",
+                effective.rate,
+                effective.interval_ms,
+                effective.limiter_type.name()
             ),
             Notice::ConfigApplied { rule, limiter, effective } => write!(
                 f,
-                "rule {rule}: limiter {limiter} held another config in Redis; applied rate {} per {} ms ({:?}) keeping consumed permits (rate_source: config)",
-                effective.rate, effective.interval_ms, effective.limiter_type
+                "rule {rule}: limiter {limiter} held another config in Redis; applied rate {} per {} ms ({}) keeping consumed permits (rate_source: config)",
+                effective.rate,
+                effective.interval_ms,
+                effective.limiter_type.name()
             ),
             Notice::ConfigKept { rule, limiter, effective } => write!(
                 f,
-                "rule {rule}: limiter {limiter} holds rate {} per {} ms ({:?}), set by someone else after the rule wrote its own; keeping it (rate_source: config changes only a config the rule wrote)",
-                effective.rate, effective.interval_ms, effective.limiter_type
+                "rule {rule}: limiter {limiter} holds rate {} per {} ms ({}), set by someone else after the rule wrote its own; keeping it (rate_source: config changes only a config the rule wrote)",
+                effective.rate,
+                effective.interval_ms,
+                effective.limiter_type.name()
             ),
             Notice::ExceedsRate { rule, limiter } => write!(
                 f,
@@ -132,24 +145,96 @@ impl fmt::Display for Notice {
     }
 }
 
-/// The inputs of a decision that are not the request: time, randomness, identity, configuration.
+/// Where a request finds the local blocks of its limiters ([`crate::block`]).
+pub trait Blocks {
+    /// The live block of limiter `name` at `now_ms`, if any.
+    fn find(&self, name: &str, now_ms: u64) -> Option<Block>;
+}
+
+/// No local blocks (every request goes to Redis).
+pub struct NoBlocks;
+
+impl Blocks for NoBlocks {
+    fn find(&self, _name: &str, _now_ms: u64) -> Option<Block> {
+        None
+    }
+}
+
+/// What one rule needs on every request, prepared once per configuration and client id.
+#[derive(Debug, Clone)]
+pub struct RulePlan {
+    /// Its acquire command.
+    pub template: AcquireTemplate,
+    /// Its `RateLimit-Policy` member for the configured limit and window.
+    pub policy: Rc<str>,
+}
+
+/// What a configuration needs on every request: its rules' plans and its rejection body.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// By rule index.
+    pub rules: Vec<RulePlan>,
+    /// The body of a rejection.
+    pub rejection_body: Rc<str>,
+}
+
+impl Plan {
+    /// The plan of `config` for this gateway's Redisson client id.
+    pub fn new(config: &PluginConfig, client_id: &str) -> Self {
+        let rules = config
+            .rules
+            .iter()
+            .map(|rule| {
+                let acquire = AcquireConfig {
+                    permits: rule.permits,
+                    rate: rule.rate,
+                    interval_ms: rule.interval_ms,
+                    limiter_type: rule.limiter_type,
+                    keep_alive_ms: rule.keep_alive_ms,
+                    apply_config: rule.rate_source == RateSource::Config,
+                };
+                RulePlan {
+                    template: AcquireTemplate::new(acquire, client_id),
+                    policy: policy_value(&rule.name, rule.rate, rule.interval_ms).into(),
+                }
+            })
+            .collect();
+        Plan { rules, rejection_body: config.rejection.body.as_str().into() }
+    }
+}
+
+/// The inputs of a decision that are not the request: time, configuration, its plan, blocks.
 pub struct Context<'a> {
     /// The validated plugin configuration.
     pub config: &'a PluginConfig,
-    /// Now, ms since the Unix epoch.
+    /// The configuration's plan (commands built with this process's Redisson client id).
+    pub plan: &'a Plan,
+    /// Now, ms since the epoch.
     pub now_ms: u64,
-    /// This gateway process's Redisson client id (a UUID string), for per_client limiters.
-    pub client_id: &'a str,
+    /// The local blocks.
+    pub blocks: &'a dyn Blocks,
+}
+
+/// A rule's state in the headers: its rule index and quota numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RuleQuota {
+    rule: usize,
+    limit: u64,
+    window_ms: u64,
+    remaining: u64,
+    reset_ms: u64,
 }
 
 /// How one rule ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum RuleResult {
-    Acquired(Quota),
-    /// Rejected by the limiter; `delay_ms` is `None` when no wait can help (more permits than the rate).
+    Acquired(RuleQuota),
+    /// Rejected by the limiter in Redis or by its local block; `delay_ms` is `None` when no wait can help
+    /// (more permits than the rate).
     Rejected {
-        quota: Quota,
+        quota: RuleQuota,
         delay_ms: Option<u64>,
+        local: bool,
     },
     /// Rejected without asking Redis (no key value and `on_missing: deny`).
     Denied,
@@ -169,7 +254,12 @@ enum CallState {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct RuleCall {
     rule: usize,
-    acquire: Acquire,
+    /// The limiter name.
+    name: String,
+    clock: Clock,
+    /// Gateway time the acquire was started, ms (the base of a local block).
+    sent_ms: u64,
+    member_random: [u8; MEMBER_RANDOM_LEN],
     state: CallState,
 }
 
@@ -186,22 +276,32 @@ pub struct PendingRequest {
 pub enum Start {
     /// Decided without Redis.
     Decided(Decision),
-    /// Send each command (by call index) and report its reply to the pending request.
-    Send(PendingRequest, Vec<(usize, Command)>),
+    /// Send the acquire of each call index (encode it with [`PendingRequest::encode`]) and report its reply.
+    Send(PendingRequest, usize),
 }
 
 /// The step after a reply.
 #[derive(Debug)]
 pub enum Progress {
-    /// Send this command for this call index (the script by source after `NOSCRIPT`).
-    Resend(usize, Command),
+    /// Send this call's acquire again, by source (after `NOSCRIPT`).
+    Resend(usize),
     /// Other calls are still outstanding.
     Waiting,
     /// Every call is done.
     Done(Decision),
 }
 
-/// Starts deciding a request: reads each rule's key value and prepares its acquire.
+/// What a reply teaches besides the decision.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Effects {
+    /// A log line, once per limiter.
+    pub notice: Option<Notice>,
+    /// A local block to record for this limiter (Redis rejected it).
+    pub block: Option<(String, Block)>,
+}
+
+/// Starts deciding a request: reads each rule's key value, checks its limiter's local block and prepares
+/// its acquire.
 ///
 /// `random` gives the random bytes of each new permit member (they must differ between acquires: two
 /// equal members in one window would count as one).
@@ -217,7 +317,7 @@ pub fn start(
             (KeyValue::Missing, OnMissing::Skip) => continue,
             (KeyValue::Missing, OnMissing::Deny) => {
                 settled.push(RuleResult::Denied);
-                continue;
+                break;
             }
             (KeyValue::Missing, OnMissing::Share) => KeyValue::Value(Vec::new()),
             (value, _) => value,
@@ -225,189 +325,228 @@ pub fn start(
         let Some(name) = limiter_name(&rule.limiter, &value) else {
             continue;
         };
+        if rule.local_block_max_ms > 0 {
+            if let Some(block) = ctx.blocks.find(&name, ctx.now_ms).filter(|block| rule.permits > block.available) {
+                // Redisson's delay: 3 ms past the oldest permit's departure.
+                let delay_ms = block.release_ms.saturating_sub(ctx.now_ms).saturating_add(3);
+                let quota = RuleQuota {
+                    rule: index,
+                    limit: block.rate,
+                    window_ms: block.interval_ms,
+                    remaining: 0,
+                    reset_ms: delay_ms,
+                };
+                settled.push(RuleResult::Rejected { quota, delay_ms: Some(delay_ms), local: true });
+                break;
+            }
+        }
         calls.push(RuleCall {
             rule: index,
-            acquire: acquire_for(rule, &name, ctx, random()),
+            name,
+            clock: match ctx.config.clock {
+                ClockSource::Gateway => Clock::Gateway(ctx.now_ms),
+                ClockSource::Redis => Clock::Redis,
+            },
+            sent_ms: ctx.now_ms,
+            member_random: random(),
             state: CallState::Waiting { retried: false },
         });
     }
     let pending = PendingRequest { calls, settled };
-    if pending.calls.is_empty() || pending.settled.contains(&RuleResult::Denied) {
-        // Nothing to ask Redis, or the answer is already no: deny before spending a round trip.
-        return Start::Decided(pending.decide(ctx.config));
+    if pending.calls.is_empty() || !pending.settled.is_empty() {
+        // Nothing to ask Redis, or the answer is already no: decide before spending a round trip.
+        return Start::Decided(pending.decide(ctx.config, ctx.plan, false));
     }
-    let commands =
-        pending.calls.iter().enumerate().map(|(i, call)| (i, call.acquire.command(Invocation::BySha))).collect();
-    Start::Send(pending, commands)
-}
-
-fn acquire_for(rule: &Rule, name: &str, ctx: &Context<'_>, member_random: [u8; MEMBER_RANDOM_LEN]) -> Acquire {
-    Acquire {
-        keys: LimiterKeys::new(name, ctx.client_id),
-        permits: rule.permits,
-        clock: match ctx.config.clock {
-            ClockSource::Gateway => Clock::Gateway(ctx.now_ms),
-            ClockSource::Redis => Clock::Redis,
-        },
-        member_random,
-        rate: rule.rate,
-        interval_ms: rule.interval_ms,
-        limiter_type: rule.limiter_type,
-        keep_alive_ms: rule.keep_alive_ms,
-        apply_config: rule.rate_source == RateSource::Config,
-    }
+    let count = pending.calls.len();
+    Start::Send(pending, count)
 }
 
 impl PendingRequest {
+    /// The bytes of call `call`'s acquire, by sha or by source, in the transport's wire form; `None` for
+    /// an unknown call.
+    pub fn encode(&self, call: usize, invocation: Invocation, encoding: Encoding, plan: &Plan) -> Option<Vec<u8>> {
+        let call = self.calls.get(call)?;
+        let template = &plan.rules.get(call.rule)?.template;
+        Some(template.encode(&call.name, call.clock, &call.member_random, invocation, encoding))
+    }
+
     /// Records the transport's outcome for call `call`: the raw RESP reply bytes, or a failure.
     ///
-    /// Updates the cache with the limiter config in the reply and returns anything worth logging about it.
-    /// A reply for an unknown or finished call is ignored ([`Progress::Waiting`] or the decision again).
+    /// Updates the cache with the limiter config a reply reports and returns what is worth logging or
+    /// recording. A reply for an unknown or finished call is ignored ([`Progress::Waiting`] or the
+    /// decision again).
     pub fn on_reply(
         &mut self,
         call: usize,
         reply: Result<&[u8], Failure>,
         config: &PluginConfig,
+        plan: &Plan,
         cache: &mut LimiterCache,
-    ) -> (Progress, Option<Notice>) {
+    ) -> (Progress, Effects) {
+        let mut effects = Effects::default();
         let Some(entry) = self.calls.get_mut(call) else {
-            return (self.progress(config), None);
+            return (self.progress(config, plan), effects);
         };
         let CallState::Waiting { retried } = entry.state else {
-            return (self.progress(config), None);
+            return (self.progress(config, plan), effects);
         };
         let Some(rule) = config.rules.get(entry.rule) else {
-            return (self.progress(config), None);
+            return (self.progress(config, plan), effects);
         };
-        let decoded = reply.and_then(|bytes| decode_reply(bytes).map_err(|e| Failure::BadReply(e.to_string())));
-        let mut notice = None;
-        let result = match decoded.map(|reply| decode_acquire_reply(&reply)) {
+        let result = match reply.map(decode_acquire_reply) {
             Err(failure) => RuleResult::Failed(failure),
             Ok(Err(ReplyError::NoScript)) if !retried => {
                 entry.state = CallState::Waiting { retried: true };
-                return (Progress::Resend(call, entry.acquire.command(Invocation::BySource)), None);
+                return (Progress::Resend(call), effects);
             }
             Ok(Err(ReplyError::NoScript)) => RuleResult::Failed(Failure::RedisError("NOSCRIPT after EVAL".into())),
             Ok(Err(ReplyError::Redis(text))) => RuleResult::Failed(Failure::RedisError(text)),
             Ok(Err(ReplyError::Unexpected(what))) => RuleResult::Failed(Failure::BadReply(what)),
             Ok(Ok(reply)) => {
-                let limiter = entry.acquire.keys.config.clone();
-                let observation = cache.observe(&limiter, reply.effective);
-                let configured = (rule.rate, rule.interval_ms, rule.limiter_type);
-                let held = (reply.effective.rate, reply.effective.interval_ms, reply.effective.limiter_type);
-                let noticed = matches!(observation, Observation::New | Observation::Changed(_));
-                if reply.change == ConfigChange::Updated {
-                    notice = Some(Notice::ConfigApplied {
-                        rule: rule.name.clone(),
-                        limiter: limiter.clone(),
-                        effective: reply.effective,
-                    });
-                } else if noticed && configured != held && reply.change == ConfigChange::Kept {
-                    notice = Some(Notice::ConfigKept {
-                        rule: rule.name.clone(),
-                        limiter: limiter.clone(),
-                        effective: reply.effective,
-                    });
-                } else if noticed && configured != held {
-                    notice = Some(Notice::ConfigDiffers {
-                        rule: rule.name.clone(),
-                        limiter: limiter.clone(),
-                        effective: reply.effective,
-                    });
+                let configured =
+                    EffectiveConfig { rate: rule.rate, interval_ms: rule.interval_ms, limiter_type: rule.limiter_type };
+                let effective = reply.effective.unwrap_or(configured);
+                if let Some(held) = reply.effective {
+                    // Only replies whose config is not the rule's carry one: the cache says whether it is news.
+                    let noticed =
+                        matches!(cache.observe(&entry.name, held), Observation::New | Observation::Changed(_));
+                    let limiter = || entry.name.clone();
+                    effects.notice = match reply.change {
+                        ConfigChange::Updated => {
+                            Some(Notice::ConfigApplied { rule: rule.name.clone(), limiter: limiter(), effective })
+                        }
+                        _ if !noticed || held == configured => None,
+                        ConfigChange::Kept => {
+                            Some(Notice::ConfigKept { rule: rule.name.clone(), limiter: limiter(), effective })
+                        }
+                        _ if reply.outcome == AcquireOutcome::ExceedsRate => {
+                            Some(Notice::ExceedsRate { rule: rule.name.clone(), limiter: limiter() })
+                        }
+                        _ => Some(Notice::ConfigDiffers { rule: rule.name.clone(), limiter: limiter(), effective }),
+                    };
                 }
-                let quota = |remaining, reset_ms| Quota {
-                    policy: rule.name.clone(),
-                    limit: reply.effective.rate,
-                    window_ms: reply.effective.interval_ms,
+                let quota = |remaining, reset_ms| RuleQuota {
+                    rule: entry.rule,
+                    limit: effective.rate,
+                    window_ms: effective.interval_ms,
                     remaining,
                     reset_ms,
                 };
                 match reply.outcome {
-                    AcquireOutcome::Acquired { remaining } => RuleResult::Acquired(quota(remaining, reply.reset_ms)),
-                    AcquireOutcome::Rejected { delay_ms } => {
-                        RuleResult::Rejected { quota: quota(0, delay_ms), delay_ms: Some(delay_ms) }
+                    // The quota is whole again when every permit now in the window has left it.
+                    AcquireOutcome::Acquired { remaining } => {
+                        RuleResult::Acquired(quota(remaining, effective.interval_ms))
                     }
-                    AcquireOutcome::ExceedsRate => {
-                        if noticed {
-                            notice = Some(Notice::ExceedsRate { rule: rule.name.clone(), limiter });
+                    AcquireOutcome::Rejected { delay_ms } => {
+                        // The oldest permit leaves 3 ms before Redisson's delay ends (DESIGN.md, tryAcquire).
+                        let leaves = entry.sent_ms.saturating_add(delay_ms).saturating_sub(3);
+                        let until_ms = leaves.min(entry.sent_ms.saturating_add(rule.local_block_max_ms));
+                        if rule.local_block_max_ms > 0 && until_ms > entry.sent_ms {
+                            // Without the count, the rejected request's own need bounds it: fewer than `permits`
+                            // are free, so a request for `permits` or more is what Redis would reject.
+                            let block = Block {
+                                until_ms,
+                                release_ms: leaves,
+                                available: reply.available.unwrap_or(rule.permits.saturating_sub(1)),
+                                rate: effective.rate,
+                                interval_ms: effective.interval_ms,
+                            };
+                            effects.block = Some((entry.name.clone(), block));
                         }
-                        // No wait grants it: report a whole window rather than "retry now" (t=0).
-                        RuleResult::Rejected { quota: quota(0, reply.effective.interval_ms), delay_ms: None }
+                        RuleResult::Rejected { quota: quota(0, delay_ms), delay_ms: Some(delay_ms), local: false }
+                    }
+                    // No wait grants it: report a whole window rather than "retry now" (t=0).
+                    AcquireOutcome::ExceedsRate => {
+                        RuleResult::Rejected { quota: quota(0, effective.interval_ms), delay_ms: None, local: false }
                     }
                 }
             }
         };
         entry.state = CallState::Done(result);
-        (self.progress(config), notice)
+        (self.progress(config, plan), effects)
     }
 
     /// Ends every call still waiting with `failure` (the request's deadline passed, see
     /// [`Failure::TimedOut`]) and decides the request.
-    pub fn expire(&mut self, failure: &Failure, config: &PluginConfig) -> Decision {
+    pub fn expire(&mut self, failure: &Failure, config: &PluginConfig, plan: &Plan) -> Decision {
         for call in &mut self.calls {
             if matches!(call.state, CallState::Waiting { .. }) {
                 call.state = CallState::Done(RuleResult::Failed(failure.clone()));
             }
         }
-        self.decide(config)
+        self.decide(config, plan, true)
     }
 
-    fn progress(&self, config: &PluginConfig) -> Progress {
+    fn progress(&self, config: &PluginConfig, plan: &Plan) -> Progress {
         if self.calls.iter().any(|c| matches!(c.state, CallState::Waiting { .. })) {
             Progress::Waiting
         } else {
-            Progress::Done(self.decide(config))
+            Progress::Done(self.decide(config, plan, true))
         }
     }
 
     /// Combines the rule results: any rejection rejects; otherwise any failure follows the failure mode;
-    /// otherwise the request is allowed.
-    fn decide(&self, config: &PluginConfig) -> Decision {
-        let results: Vec<&RuleResult> = self
-            .settled
-            .iter()
-            .chain(self.calls.iter().filter_map(|c| match &c.state {
-                CallState::Done(result) => Some(result),
-                CallState::Waiting { .. } => None,
-            }))
-            .collect();
-        let quotas: Vec<Quota> = results
-            .iter()
-            .filter_map(|r| match r {
-                RuleResult::Acquired(quota) | RuleResult::Rejected { quota, .. } => Some(quota.clone()),
-                _ => None,
-            })
-            .collect();
-        let mut headers = rate_limit_headers(config.headers, &quotas);
-        let delay = results.iter().filter_map(|r| match r {
-            RuleResult::Rejected { delay_ms, .. } => *delay_ms,
+    /// otherwise the request is allowed. `asked`: whether the calls were sent (at start they were not).
+    fn decide(&self, config: &PluginConfig, plan: &Plan, asked: bool) -> Decision {
+        let done = self.calls.iter().filter_map(move |c| match &c.state {
+            CallState::Done(result) if asked => Some(result),
             _ => None,
         });
-        let denied = results.iter().any(|r| matches!(r, RuleResult::Denied));
-        if let Some(delay_ms) = delay.max() {
-            headers.insert(0, retry_after(delay_ms));
+        let results = || self.settled.iter().chain(done.clone());
+        let mut quotas: Vec<Quota<'_>> = Vec::with_capacity(self.calls.len() + self.settled.len());
+        let mut failures = Vec::new();
+        let (mut rejected, mut local, mut delay, mut any) = (false, false, None::<u64>, false);
+        for result in results() {
+            any = true;
+            let quota = match result {
+                RuleResult::Acquired(quota) => quota,
+                RuleResult::Rejected { quota, delay_ms, local: by_block } => {
+                    rejected = true;
+                    local |= *by_block;
+                    if let Some(ms) = *delay_ms {
+                        delay = Some(delay.map_or(ms, |d| d.max(ms)));
+                    }
+                    quota
+                }
+                RuleResult::Denied => {
+                    rejected = true;
+                    continue;
+                }
+                RuleResult::Failed(failure) => {
+                    failures.push(failure.clone());
+                    continue;
+                }
+            };
+            let Some(rule) = config.rules.get(quota.rule) else { continue };
+            let configured = quota.limit == rule.rate && quota.window_ms == rule.interval_ms;
+            quotas.push(Quota {
+                policy: &rule.name,
+                prepared_policy: plan.rules.get(quota.rule).filter(|_| configured).map(|p| &p.policy),
+                limit: quota.limit,
+                window_ms: quota.window_ms,
+                remaining: quota.remaining,
+                reset_ms: quota.reset_ms,
+            });
         }
-        let failures: Vec<Failure> = results
-            .iter()
-            .filter_map(|r| match r {
-                RuleResult::Failed(failure) => Some(failure.clone()),
-                _ => None,
-            })
-            .collect();
-        if denied || results.iter().any(|r| matches!(r, RuleResult::Rejected { .. })) {
-            headers.push(("x-envoy-ratelimited".into(), "true".into()));
+        let mut headers = Vec::with_capacity(if rejected { 4 } else { 2 });
+        if let Some(delay_ms) = delay {
+            headers.push(retry_after(delay_ms));
+        }
+        rate_limit_headers(config.headers, &quotas, &mut headers);
+        if rejected {
+            headers.push(("x-envoy-ratelimited", HeaderValue::Static("true")));
             return Decision {
                 verdict: Verdict::Respond {
                     status: config.rejection.status,
                     headers,
-                    body: config.rejection.body.clone(),
+                    body: HeaderValue::Shared(Rc::clone(&plan.rejection_body)),
                 },
-                outcome: Outcome::Rejected,
+                outcome: if local { Outcome::LocallyRejected } else { Outcome::Rejected },
                 failures,
             };
         }
         if failures.is_empty() {
-            let outcome = if results.is_empty() { Outcome::Unlimited } else { Outcome::Allowed };
+            let outcome = if any { Outcome::Allowed } else { Outcome::Unlimited };
             return Decision { verdict: Verdict::Continue { response_headers: headers }, outcome, failures };
         }
         match config.failure_mode {
@@ -420,7 +559,7 @@ impl PendingRequest {
                 verdict: Verdict::Respond {
                     status: config.failure_status,
                     headers: Vec::new(),
-                    body: "rate limiter unavailable\n".into(),
+                    body: HeaderValue::Static("rate limiter unavailable\n"),
                 },
                 outcome: Outcome::FailedClosed,
                 failures,
@@ -437,6 +576,8 @@ mod tests {
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
+    const NOW: u64 = 1_000_000;
+
     fn config(extra_rule: &str, top: &str) -> PluginConfig {
         let json = format!(
             r#"{{"redis":{{"cluster":"webdis"}},"rules":[{{"name":"per-user","limit_by":{{"header":"x-user"}},"rate":5,"interval":"2s"{extra_rule}}}]{top}}}"#
@@ -444,19 +585,39 @@ mod tests {
         PluginConfig::from_json(json.as_bytes()).unwrap()
     }
 
+    /// Blocks kept in a list, as the shared data slots would hold them.
+    #[derive(Default)]
+    struct ListedBlocks(Vec<(String, Block)>);
+
+    impl Blocks for ListedBlocks {
+        fn find(&self, name: &str, now_ms: u64) -> Option<Block> {
+            self.0.iter().find(|(n, b)| n == name && now_ms < b.until_ms).map(|(_, b)| *b)
+        }
+    }
+
     struct Harness {
         config: PluginConfig,
+        plan: Plan,
         cache: LimiterCache,
+        blocks: ListedBlocks,
         counter: u8,
+        now_ms: u64,
     }
 
     impl Harness {
         fn new(config: PluginConfig) -> Self {
-            Harness { cache: LimiterCache::new(config.cache_size), config, counter: 0 }
+            Harness {
+                cache: LimiterCache::new(config.cache_size),
+                plan: Plan::new(&config, "cid"),
+                config,
+                blocks: ListedBlocks::default(),
+                counter: 0,
+                now_ms: NOW,
+            }
         }
 
         fn start(&mut self, headers: &[(&str, &str)]) -> Start {
-            let ctx = Context { config: &self.config, now_ms: 1_000_000, client_id: "cid" };
+            let ctx = Context { config: &self.config, plan: &self.plan, now_ms: self.now_ms, blocks: &self.blocks };
             let counter = &mut self.counter;
             start(&ctx, &FakeRequest::with(headers), &mut || {
                 *counter += 1;
@@ -464,13 +625,28 @@ mod tests {
             })
         }
 
+        /// The command of a call as its arguments (webdis form decoded back into words).
+        fn words(&self, pending: &PendingRequest, call: usize, invocation: Invocation) -> Vec<String> {
+            let body = pending.encode(call, invocation, Encoding::WebdisPath, &self.plan).unwrap();
+            let text = String::from_utf8(body).unwrap();
+            text.trim_end_matches(".raw")
+                .split('/')
+                .map(|word| percent_encoding::percent_decode_str(word).decode_utf8_lossy().into_owned())
+                .collect()
+        }
+
         fn reply(&mut self, pending: &mut PendingRequest, call: usize, reply: Result<&[u8], Failure>) -> Progress {
-            pending.on_reply(call, reply, &self.config, &mut self.cache).0
+            let (progress, effects) = pending.on_reply(call, reply, &self.config, &self.plan, &mut self.cache);
+            if let Some(block) = effects.block {
+                self.blocks.0.push(block);
+            }
+            progress
         }
     }
 
-    fn script_reply(code: i64, amount: i64, reset: i64, rate: i64) -> Vec<u8> {
-        let items = [code, amount, reset, rate, 2000, 0, 0];
+    /// `{code, amount, available, rate, interval, type, change}` (the full reply).
+    fn full_reply(code: i64, amount: i64, available: i64, rate: i64, change: i64) -> Vec<u8> {
+        let items = [code, amount, available, rate, 2000, 0, change];
         let mut out = format!("*{}\r\n", items.len()).into_bytes();
         for item in items {
             out.extend(format!(":{item}\r\n").bytes());
@@ -478,10 +654,26 @@ mod tests {
         out
     }
 
-    fn sent(start: Start) -> (PendingRequest, Vec<(usize, Command)>) {
+    fn acquired(remaining: i64) -> Vec<u8> {
+        format!(":{remaining}\r\n").into_bytes()
+    }
+
+    /// A rejection with the config as sent: minus Redisson's delay.
+    fn rejected(delay: i64) -> Vec<u8> {
+        format!(":-{delay}\r\n").into_bytes()
+    }
+
+    fn sent(start: Start) -> PendingRequest {
         match start {
-            Start::Send(pending, commands) => (pending, commands),
+            Start::Send(pending, _) => pending,
             Start::Decided(decision) => panic!("expected commands, got {decision:?}"),
+        }
+    }
+
+    fn decided(start: Start) -> Decision {
+        match start {
+            Start::Decided(decision) => decision,
+            Start::Send(..) => panic!("expected a decision without Redis"),
         }
     }
 
@@ -492,45 +684,96 @@ mod tests {
         }
     }
 
-    fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
-        headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    fn header<'a>(headers: &'a Headers, name: &str) -> Option<&'a str> {
+        headers.iter().find(|(k, _)| *k == name).map(|(_, v)| &**v)
     }
 
     #[test]
     fn an_acquired_permit_continues_with_rate_limit_headers() {
         let mut h = Harness::new(config("", ""));
-        let (mut pending, commands) = sent(h.start(&[("x-user", "alice")]));
-        assert_eq!(commands.len(), 1);
-        assert_eq!(commands[0].1.args()[0], b"EVALSHA");
-        assert_eq!(commands[0].1.args()[3], b"erl:per-user:alice");
-        let decision = done(h.reply(&mut pending, 0, Ok(&script_reply(1, 4, 2000, 5))));
+        let mut pending = sent(h.start(&[("x-user", "alice")]));
+        let words = h.words(&pending, 0, Invocation::BySha);
+        assert_eq!(words[0], "EVALSHA");
+        assert_eq!(words[3], "erl:per-user:alice");
+        let decision = done(h.reply(&mut pending, 0, Ok(&acquired(4))));
         assert_eq!(decision.outcome, Outcome::Allowed);
         let Verdict::Continue { response_headers } = decision.verdict else { panic!() };
-        assert_eq!(header(&response_headers, "ratelimit"), Some("\"per-user\";r=4;t=2"));
+        assert_eq!(header(&response_headers, "ratelimit"), Some("\"per-user\";r=4;t=2"), "t: the window length");
         assert_eq!(header(&response_headers, "ratelimit-policy"), Some("\"per-user\";q=5;w=2"));
     }
 
     #[test]
-    fn a_rejection_answers_with_status_retry_after_and_body() {
+    fn a_rejection_answers_with_status_retry_after_and_body_and_leaves_a_block() {
         let mut h = Harness::new(config("", ""));
-        let (mut pending, _) = sent(h.start(&[("x-user", "alice")]));
-        let decision = done(h.reply(&mut pending, 0, Ok(&script_reply(0, 1503, 1500, 5))));
+        let mut pending = sent(h.start(&[("x-user", "alice")]));
+        let decision = done(h.reply(&mut pending, 0, Ok(&rejected(1503))));
         assert_eq!(decision.outcome, Outcome::Rejected);
         let Verdict::Respond { status, headers, body } = decision.verdict else { panic!() };
         assert_eq!(status, 429);
-        assert_eq!(body, "rate limit exceeded\n");
+        assert_eq!(&*body, "rate limit exceeded\n");
         assert_eq!(header(&headers, "retry-after"), Some("2"));
         assert_eq!(header(&headers, "x-envoy-ratelimited"), Some("true"));
         assert_eq!(header(&headers, "ratelimit"), Some("\"per-user\";r=0;t=2"));
+        let block = Block { until_ms: NOW + 1500, release_ms: NOW + 1500, available: 0, rate: 5, interval_ms: 2000 };
+        assert_eq!(h.blocks.0, vec![("erl:per-user:alice".to_string(), block)], "until the oldest permit leaves");
+        let mut h = Harness::new(config(r#","permits":3"#, ""));
+        let mut pending = sent(h.start(&[("x-user", "alice")]));
+        done(h.reply(&mut pending, 0, Ok(&full_reply(0, 1503, 1, 5, 0))));
+        assert_eq!(h.blocks.0[0].1.available, 1, "the full reply says how many are free");
+    }
+
+    #[test]
+    fn a_blocked_limiter_rejects_what_redis_would_reject_and_nothing_else() {
+        let mut h = Harness::new(config(r#","permits":2"#, ""));
+        let mut pending = sent(h.start(&[("x-user", "alice")]));
+        done(h.reply(&mut pending, 0, Ok(&rejected(1503))));
+        h.now_ms = NOW + 1000;
+        let decision = decided(h.start(&[("x-user", "alice")]));
+        assert_eq!(decision.outcome, Outcome::LocallyRejected, "2 permits needed, 1 available: no Redis call");
+        let Verdict::Respond { status, headers, .. } = decision.verdict else { panic!() };
+        assert_eq!(status, 429);
+        assert_eq!(header(&headers, "retry-after"), Some("1"), "503 ms: from the remaining time");
+        assert_eq!(header(&headers, "ratelimit"), Some("\"per-user\";r=0;t=1"));
+        assert_eq!(header(&headers, "ratelimit-policy"), Some("\"per-user\";q=5;w=2"));
+        assert!(matches!(h.start(&[("x-user", "bob")]), Start::Send(..)), "another limiter goes to Redis");
+        h.now_ms = NOW + 1500;
+        assert!(matches!(h.start(&[("x-user", "alice")]), Start::Send(..)), "the oldest permit left: Redis again");
+
+        let mut smaller = Harness::new(config(r#","permits":1"#, ""));
+        smaller.blocks.0.push((
+            "erl:per-user:alice".into(),
+            Block { until_ms: NOW + 900, release_ms: NOW + 900, available: 1, rate: 5, interval_ms: 2000 },
+        ));
+        assert!(matches!(smaller.start(&[("x-user", "alice")]), Start::Send(..)), "1 permit wanted, 1 available");
+    }
+
+    #[test]
+    fn a_block_lasts_at_most_local_block_max_and_zero_turns_it_off() {
+        let mut h = Harness::new(config(r#","local_block_max":"1s""#, ""));
+        let mut pending = sent(h.start(&[("x-user", "alice")]));
+        done(h.reply(&mut pending, 0, Ok(&rejected(1503))));
+        assert_eq!(h.blocks.0[0].1.until_ms, NOW + 1000);
+        h.now_ms = NOW + 400;
+        let Verdict::Respond { headers, .. } = decided(h.start(&[("x-user", "alice")])).verdict else { panic!() };
+        assert_eq!(header(&headers, "retry-after"), Some("2"), "Redis's delay (1103 ms), not the block's end");
+        let mut off = Harness::new(config(r#","local_block_max":0"#, ""));
+        let mut pending = sent(off.start(&[("x-user", "alice")]));
+        done(off.reply(&mut pending, 0, Ok(&rejected(1503))));
+        assert!(off.blocks.0.is_empty());
+        off.blocks.0.push((
+            "erl:per-user:alice".into(),
+            Block { until_ms: NOW + 900, release_ms: NOW + 900, available: 0, rate: 5, interval_ms: 2000 },
+        ));
+        assert!(matches!(off.start(&[("x-user", "alice")]), Start::Send(..)), "no lookup either");
     }
 
     #[test]
     fn noscript_is_retried_once_by_source_then_fails() {
         let mut h = Harness::new(config("", ""));
-        let (mut pending, _) = sent(h.start(&[("x-user", "alice")]));
+        let mut pending = sent(h.start(&[("x-user", "alice")]));
         let noscript = b"-NOSCRIPT No matching script. Please use EVAL.\r\n";
-        let Progress::Resend(0, command) = h.reply(&mut pending, 0, Ok(noscript)) else { panic!() };
-        assert_eq!(command.args()[0], b"EVAL");
+        let Progress::Resend(0) = h.reply(&mut pending, 0, Ok(noscript)) else { panic!() };
+        assert_eq!(h.words(&pending, 0, Invocation::BySource)[0], "EVAL");
         let decision = done(h.reply(&mut pending, 0, Ok(noscript)));
         assert_eq!(decision.outcome, Outcome::FailedOpen);
     }
@@ -543,7 +786,7 @@ mod tests {
         ] {
             let mut h = Harness::new(config("", top));
             for failure in [Failure::NoReply, Failure::BridgeStatus(503), Failure::SendRefused("BadArgument".into())] {
-                let (mut pending, _) = sent(h.start(&[("x-user", "alice")]));
+                let mut pending = sent(h.start(&[("x-user", "alice")]));
                 let decision = done(h.reply(&mut pending, 0, Err(failure.clone())));
                 assert_eq!(decision.outcome, outcome);
                 assert_eq!(decision.failures, vec![failure]);
@@ -553,10 +796,10 @@ mod tests {
                     (verdict, _) => panic!("{verdict:?}"),
                 }
             }
-            let (mut pending, _) = sent(h.start(&[("x-user", "alice")]));
+            let mut pending = sent(h.start(&[("x-user", "alice")]));
             let decision = done(h.reply(&mut pending, 0, Ok(b"-NOAUTH Authentication required.\r\n")));
             assert_eq!(decision.failures, vec![Failure::RedisError("NOAUTH Authentication required.".into())]);
-            let (mut pending, _) = sent(h.start(&[("x-user", "alice")]));
+            let mut pending = sent(h.start(&[("x-user", "alice")]));
             let decision = done(h.reply(&mut pending, 0, Ok(b"<html>")));
             assert!(matches!(decision.failures[..], [Failure::BadReply(_)]));
         }
@@ -565,30 +808,29 @@ mod tests {
     #[test]
     fn missing_keys_skip_deny_or_share() {
         let mut skip = Harness::new(config("", ""));
-        let Start::Decided(decision) = skip.start(&[]) else { panic!() };
-        assert_eq!(decision.outcome, Outcome::Unlimited);
+        assert_eq!(decided(skip.start(&[])).outcome, Outcome::Unlimited);
         let mut deny = Harness::new(config(r#","on_missing":"deny""#, ""));
-        let Start::Decided(decision) = deny.start(&[]) else { panic!() };
+        let decision = decided(deny.start(&[]));
         assert_eq!(decision.outcome, Outcome::Rejected);
         assert!(matches!(decision.verdict, Verdict::Respond { status: 429, .. }));
         let mut share = Harness::new(config(r#","on_missing":"share""#, ""));
-        let (_, commands) = sent(share.start(&[]));
-        assert_eq!(commands[0].1.args()[3], b"erl:per-user:~");
+        let pending = sent(share.start(&[]));
+        assert_eq!(share.words(&pending, 0, Invocation::BySha)[3], "erl:per-user:~");
     }
 
     #[test]
     fn more_permits_than_the_rate_are_rejected_without_retry_after_and_asked_again_next_time() {
         let mut h = Harness::new(config(r#","permits":3"#, ""));
-        let (mut pending, _) = sent(h.start(&[("x-user", "alice")]));
-        let (progress, notice) = pending.on_reply(0, Ok(&script_reply(2, 0, 700, 2)), &h.config, &mut h.cache);
+        let mut pending = sent(h.start(&[("x-user", "alice")]));
+        let (progress, effects) = pending.on_reply(0, Ok(&full_reply(2, 0, 0, 2, 0)), &h.config, &h.plan, &mut h.cache);
         let decision = done(progress);
         assert_eq!(decision.outcome, Outcome::Rejected);
         let Verdict::Respond { headers, .. } = decision.verdict else { panic!() };
         assert_eq!(header(&headers, "retry-after"), None, "no wait can grant more permits than the rate");
         assert_eq!(header(&headers, "ratelimit-policy"), Some("\"per-user\";q=2;w=2"));
         assert_eq!(header(&headers, "ratelimit"), Some("\"per-user\";r=0;t=2"), "not t=0: retrying now is futile");
-        assert!(matches!(notice, Some(Notice::ExceedsRate { .. })));
-        // The rate may be raised in Redis at any moment: the next request asks Redis again.
+        assert!(matches!(effects.notice, Some(Notice::ExceedsRate { .. })));
+        assert_eq!(effects.block, None, "no block: a rate raised in Redis must be seen at once");
         assert!(matches!(h.start(&[("x-user", "alice")]), Start::Send(..)));
     }
 
@@ -597,41 +839,67 @@ mod tests {
         let mut h = Harness::new(config("", ""));
         let mut notices = Vec::new();
         for _ in 0..3 {
-            let (mut pending, _) = sent(h.start(&[("x-user", "alice")]));
-            notices.push(pending.on_reply(0, Ok(&script_reply(1, 0, 0, 1)), &h.config, &mut h.cache).1);
+            let mut pending = sent(h.start(&[("x-user", "alice")]));
+            notices
+                .push(pending.on_reply(0, Ok(&full_reply(1, 0, 0, 1, 0)), &h.config, &h.plan, &mut h.cache).1.notice);
         }
         assert!(matches!(notices[0], Some(Notice::ConfigDiffers { .. })));
         assert_eq!(notices[1..], [None, None]);
-        let (mut pending, _) = sent(h.start(&[("x-user", "bob")]));
-        assert_eq!(pending.on_reply(0, Ok(&script_reply(1, 4, 0, 5)), &h.config, &mut h.cache).1, None);
+        let mut pending = sent(h.start(&[("x-user", "bob")]));
+        assert_eq!(pending.on_reply(0, Ok(&acquired(4)), &h.config, &h.plan, &mut h.cache).1.notice, None);
     }
 
     #[test]
     fn with_the_config_winning_every_acquire_lets_redis_decide_and_changes_are_noticed() {
         let mut h = Harness::new(config(r#","rate_source":"config""#, ""));
-        let (mut pending, commands) = sent(h.start(&[("x-user", "alice")]));
-        assert_eq!(commands[0].1.args()[15], b"1", "the acquire asks Redis to apply the rule's config");
-        let updated = b"*7\r\n:1\r\n:4\r\n:0\r\n:5\r\n:2000\r\n:0\r\n:2\r\n";
-        let (_, notice) = pending.on_reply(0, Ok(updated), &h.config, &mut h.cache);
-        assert!(matches!(notice, Some(Notice::ConfigApplied { .. })), "{notice:?}");
-        let (mut pending, commands) = sent(h.start(&[("x-user", "alice")]));
-        assert_eq!(commands[0].1.args()[15], b"1", "again: whether to apply is Redis's record, not a cache's");
-        let kept = b"*7\r\n:1\r\n:4\r\n:0\r\n:9\r\n:2000\r\n:0\r\n:3\r\n";
-        let (_, notice) = pending.on_reply(0, Ok(kept), &h.config, &mut h.cache);
-        assert!(matches!(notice, Some(Notice::ConfigKept { .. })), "{notice:?}");
+        let mut pending = sent(h.start(&[("x-user", "alice")]));
+        assert_eq!(
+            h.words(&pending, 0, Invocation::BySha)[15],
+            "1",
+            "the acquire asks Redis to apply the rule's config"
+        );
+        let (_, effects) = pending.on_reply(0, Ok(&full_reply(1, 4, 4, 5, 2)), &h.config, &h.plan, &mut h.cache);
+        assert!(matches!(effects.notice, Some(Notice::ConfigApplied { .. })), "{effects:?}");
+        let mut pending = sent(h.start(&[("x-user", "alice")]));
+        assert_eq!(h.words(&pending, 0, Invocation::BySha)[15], "1", "again: whether to apply is Redis's record");
+        let (_, effects) = pending.on_reply(0, Ok(&full_reply(1, 4, 4, 9, 3)), &h.config, &h.plan, &mut h.cache);
+        assert!(matches!(effects.notice, Some(Notice::ConfigKept { .. })), "{effects:?}");
         let mut redis_wins = Harness::new(config("", ""));
-        let (_, commands) = sent(redis_wins.start(&[("x-user", "alice")]));
-        assert_eq!(commands[0].1.args()[15], b"0");
+        let pending = sent(redis_wins.start(&[("x-user", "alice")]));
+        assert_eq!(redis_wins.words(&pending, 0, Invocation::BySha)[15], "0");
+    }
+
+    fn two_rules(top: &str) -> PluginConfig {
+        let json = format!(
+            r#"{{"redis":{{"cluster":"w"}},"rules":[
+            {{"name":"a","limit_by":"global","rate":5,"interval":1000}},
+            {{"name":"b","limit_by":"client_ip","rate":5,"interval":1000}}]{top}}}"#
+        );
+        PluginConfig::from_json(json.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn several_rules_wait_for_every_reply_and_any_rejection_wins() {
+        let mut h = Harness::new(two_rules(""));
+        let mut pending = sent(h.start(&[]));
+        assert_ne!(
+            h.words(&pending, 0, Invocation::BySha)[9],
+            h.words(&pending, 1, Invocation::BySha)[9],
+            "members differ"
+        );
+        assert!(matches!(h.reply(&mut pending, 1, Ok(&rejected(900))), Progress::Waiting));
+        assert!(matches!(h.reply(&mut pending, 1, Ok(&acquired(1))), Progress::Waiting), "a second reply is ignored");
+        let decision = done(h.reply(&mut pending, 0, Err(Failure::NoReply)));
+        assert_eq!(decision.outcome, Outcome::Rejected);
+        let Verdict::Respond { headers, .. } = decision.verdict else { panic!() };
+        assert_eq!(header(&headers, "retry-after"), Some("1"));
     }
 
     #[test]
     fn a_rejection_still_reports_the_failures_of_other_rules() {
-        let json = r#"{"redis":{"cluster":"w"},"rules":[
-            {"name":"a","limit_by":"global","rate":5,"interval":1000},
-            {"name":"b","limit_by":"client_ip","rate":5,"interval":1000}]}"#;
-        let mut h = Harness::new(PluginConfig::from_json(json.as_bytes()).unwrap());
-        let (mut pending, _) = sent(h.start(&[]));
-        assert!(matches!(h.reply(&mut pending, 0, Ok(&script_reply(0, 900, 900, 5))), Progress::Waiting));
+        let mut h = Harness::new(two_rules(""));
+        let mut pending = sent(h.start(&[]));
+        assert!(matches!(h.reply(&mut pending, 0, Ok(&rejected(900))), Progress::Waiting));
         let decision = done(h.reply(&mut pending, 1, Err(Failure::NoReply)));
         assert_eq!(decision.outcome, Outcome::Rejected);
         assert_eq!(decision.failures, vec![Failure::NoReply], "the failure is counted and logged too");
@@ -639,34 +907,24 @@ mod tests {
 
     #[test]
     fn an_expired_request_fails_its_waiting_calls_and_keeps_what_arrived() {
-        let json = r#"{"redis":{"cluster":"w"},"failure_mode":"deny","rules":[
-            {"name":"a","limit_by":"global","rate":5,"interval":1000},
-            {"name":"b","limit_by":"client_ip","rate":5,"interval":1000}]}"#;
-        let mut h = Harness::new(PluginConfig::from_json(json.as_bytes()).unwrap());
-        let (mut pending, _) = sent(h.start(&[]));
-        assert!(matches!(h.reply(&mut pending, 0, Ok(&script_reply(1, 4, 900, 5))), Progress::Waiting));
-        let decision = pending.expire(&Failure::TimedOut, &h.config);
+        let mut h = Harness::new(two_rules(r#","failure_mode":"deny""#));
+        let mut pending = sent(h.start(&[]));
+        assert!(matches!(h.reply(&mut pending, 0, Ok(&acquired(4))), Progress::Waiting));
+        let decision = pending.expire(&Failure::TimedOut, &h.config, &h.plan);
         assert_eq!(decision.outcome, Outcome::FailedClosed);
         assert_eq!(decision.failures, vec![Failure::TimedOut]);
     }
 
     #[test]
-    fn several_rules_wait_for_every_reply_and_any_rejection_wins() {
-        let json = r#"{"redis":{"cluster":"w"},"rules":[
-            {"name":"a","limit_by":"global","rate":5,"interval":1000},
-            {"name":"b","limit_by":"client_ip","rate":5,"interval":1000}]}"#;
-        let mut h = Harness::new(PluginConfig::from_json(json.as_bytes()).unwrap());
-        let (mut pending, commands) = sent(h.start(&[]));
-        assert_eq!(commands.len(), 2);
-        assert_ne!(commands[0].1.args()[10], commands[1].1.args()[10], "members get different random bytes");
-        assert!(matches!(h.reply(&mut pending, 1, Ok(&script_reply(0, 900, 900, 5))), Progress::Waiting));
-        assert!(
-            matches!(h.reply(&mut pending, 1, Ok(&script_reply(1, 1, 1, 5))), Progress::Waiting),
-            "a second reply for a call is ignored"
-        );
-        let decision = done(h.reply(&mut pending, 0, Err(Failure::NoReply)));
-        assert_eq!(decision.outcome, Outcome::Rejected);
+    fn a_blocked_rule_rejects_the_request_before_any_other_rule_spends_a_permit() {
+        let mut h = Harness::new(two_rules(""));
+        h.blocks.0.push((
+            "erl:a".into(),
+            Block { until_ms: NOW + 400, release_ms: NOW + 400, available: 0, rate: 5, interval_ms: 1000 },
+        ));
+        let decision = decided(h.start(&[]));
+        assert_eq!(decision.outcome, Outcome::LocallyRejected);
         let Verdict::Respond { headers, .. } = decision.verdict else { panic!() };
-        assert_eq!(header(&headers, "retry-after"), Some("1"));
+        assert_eq!(header(&headers, "ratelimit"), Some("\"a\";r=0;t=1"), "only the blocked rule is known");
     }
 }

@@ -8,9 +8,13 @@
 //! (the `redis-protocol` crate recurses once per nesting level, unbounded). The unit tests check it
 //! against `redis-protocol` as an independent decoder on random replies.
 
-use std::fmt;
+use crate::prelude::*;
+
+use core::fmt;
 
 use percent_encoding::{percent_encode, NON_ALPHANUMERIC};
+
+use crate::quote::quoted;
 
 /// A Redis command: its name and arguments, each a binary-safe byte string.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,7 +100,7 @@ impl Reply {
     pub fn as_integer(&self) -> Option<i64> {
         match self {
             Reply::Integer(value) => Some(*value),
-            Reply::Bulk(text) | Reply::Simple(text) => std::str::from_utf8(text).ok()?.parse().ok(),
+            Reply::Bulk(text) | Reply::Simple(text) => core::str::from_utf8(text).ok()?.parse().ok(),
             _ => None,
         }
     }
@@ -149,7 +153,7 @@ impl fmt::Display for RespError {
     }
 }
 
-impl std::error::Error for RespError {}
+impl core::error::Error for RespError {}
 
 /// Decodes exactly one RESP2 reply from `bytes`.
 ///
@@ -168,6 +172,58 @@ pub fn decode_reply(bytes: &[u8]) -> Result<Reply, RespError> {
     }
 }
 
+/// The shape of a reply of integers read by [`decode_integers`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Integers {
+    /// One integer reply (`:4`), in the first slot.
+    Bare,
+    /// An array of this many integers (`*3 :0 :1503 :1`, or webdis's bulk strings of digits).
+    Array(usize),
+}
+
+/// Reads a reply made only of integers into `out` without allocating: a bare integer, or an array of at
+/// most `out.len()` elements that are integers or bulk strings of decimal digits (webdis re-encodes
+/// integers inside arrays that way). `None` for any other reply (errors included): decode it with
+/// [`decode_reply`] then.
+pub fn decode_integers(bytes: &[u8], out: &mut [i64]) -> Option<Integers> {
+    let mut reader = Reader { bytes, at: 0 };
+    let shape = match bytes.first()? {
+        b':' => {
+            reader.at = 1;
+            *out.first_mut()? = reader.integer().ok()?;
+            Integers::Bare
+        }
+        b'*' => {
+            reader.at = 1;
+            let count = reader.length().ok()??;
+            if count > out.len() {
+                return None;
+            }
+            for slot in out.iter_mut().take(count) {
+                let kind = *reader.bytes.get(reader.at)?;
+                reader.at += 1;
+                *slot = match kind {
+                    b':' => reader.integer().ok()?,
+                    b'$' => {
+                        let len = reader.length().ok()??;
+                        let end = reader.at.checked_add(len)?;
+                        let text = core::str::from_utf8(reader.bytes.get(reader.at..end)?).ok()?;
+                        if text.starts_with('+') || reader.bytes.get(end..end.checked_add(2)?)? != b"\r\n" {
+                            return None;
+                        }
+                        reader.at = end + 2;
+                        text.parse().ok()?
+                    }
+                    _ => return None,
+                };
+            }
+            Integers::Array(count)
+        }
+        _ => return None,
+    };
+    (reader.at == bytes.len()).then_some(shape)
+}
+
 /// A cursor over the reply bytes.
 struct Reader<'a> {
     bytes: &'a [u8],
@@ -183,7 +239,7 @@ impl Reader<'_> {
             b'+' => Ok(Reply::Simple(self.line()?.to_vec())),
             b'-' => {
                 let line = self.line()?;
-                let text = std::str::from_utf8(line)
+                let text = core::str::from_utf8(line)
                     .map_err(|_| RespError::Malformed("an error reply not in UTF-8".into()))?;
                 Ok(Reply::Error(text.to_string()))
             }
@@ -246,11 +302,11 @@ impl Reader<'_> {
     /// A signed decimal integer line.
     fn integer(&mut self) -> Result<i64, RespError> {
         let line = self.line()?;
-        std::str::from_utf8(line)
+        core::str::from_utf8(line)
             .ok()
             .filter(|text| !text.starts_with('+'))
             .and_then(|text| text.parse::<i64>().ok())
-            .ok_or_else(|| RespError::Malformed(format!("not an integer: {:?}", String::from_utf8_lossy(line))))
+            .ok_or_else(|| RespError::Malformed(format!("not an integer: {}", quoted(line))))
     }
 
     /// A length line: `None` for -1 (null), else a non-negative length.
@@ -311,6 +367,27 @@ mod tests {
         assert_eq!(decode_reply(b""), Err(RespError::Truncated));
         assert_eq!(decode_reply(b":1\r\n:2\r\n"), Err(RespError::TrailingBytes(4)));
         assert!(matches!(decode_reply(b"<html>503</html>"), Err(RespError::Malformed(_))));
+    }
+
+    #[test]
+    fn integer_replies_are_read_without_a_generic_value() {
+        let mut out = [0i64; 7];
+        assert_eq!(decode_integers(b":-4\r\n", &mut out), Some(Integers::Bare));
+        assert_eq!(out[0], -4);
+        assert_eq!(decode_integers(b"*3\r\n:0\r\n$4\r\n1503\r\n:2\r\n", &mut out), Some(Integers::Array(3)));
+        assert_eq!(&out[..3], &[0, 1503, 2]);
+        for other in [
+            &b"-ERR x\r\n"[..],
+            b"*8\r\n:1\r\n:1\r\n:1\r\n:1\r\n:1\r\n:1\r\n:1\r\n:1\r\n",
+            b"*1\r\n$1\r\nx\r\n",
+            b"*1\r\n$2\r\n+1\r\n",
+            b":1\r\n:2\r\n",
+            b"*2\r\n:1\r\n",
+            b"*-1\r\n",
+            b"",
+        ] {
+            assert_eq!(decode_integers(other, &mut out), None, "{:?}", String::from_utf8_lossy(other));
+        }
     }
 
     #[test]

@@ -1,20 +1,149 @@
 //! Response headers: `Retry-After`, the IETF `RateLimit-Policy` / `RateLimit` fields
 //! (draft-ietf-httpapi-ratelimit-headers-11) and the legacy `X-RateLimit-*` headers.
+//!
+//! Built for the request path: a header value is a constant, a value shared with the configuration (a
+//! rule's policy is formatted once, see [`policy_value`]), or a short string written with `itoa`.
+
+use alloc::rc::Rc;
+use core::ops::Deref;
+
+use crate::prelude::*;
 
 use crate::config::HeaderStyle;
 
+/// Longest value kept inline in a [`HeaderValue`] (no allocation), bytes.
+pub const INLINE: usize = 38;
+
+/// A header value: a constant, a value prepared once and shared, a short one kept inline, or one made for
+/// this response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeaderValue {
+    /// A constant (`true`, `text/plain`).
+    Static(&'static str),
+    /// Prepared once (a rule's `RateLimit-Policy`), shared by every response.
+    Shared(Rc<str>),
+    /// A short value made for this response, without an allocation (ASCII: header values here are).
+    Inline(u8, [u8; INLINE]),
+    /// A longer value made for this response.
+    Owned(String),
+}
+
+impl HeaderValue {
+    /// `text` inline when it fits, else owned.
+    pub fn new(text: &str) -> Self {
+        match text.len() {
+            len @ 0..=INLINE => {
+                let mut bytes = [0u8; INLINE];
+                if let Some(slot) = bytes.get_mut(..len) {
+                    slot.copy_from_slice(text.as_bytes());
+                }
+                HeaderValue::Inline(len as u8, bytes)
+            }
+            _ => HeaderValue::Owned(text.to_string()),
+        }
+    }
+
+    /// A decimal number, inline.
+    pub fn number(n: u64) -> Self {
+        HeaderValue::new(itoa::Buffer::new().format(n))
+    }
+}
+
+impl Deref for HeaderValue {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        match self {
+            HeaderValue::Static(text) => text,
+            HeaderValue::Shared(text) => text,
+            HeaderValue::Inline(len, bytes) => {
+                bytes.get(..usize::from(*len)).and_then(|b| core::str::from_utf8(b).ok()).unwrap_or_default()
+            }
+            HeaderValue::Owned(text) => text,
+        }
+    }
+}
+
+/// A short string built on the stack (for header values and keys), spilling to the heap only past
+/// [`INLINE`] bytes.
+pub struct Builder {
+    inline: [u8; INLINE],
+    len: usize,
+    spilled: Option<String>,
+}
+
+impl Builder {
+    /// An empty builder.
+    pub fn new() -> Self {
+        Builder { inline: [0u8; INLINE], len: 0, spilled: None }
+    }
+
+    /// Appends text.
+    pub fn push_str(&mut self, text: &str) {
+        if let Some(spilled) = &mut self.spilled {
+            spilled.push_str(text);
+            return;
+        }
+        match self.inline.get_mut(self.len..self.len + text.len()) {
+            Some(slot) => {
+                slot.copy_from_slice(text.as_bytes());
+                self.len += text.len();
+            }
+            None => {
+                let mut spilled = String::with_capacity(self.len + text.len() + 16);
+                spilled.push_str(self.as_str());
+                spilled.push_str(text);
+                self.spilled = Some(spilled);
+            }
+        }
+    }
+
+    /// Appends a decimal number.
+    pub fn push_number(&mut self, n: u64) {
+        self.push_str(itoa::Buffer::new().format(n));
+    }
+
+    /// The text so far.
+    pub fn as_str(&self) -> &str {
+        match &self.spilled {
+            Some(spilled) => spilled,
+            None => self.inline.get(..self.len).and_then(|b| core::str::from_utf8(b).ok()).unwrap_or_default(),
+        }
+    }
+
+    /// The text as a header value (inline if it fits).
+    pub fn into_value(self) -> HeaderValue {
+        match self.spilled {
+            Some(spilled) => HeaderValue::Owned(spilled),
+            None => HeaderValue::Inline(self.len as u8, self.inline),
+        }
+    }
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Response headers: a lowercase name and its value.
+pub type Headers = Vec<(&'static str, HeaderValue)>;
+
 /// One rule's state after its acquire, as the rate limit headers report it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Quota {
+pub struct Quota<'a> {
     /// The rule's name (the policy name in `RateLimit-Policy`).
-    pub policy: String,
+    pub policy: &'a str,
+    /// The rule's `RateLimit-Policy` member, prepared, when Redis holds the configured limit and window.
+    pub prepared_policy: Option<&'a Rc<str>>,
     /// Permits per window, as Redis holds it.
     pub limit: u64,
     /// Window length, ms, as Redis holds it.
     pub window_ms: u64,
     /// Permits left.
     pub remaining: u64,
-    /// Time until permits are released (the oldest permit, or the delay when rejected), ms.
+    /// In ms: until the quota is whole again (the window length, after an allowed acquire) or until the
+    /// next permit is released (Redisson's delay, after a rejection).
     pub reset_ms: u64,
 }
 
@@ -23,39 +152,82 @@ pub fn seconds_ceil(ms: u64) -> u64 {
     ms.div_ceil(1000)
 }
 
-/// The `Retry-After` header for a delay in ms: whole seconds, rounded up, at least 1.
-pub fn retry_after(delay_ms: u64) -> (String, String) {
-    ("retry-after".to_string(), seconds_ceil(delay_ms).max(1).to_string())
+/// Appends `n` in decimal.
+pub fn push_number(out: &mut String, n: u64) {
+    out.push_str(itoa::Buffer::new().format(n));
 }
 
-/// The rate limit headers for the quotas of one request, in the given style.
+/// The `Retry-After` header for a delay in ms: whole seconds, rounded up, at least 1.
+pub fn retry_after(delay_ms: u64) -> (&'static str, HeaderValue) {
+    ("retry-after", HeaderValue::number(seconds_ceil(delay_ms).max(1)))
+}
+
+/// One `RateLimit-Policy` member: `"name";q=<limit>;w=<window seconds>`.
+pub fn policy_value(policy: &str, limit: u64, window_ms: u64) -> String {
+    let mut out = String::with_capacity(policy.len() + 24);
+    push_policy(&mut out, policy, limit, window_ms);
+    out
+}
+
+fn push_policy(out: &mut String, policy: &str, limit: u64, window_ms: u64) {
+    out.push('"');
+    out.push_str(policy);
+    out.push_str("\";q=");
+    push_number(out, limit);
+    out.push_str(";w=");
+    push_number(out, seconds_ceil(window_ms));
+}
+
+fn push_state(out: &mut Builder, quota: &Quota<'_>) {
+    out.push_str("\"");
+    out.push_str(quota.policy);
+    out.push_str("\";r=");
+    out.push_number(quota.remaining);
+    out.push_str(";t=");
+    out.push_number(seconds_ceil(quota.reset_ms));
+}
+
+/// The rate limit headers for the quotas of one request, in the given style, appended to `headers`.
 ///
 /// Draft: `ratelimit-policy: "per-user";q=100;w=60` and `ratelimit: "per-user";r=42;t=12`, one list member
 /// per rule. Legacy: `x-ratelimit-limit`, `-remaining`, `-reset` (seconds) of the rule with the fewest
 /// permits left.
-pub fn rate_limit_headers(style: HeaderStyle, quotas: &[Quota]) -> Vec<(String, String)> {
-    let mut headers = Vec::new();
-    if quotas.is_empty() {
-        return headers;
-    }
+pub fn rate_limit_headers(style: HeaderStyle, quotas: &[Quota<'_>], headers: &mut Headers) {
+    let Some(first) = quotas.first() else { return };
     if matches!(style, HeaderStyle::Draft | HeaderStyle::Both) {
-        let policies: Vec<String> =
-            quotas.iter().map(|q| format!("\"{}\";q={};w={}", q.policy, q.limit, seconds_ceil(q.window_ms))).collect();
-        let states: Vec<String> = quotas
-            .iter()
-            .map(|q| format!("\"{}\";r={};t={}", q.policy, q.remaining, seconds_ceil(q.reset_ms)))
-            .collect();
-        headers.push(("ratelimit-policy".to_string(), policies.join(", ")));
-        headers.push(("ratelimit".to_string(), states.join(", ")));
+        let policies = match (quotas.len(), first.prepared_policy) {
+            (1, Some(prepared)) => HeaderValue::Shared(Rc::clone(prepared)),
+            _ => {
+                let mut policies = String::with_capacity(32 * quotas.len());
+                for (index, q) in quotas.iter().enumerate() {
+                    if index > 0 {
+                        policies.push_str(", ");
+                    }
+                    match q.prepared_policy {
+                        Some(prepared) => policies.push_str(prepared),
+                        None => push_policy(&mut policies, q.policy, q.limit, q.window_ms),
+                    }
+                }
+                HeaderValue::Owned(policies)
+            }
+        };
+        let mut states = Builder::new();
+        for (index, q) in quotas.iter().enumerate() {
+            if index > 0 {
+                states.push_str(", ");
+            }
+            push_state(&mut states, q);
+        }
+        headers.push(("ratelimit-policy", policies));
+        headers.push(("ratelimit", states.into_value()));
     }
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
         if let Some(tightest) = quotas.iter().min_by_key(|q| q.remaining) {
-            headers.push(("x-ratelimit-limit".to_string(), tightest.limit.to_string()));
-            headers.push(("x-ratelimit-remaining".to_string(), tightest.remaining.to_string()));
-            headers.push(("x-ratelimit-reset".to_string(), seconds_ceil(tightest.reset_ms).to_string()));
+            headers.push(("x-ratelimit-limit", HeaderValue::number(tightest.limit)));
+            headers.push(("x-ratelimit-remaining", HeaderValue::number(tightest.remaining)));
+            headers.push(("x-ratelimit-reset", HeaderValue::number(seconds_ceil(tightest.reset_ms))));
         }
     }
-    headers
 }
 
 #[cfg(test)]
@@ -65,43 +237,78 @@ mod tests {
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    fn quota(policy: &str, remaining: u64) -> Quota {
-        Quota { policy: policy.into(), limit: 100, window_ms: 60_000, remaining, reset_ms: 1_001 }
+    fn quota(policy: &str, remaining: u64) -> Quota<'_> {
+        Quota { policy, prepared_policy: None, limit: 100, window_ms: 60_000, remaining, reset_ms: 1_001 }
+    }
+
+    fn headers(style: HeaderStyle, quotas: &[Quota<'_>]) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        rate_limit_headers(style, quotas, &mut out);
+        out.into_iter().map(|(name, value)| (name, value.to_string())).collect()
     }
 
     #[test]
     fn retry_after_rounds_up_to_whole_seconds() {
-        assert_eq!(retry_after(3).1, "1");
-        assert_eq!(retry_after(1000).1, "1");
-        assert_eq!(retry_after(1001).1, "2");
-        assert_eq!(retry_after(0).1, "1");
+        assert_eq!(&*retry_after(3).1, "1");
+        assert_eq!(&*retry_after(1000).1, "1");
+        assert_eq!(&*retry_after(1001).1, "2");
+        assert_eq!(&*retry_after(0).1, "1");
     }
 
     #[test]
     fn draft_headers_list_every_rule() {
-        let headers = rate_limit_headers(HeaderStyle::Draft, &[quota("per-user", 42), quota("per-ip", 7)]);
         assert_eq!(
-            headers,
+            headers(HeaderStyle::Draft, &[quota("per-user", 42), quota("per-ip", 7)]),
             vec![
-                ("ratelimit-policy".into(), "\"per-user\";q=100;w=60, \"per-ip\";q=100;w=60".into()),
-                ("ratelimit".into(), "\"per-user\";r=42;t=2, \"per-ip\";r=7;t=2".into()),
+                ("ratelimit-policy", "\"per-user\";q=100;w=60, \"per-ip\";q=100;w=60".into()),
+                ("ratelimit", "\"per-user\";r=42;t=2, \"per-ip\";r=7;t=2".into()),
             ]
         );
     }
 
     #[test]
-    fn legacy_headers_report_the_tightest_rule() {
-        let headers = rate_limit_headers(HeaderStyle::Legacy, &[quota("a", 42), quota("b", 7)]);
+    fn a_prepared_policy_is_shared_and_reads_the_same() {
+        let prepared: Rc<str> = policy_value("per-user", 100, 60_000).into();
+        let shared = Quota { prepared_policy: Some(&prepared), ..quota("per-user", 42) };
+        let mut out = Vec::new();
+        rate_limit_headers(HeaderStyle::Draft, std::slice::from_ref(&shared), &mut out);
+        assert!(matches!(&out[0].1, HeaderValue::Shared(value) if Rc::ptr_eq(value, &prepared)));
         assert_eq!(
-            headers,
+            headers(HeaderStyle::Draft, std::slice::from_ref(&shared)),
+            headers(HeaderStyle::Draft, &[quota("per-user", 42)])
+        );
+        assert_eq!(
+            headers(HeaderStyle::Draft, &[shared, quota("per-ip", 7)])[0].1,
+            "\"per-user\";q=100;w=60, \"per-ip\";q=100;w=60"
+        );
+    }
+
+    #[test]
+    fn short_values_stay_inline_and_long_ones_spill() {
+        assert!(matches!(HeaderValue::number(u64::MAX), HeaderValue::Inline(20, _)));
+        assert_eq!(&*HeaderValue::number(42), "42");
+        let mut builder = Builder::new();
+        builder.push_str("\"per-user\";r=");
+        builder.push_number(7);
+        assert!(matches!(builder.as_str(), "\"per-user\";r=7"));
+        builder.push_str(&"x".repeat(INLINE));
+        let value = builder.into_value();
+        assert!(matches!(value, HeaderValue::Owned(_)));
+        assert_eq!(&*value, format!("\"per-user\";r=7{}", "x".repeat(INLINE)));
+    }
+
+    #[test]
+    fn legacy_headers_report_the_tightest_rule() {
+        assert_eq!(
+            headers(HeaderStyle::Legacy, &[quota("a", 42), quota("b", 7)]),
             vec![
-                ("x-ratelimit-limit".into(), "100".into()),
-                ("x-ratelimit-remaining".into(), "7".into()),
-                ("x-ratelimit-reset".into(), "2".into()),
+                ("x-ratelimit-limit", "100".into()),
+                ("x-ratelimit-remaining", "7".into()),
+                ("x-ratelimit-reset", "2".into()),
             ]
         );
-        assert_eq!(rate_limit_headers(HeaderStyle::Both, &[quota("a", 1)]).len(), 5);
-        assert!(rate_limit_headers(HeaderStyle::None, &[quota("a", 1)]).is_empty());
-        assert!(rate_limit_headers(HeaderStyle::Draft, &[]).is_empty());
+        assert_eq!(headers(HeaderStyle::Both, &[quota("a", 1)]).len(), 5);
+        assert!(headers(HeaderStyle::None, &[quota("a", 1)]).is_empty());
+        assert!(headers(HeaderStyle::Draft, &[]).is_empty());
     }
 }

@@ -174,6 +174,22 @@ impl FakeHost {
         self.state.borrow().http_calls.clone()
     }
 
+    /// The token of the last HTTP or Redis call (without copying the call log).
+    pub fn last_token(&self) -> Option<u32> {
+        let state = self.state.borrow();
+        let http = state.http_calls.last().map(|c| c.token);
+        let redis = state.redis_calls.last().map(|c| c.token);
+        http.max(redis)
+    }
+
+    /// Forgets the calls made so far (long loops).
+    pub fn clear_calls(&self) {
+        let mut state = self.state.borrow_mut();
+        state.http_calls.clear();
+        state.redis_calls.clear();
+        state.requests.clear();
+    }
+
     /// The Redis calls made so far.
     pub fn redis_calls(&self) -> Vec<RedisCall> {
         self.state.borrow().redis_calls.clone()
@@ -219,6 +235,11 @@ impl FakeHost {
     /// A shared data entry and its CAS version.
     pub fn shared_data(&self, key: &str) -> Option<(Vec<u8>, u32)> {
         self.shared.borrow().entries.get(key).cloned()
+    }
+
+    /// How many shared data keys exist.
+    pub fn shared_data_len(&self) -> usize {
+        self.shared.borrow().entries.len()
     }
 
     /// The next `times` context switches fail with BadArgument.

@@ -5,9 +5,12 @@
 //! callback of the root context, and the filter matches it to its request by that token. Host statuses
 //! and bridge HTTP statuses become [`Failure`]s.
 
-use std::fmt;
+use crate::prelude::*;
+
+use core::fmt;
 
 use crate::host::HostError;
+use crate::quote::quoted;
 
 /// Why a Redis call gave no usable reply. Each variant is one cause for once-per-cause logging.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,10 +66,10 @@ impl fmt::Display for Failure {
 /// A host status as the reason of a [`Failure::SendRefused`], naming the call and the cluster.
 pub(crate) fn refused(call: &str, error: HostError, cluster: &str) -> Failure {
     let why = match error {
-        HostError::BadArgument => format!("BadArgument: the host knows no cluster {cluster:?}"),
-        HostError::InternalFailure => format!("InternalFailure: no healthy host in {cluster:?}"),
+        HostError::BadArgument => format!("BadArgument: the host knows no cluster {}", quoted(cluster)),
+        HostError::InternalFailure => format!("InternalFailure: no healthy host in {}", quoted(cluster)),
         HostError::Unimplemented => "Unimplemented: this host has no such call".to_string(),
-        other => format!("{other} for {cluster:?}"),
+        other => format!("{other} for {}", quoted(cluster)),
     };
     Failure::SendRefused(format!("{call}: {why}"))
 }

@@ -3,6 +3,9 @@
 //! next to the global fields (DESIGN.md, "the Higress host Redis interface"), and the choice of one
 //! configuration per request: a route match beats a domain match beats the global configuration.
 
+use crate::prelude::*;
+
+use super::reader::Object;
 use super::{ConfigError, PluginConfig};
 
 /// A configuration that applies to some routes or domains only (Higress `matchRules`).
@@ -37,37 +40,42 @@ impl Plugin {
     pub fn from_json(bytes: &[u8]) -> Result<Self, ConfigError> {
         let value: serde_json::Value =
             serde_json::from_slice(bytes).map_err(|e| ConfigError::new("", e.to_string()))?;
-        let serde_json::Value::Object(mut global) = value else {
+        let serde_json::Value::Object(global) = &value else {
             return Err(ConfigError::new("", "the configuration must be a JSON object"));
         };
-        let rules = match global.remove("_rules_") {
-            None => {
-                return Ok(Plugin { global: Some(PluginConfig::from_value(&global.into())?), overrides: Vec::new() })
-            }
+        let rules = match global.get("_rules_") {
+            None => return Ok(Plugin { global: Some(PluginConfig::from_value(&value)?), overrides: Vec::new() }),
             Some(serde_json::Value::Array(rules)) => rules,
             Some(_) => return Err(ConfigError::new("_rules_", "must be an array of match rules")),
         };
+        let global_config = if global.len() == 1 {
+            None
+        } else {
+            Some(PluginConfig::read(Object::layered(vec![(global, String::new())], &["_rules_"]))?)
+        };
         let mut overrides = Vec::with_capacity(rules.len());
-        for (index, rule) in rules.into_iter().enumerate() {
+        for (index, rule) in rules.iter().enumerate() {
             let at = format!("_rules_[{index}]");
-            let serde_json::Value::Object(mut fields) = rule else {
+            let serde_json::Value::Object(fields) = rule else {
                 return Err(ConfigError::new(at, "must be an object"));
             };
-            let routes = match_list(&mut fields, "_match_route_", &at)?;
-            let domains = match_list(&mut fields, "_match_domain_", &at)?;
+            let routes = match_list(fields, "_match_route_", &at)?;
+            let domains = match_list(fields, "_match_domain_", &at)?;
             if routes.is_empty() && domains.is_empty() {
                 return Err(ConfigError::new(at, "needs `_match_route_` or `_match_domain_`"));
             }
-            let mut merged = global.clone();
-            merged.extend(fields);
-            let config = PluginConfig::from_value(&merged.into()).map_err(|e| ConfigError {
-                field: if e.field.is_empty() { at.clone() } else { format!("{at}.{}", e.field) },
-                reason: e.reason,
+            // The rule's fields replace the global fields of the same name (a shallow overlay).
+            let layers = vec![(fields, at.clone()), (global, String::new())];
+            let config = PluginConfig::read(Object::layered(layers, MATCH_FIELDS)).map_err(|e| {
+                if e.field.is_empty() {
+                    ConfigError { field: at.clone(), reason: e.reason }
+                } else {
+                    e
+                }
             })?;
             overrides.push(Override { routes, domains, config });
         }
-        let global = if global.is_empty() { None } else { Some(PluginConfig::from_value(&global.into())?) };
-        Ok(Plugin { global, overrides })
+        Ok(Plugin { global: global_config, overrides })
     }
 
     /// Whether any configuration depends on the route or domain of a request.
@@ -104,18 +112,21 @@ impl Plugin {
     }
 }
 
+/// Fields of a match rule (and of the top level) that are not configuration fields.
+const MATCH_FIELDS: &[&str] = &["_match_route_", "_match_domain_", "_rules_"];
+
 fn match_list(
-    fields: &mut serde_json::Map<String, serde_json::Value>,
+    fields: &serde_json::Map<String, serde_json::Value>,
     name: &str,
     at: &str,
 ) -> Result<Vec<String>, ConfigError> {
     let refused = || ConfigError::new(format!("{at}.{name}"), "must be an array of non-empty strings");
-    match fields.remove(name) {
+    match fields.get(name) {
         None => Ok(Vec::new()),
         Some(serde_json::Value::Array(items)) => items
-            .into_iter()
+            .iter()
             .map(|item| match item {
-                serde_json::Value::String(text) if !text.is_empty() => Ok(text),
+                serde_json::Value::String(text) if !text.is_empty() => Ok(text.clone()),
                 _ => Err(refused()),
             })
             .collect(),

@@ -9,10 +9,13 @@
 //! - `validate`: every field read, defaulted and validated;
 //! - `match_rules`: Higress `_rules_` overlays ([`Plugin`], [`Override`]) and their selection per request.
 
-use std::fmt;
+use crate::prelude::*;
+
+use core::fmt;
 
 use crate::key::KeySource;
 
+mod duration;
 mod match_rules;
 mod reader;
 mod validate;
@@ -48,7 +51,7 @@ impl fmt::Display for ConfigError {
     }
 }
 
-impl std::error::Error for ConfigError {}
+impl core::error::Error for ConfigError {}
 
 /// How the filter reaches Redis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +83,14 @@ pub enum LimiterType {
 }
 
 impl LimiterType {
+    /// The name the configuration uses for it (`overall`, `per_client`).
+    pub fn name(self) -> &'static str {
+        match self {
+            LimiterType::Overall => "overall",
+            LimiterType::PerClient => "per_client",
+        }
+    }
+
     /// The value Redisson stores in the limiter hash's `type` field (`RateType.ordinal()`).
     pub fn redisson_ordinal(self) -> u8 {
         match self {
@@ -213,6 +224,8 @@ pub struct Rule {
     pub on_missing: OnMissing,
     /// Who wins when Redis holds another config.
     pub rate_source: RateSource,
+    /// Longest local block after a rejection, ms (0: no local block; every request goes to Redis).
+    pub local_block_max_ms: u64,
 }
 
 /// The response sent for a rejected request.
@@ -243,6 +256,8 @@ pub struct PluginConfig {
     pub cache_size: usize,
     /// Where acquire times come from.
     pub clock: ClockSource,
+    /// Shared-data slots for local blocks (bounds their memory).
+    pub local_block_slots: u32,
 }
 
 impl PluginConfig {

@@ -4,38 +4,51 @@
 //! This replaces serde derives wrapped in `serde_path_to_error`: the same errors, without about 75 KB of
 //! generic visitor code in the module (README.md, "Module size").
 
+use crate::prelude::*;
+
 use serde_json::{Map, Value};
 
 use super::{ConfigError, Secret};
 
 /// A length of time in milliseconds, written in the configuration either as a number of milliseconds
-/// (`1500`) or as a duration string in humantime syntax (`"1.5s"`, `"1m"`, `"1h 30m"`).
+/// (`1500`) or as a duration string in humantime's syntax (`"1.5s"`, `"1m"`, `"1h 30m"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DurationMs(pub u64);
 
 /// A JSON object being read field by field. [`Object::finish`] refuses the fields nobody read.
+///
+/// An object may be layered (Higress `_rules_`): a field is taken from the first layer that has it, and
+/// errors name the field where it was written (`_rules_[0].rules[0].rate`, or `redis.timeout` for a
+/// global field an override inherits).
 pub(super) struct Object<'a> {
-    /// Path of the object itself (`""` for the top level, `redis`, `rules[0]`).
-    path: String,
-    map: &'a Map<String, Value>,
+    /// The layers, first wins: each map and its path (`""` for the top level, `redis`, `rules[0]`).
+    layers: Vec<(&'a Map<String, Value>, String)>,
+    /// Path of the layer the last field came from (for errors about it).
+    current: usize,
     read: Vec<&'a str>,
+    /// Fields that are not configuration fields (`_rules_`, `_match_route_`...).
+    ignored: &'static [&'static str],
 }
 
 impl<'a> Object<'a> {
     /// `value` as an object at `path`.
     pub(super) fn new(value: &'a Value, path: &str) -> Result<Self, ConfigError> {
         match value {
-            Value::Object(map) => Ok(Object { path: path.to_string(), map, read: Vec::new() }),
+            Value::Object(map) => Ok(Self::layered(vec![(map, path.to_string())], &[])),
             _ => Err(ConfigError::new(path, "must be a JSON object")),
         }
     }
 
-    /// The path of one of its fields.
+    /// Layers of one object, first wins; `ignored` fields are neither read nor refused.
+    pub(super) fn layered(layers: Vec<(&'a Map<String, Value>, String)>, ignored: &'static [&'static str]) -> Self {
+        Object { layers, current: 0, read: Vec::new(), ignored }
+    }
+
+    /// The path of one of its fields (in the layer it was last read from).
     pub(super) fn path_of(&self, name: &str) -> String {
-        if self.path.is_empty() {
-            name.to_string()
-        } else {
-            format!("{}.{name}", self.path)
+        match self.layers.get(self.current).map(|(_, path)| path.as_str()) {
+            None | Some("") => name.to_string(),
+            Some(path) => format!("{path}.{name}"),
         }
     }
 
@@ -46,7 +59,9 @@ impl<'a> Object<'a> {
 
     /// The raw value of a field (marked as read); `None` when absent. JSON `null` counts as absent.
     pub(super) fn get(&mut self, name: &'static str) -> Option<&'a Value> {
-        let (key, value) = self.map.get_key_value(name)?;
+        let (layer, (key, value)) =
+            self.layers.iter().enumerate().find_map(|(i, (map, _))| map.get_key_value(name).map(|kv| (i, kv)))?;
+        self.current = layer;
         self.read.push(key.as_str());
         (!value.is_null()).then_some(value)
     }
@@ -103,13 +118,7 @@ impl<'a> Object<'a> {
         let Value::String(text) = value else {
             return Err(self.error(name, "expected milliseconds (a non-negative integer) or a duration such as \"1s\""));
         };
-        let duration = humantime::parse_duration(text.trim())
-            .map_err(|e| self.error(name, format!("invalid duration {text:?}: {e}")))?;
-        if duration.as_nanos() % 1_000_000 != 0 {
-            return Err(self.error(name, format!("duration {text:?} is not a whole number of milliseconds")));
-        }
-        let ms = u64::try_from(duration.as_millis())
-            .map_err(|_| self.error(name, format!("duration {text:?} is too long")))?;
+        let ms = super::duration::parse_ms(text).map_err(|why| self.error(name, why))?;
         Ok(Some(DurationMs(ms)))
     }
 
@@ -146,11 +155,17 @@ impl<'a> Object<'a> {
     }
 
     /// Refuses the fields nobody read (a misspelt field must not be ignored silently).
-    pub(super) fn finish(self, known: &[&str]) -> Result<(), ConfigError> {
-        match self.map.keys().find(|key| !self.read.contains(&key.as_str())) {
-            None => Ok(()),
-            Some(key) => Err(self.error(key, format!("unknown field `{key}`, expected one of {}", list(known)))),
+    pub(super) fn finish(mut self, known: &[&str]) -> Result<(), ConfigError> {
+        for layer in 0..self.layers.len() {
+            let Some((map, _)) = self.layers.get(layer) else { continue };
+            let unknown =
+                map.keys().find(|key| !self.read.contains(&key.as_str()) && !self.ignored.contains(&key.as_str()));
+            if let Some(key) = unknown {
+                self.current = layer;
+                return Err(self.error(key, format!("unknown field `{key}`, expected one of {}", list(known))));
+            }
         }
+        Ok(())
     }
 }
 

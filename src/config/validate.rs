@@ -2,6 +2,8 @@
 //! [`PluginConfig`], or a [`ConfigError`] that names the offending field. Defaults are written here, next
 //! to the field they belong to; nothing is defaulted silently over a wrong value.
 
+use crate::prelude::*;
+
 use base64::Engine as _;
 use serde_json::Value;
 
@@ -11,6 +13,7 @@ use super::{
     Rejection, Rule, Secret, TransportKind,
 };
 use crate::key::KeySource;
+use crate::quote::quoted;
 
 /// Default keep-alive of a keyed limiter (per user, per IP...): one hour, so the keys of one-off clients vanish.
 const DEFAULT_KEEP_ALIVE_MS: u64 = 3_600_000;
@@ -29,6 +32,7 @@ const TOP_FIELDS: &[&str] = &[
     "rate_limit_headers",
     "cache_size",
     "clock",
+    "local_block_slots",
 ];
 const REDIS_FIELDS: &[&str] = &[
     "transport",
@@ -41,8 +45,25 @@ const REDIS_FIELDS: &[&str] = &[
     "database",
     "authority",
 ];
-const RULE_FIELDS: &[&str] =
-    &["name", "limit_by", "rate", "interval", "type", "permits", "keep_alive", "on_missing", "limiter", "rate_source"];
+const RULE_FIELDS: &[&str] = &[
+    "name",
+    "limit_by",
+    "rate",
+    "interval",
+    "type",
+    "permits",
+    "keep_alive",
+    "on_missing",
+    "limiter",
+    "rate_source",
+    "local_block_max",
+];
+/// Default `local_block_max`: long enough to shed an attack on a key, short enough to bound what a rate an
+/// operator raises meanwhile costs (README.md, "Local block").
+const DEFAULT_LOCAL_BLOCK_MAX_MS: u64 = 5_000;
+/// Default and largest `local_block_slots`.
+const DEFAULT_LOCAL_BLOCK_SLOTS: u32 = 4096;
+const MAX_LOCAL_BLOCK_SLOTS: u32 = 65_536;
 
 impl PluginConfig {
     /// Reads and validates a configuration already parsed as JSON.
@@ -51,7 +72,12 @@ impl PluginConfig {
     /// A [`ConfigError`] naming the first offending field: unknown fields, wrong types and out-of-range
     /// values are all refused.
     pub fn from_value(value: &Value) -> Result<Self, ConfigError> {
-        let mut top = Object::new(value, "")?;
+        Self::read(Object::new(value, "")?)
+    }
+
+    /// Reads and validates a configuration from its top-level object (possibly layered: Higress
+    /// `_rules_` overlays).
+    pub(super) fn read(mut top: Object<'_>) -> Result<Self, ConfigError> {
         let redis = read_redis(top.required("redis", Object::object)?)?;
         let (items, at) = top.required("rules", Object::array)?;
         if items.is_empty() {
@@ -62,7 +88,10 @@ impl PluginConfig {
             let path = format!("{at}[{index}]");
             let rule = read_rule(Object::new(item, &path)?)?;
             if rules.iter().any(|r| r.name == rule.name) {
-                return Err(ConfigError::new(format!("{path}.name"), format!("duplicate rule name {:?}", rule.name)));
+                return Err(ConfigError::new(
+                    format!("{path}.name"),
+                    format!("duplicate rule name {}", quoted(&rule.name)),
+                ));
             }
             rules.push(rule);
         }
@@ -84,6 +113,13 @@ impl PluginConfig {
             return Err(ConfigError::new("cache_size", "must be at least 1"));
         }
         let clock = top.choice("clock", &[("gateway", ClockSource::Gateway), ("redis", ClockSource::Redis)])?;
+        let local_block_slots = top.number::<u32>("local_block_slots")?.unwrap_or(DEFAULT_LOCAL_BLOCK_SLOTS);
+        if local_block_slots == 0 || local_block_slots > MAX_LOCAL_BLOCK_SLOTS {
+            return Err(ConfigError::new(
+                "local_block_slots",
+                format!("must be between 1 and {MAX_LOCAL_BLOCK_SLOTS}"),
+            ));
+        }
         top.finish(TOP_FIELDS)?;
         Ok(PluginConfig {
             redis,
@@ -94,6 +130,7 @@ impl PluginConfig {
             headers: headers.unwrap_or_default(),
             cache_size,
             clock: clock.unwrap_or_default(),
+            local_block_slots,
         })
     }
 }
@@ -172,7 +209,7 @@ fn non_empty(field: &str, value: String) -> Result<String, ConfigError> {
 fn read_rule(mut rule: Object<'_>) -> Result<Rule, ConfigError> {
     let name = rule.required("name", Object::string)?;
     if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
-        return Err(rule.error("name", format!("{name:?} must be non-empty and use only A-Z a-z 0-9 _ -")));
+        return Err(rule.error("name", format!("{} must be non-empty and use only A-Z a-z 0-9 _ -", quoted(&name))));
     }
     let limit_by = rule.required("limit_by", |rule, name| Ok(rule.get(name)))?;
     let source = read_key_source(limit_by).map_err(|why| rule.error("limit_by", why))?;
@@ -225,8 +262,24 @@ fn read_rule(mut rule: Object<'_>) -> Result<Rule, ConfigError> {
     let rate_source = rule
         .choice("rate_source", &[("redis", RateSource::Redis), ("config", RateSource::Config)])?
         .unwrap_or_default();
+    let local_block_max_ms = rule.duration("local_block_max")?.map_or(DEFAULT_LOCAL_BLOCK_MAX_MS, |DurationMs(ms)| ms);
+    if local_block_max_ms > MAX_INTERVAL_MS {
+        return Err(rule.error("local_block_max", format!("must be at most {MAX_INTERVAL_MS} ms")));
+    }
     rule.finish(RULE_FIELDS)?;
-    Ok(Rule { name, source, limiter, rate, interval_ms, limiter_type, permits, keep_alive_ms, on_missing, rate_source })
+    Ok(Rule {
+        name,
+        source,
+        limiter,
+        rate,
+        interval_ms,
+        limiter_type,
+        permits,
+        keep_alive_ms,
+        on_missing,
+        rate_source,
+        local_block_max_ms,
+    })
 }
 
 /// `limit_by`: `"client_ip"`, `"path"`, `"global"`, or one of `{"header": name}`, `{"query": name}`,
@@ -247,7 +300,7 @@ fn read_key_source(value: &Value) -> Result<KeySource, String> {
             let Some((kind, argument)) = map.iter().next() else { return Err("must not be empty".into()) };
             let name = || argument.as_str().map(str::to_string).ok_or_else(|| format!("`{kind}` must be a string"));
             match kind.as_str() {
-                "header" => KeySource::Header(name()?),
+                "header" => KeySource::header(&name()?),
                 "query" => KeySource::Query(name()?),
                 "cookie" => KeySource::Cookie(name()?),
                 "x_forwarded_for" => {

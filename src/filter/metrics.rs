@@ -1,5 +1,7 @@
 //! The filter's counters (README.md, "Metrics") and its once-per-cause failure log.
 
+use crate::prelude::*;
+
 use crate::config::FailureMode;
 use crate::host::{Host, LogLevel};
 use crate::limiter::Outcome;
@@ -12,6 +14,7 @@ use super::{log, NAME};
 pub(super) struct Metrics {
     allowed: Option<u32>,
     rejected: Option<u32>,
+    local_rejected: Option<u32>,
     failure_allowed: Option<u32>,
     failure_denied: Option<u32>,
     redis_calls: Option<u32>,
@@ -26,6 +29,7 @@ impl Metrics {
         Metrics {
             allowed: counter("allowed"),
             rejected: counter("rejected"),
+            local_rejected: counter("local_rejected"),
             failure_allowed: counter("failure_allowed"),
             failure_denied: counter("failure_denied"),
             redis_calls: counter("redis_calls"),
@@ -48,6 +52,10 @@ impl Metrics {
             Outcome::Unlimited => None,
             Outcome::Allowed => self.allowed,
             Outcome::Rejected => self.rejected,
+            Outcome::LocallyRejected => {
+                Self::add(host, self.local_rejected, 1);
+                self.rejected
+            }
             Outcome::FailedOpen => self.failure_allowed,
             Outcome::FailedClosed => self.failure_denied,
         };

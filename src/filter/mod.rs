@@ -18,17 +18,21 @@
 //! decision the host refused to take (the switch to the request's context failed) is delivered again on
 //! the next tick; the request is forgotten when the host deletes its context.
 
-use std::collections::HashMap;
+use crate::prelude::*;
 
+use hashbrown::HashMap;
+
+use crate::block::{generation_of, Block, BlockTable};
 use crate::cache::LimiterCache;
 use crate::config::{FailureMode, Plugin, PluginConfig, TransportKind};
 use crate::host::{Host, HostError, LogLevel};
 use crate::host_redis::{self, HostRedis};
 use crate::http_bridge::{self, HttpBridge};
 use crate::key::RequestView;
-use crate::limiter::{self, Decision, PendingRequest, Progress, Start, Verdict};
-use crate::resp::Command;
-use crate::script::MEMBER_RANDOM_LEN;
+use crate::limiter::{self, Blocks, Decision, Effects, Outcome, PendingRequest, Plan, Progress, Start, Verdict};
+use crate::quote::quoted;
+use crate::response::{HeaderValue, Headers};
+use crate::script::{Encoding, Invocation, MEMBER_RANDOM_LEN};
 use crate::transport::Failure;
 
 mod metrics;
@@ -69,11 +73,41 @@ enum Transport {
 }
 
 impl Transport {
-    fn send(&self, host: &impl Host, command: &Command) -> Result<u32, Failure> {
+    fn send(&self, host: &impl Host, command: &[u8]) -> Result<u32, Failure> {
         match self {
             Transport::Http(bridge) => bridge.send(host, command),
             Transport::Host(client) => client.send(host, command),
         }
+    }
+
+    /// The wire form of the commands this transport carries.
+    fn encoding(&self) -> Encoding {
+        match self {
+            Transport::Http(_) => Encoding::WebdisPath,
+            Transport::Host(_) => Encoding::Resp,
+        }
+    }
+}
+
+/// What one configuration needs per request, prepared at configure: its transport, its plan (the
+/// acquire command and headers of each rule, with this process's client id) and where its local blocks
+/// live.
+#[derive(Debug)]
+struct Prepared {
+    transport: Transport,
+    plan: Plan,
+    blocks: BlockTable,
+}
+
+/// The local blocks of one configuration, as a request sees them through the host's shared data.
+struct SharedBlocks<'a, H: Host> {
+    host: &'a H,
+    table: BlockTable,
+}
+
+impl<H: Host> Blocks for SharedBlocks<'_, H> {
+    fn find(&self, name: &str, now_ms: u64) -> Option<Block> {
+        self.table.find(self.host, name, now_ms)
     }
 }
 
@@ -81,9 +115,9 @@ impl Transport {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Next {
     /// Resume it; add these headers to the upstream's response.
-    Continue(Vec<(String, String)>),
+    Continue(Headers),
     /// Answer it locally.
-    Respond { status: u16, headers: Vec<(String, String)>, body: String },
+    Respond { status: u16, headers: Headers, body: HeaderValue },
 }
 
 /// Where a paused request stands.
@@ -118,8 +152,8 @@ struct Call {
 pub struct Filter<H: Host> {
     host: H,
     plugin: Plugin,
-    /// One transport per configuration, by the index of [`Plugin::configs`].
-    transports: Vec<(usize, Transport)>,
+    /// What each configuration needs per request, by the index of [`Plugin::configs`].
+    prepared: Vec<(usize, Prepared)>,
     metrics: Metrics,
     cache: LimiterCache,
     failure_log: FailureLog,
@@ -131,7 +165,7 @@ pub struct Filter<H: Host> {
     /// Outstanding calls, by token.
     calls: HashMap<u32, Call>,
     /// Rate limit headers of resumed requests, added when their response headers arrive.
-    response_headers: HashMap<u32, Vec<(String, String)>>,
+    response_headers: HashMap<u32, Headers>,
     /// Whether the tick is on (it runs only while requests are paused).
     ticking: bool,
     /// Whether a refused hostcall was logged (once per configuration).
@@ -155,7 +189,10 @@ impl<H: Host> Filter<H> {
                 return Err(format!("{at}redis.transport: \"host\" needs the host-redis build (edge-rate-limiter-higress.wasm); this is the stock Envoy build, which supports \"http\""));
             }
         }
-        let transports = plugin
+        let mut random = fastrand::Rng::with_seed(host.random_seed());
+        let client_id = client_id(&host, &mut random);
+        let generation = generation_of(configuration);
+        let prepared = plugin
             .configs()
             .map(|(index, config)| {
                 let transport = match config.redis.transport {
@@ -168,13 +205,14 @@ impl<H: Host> Filter<H> {
                         Transport::Host(client)
                     }
                 };
-                (index, transport)
+                let blocks = BlockTable { slots: config.local_block_slots, generation };
+                (index, Prepared { transport, plan: Plan::new(config, &client_id), blocks })
             })
             .collect();
-        let mut random = fastrand::Rng::with_seed(host.random_seed());
-        let client_id = client_id(&host, &mut random);
         let global = match &plugin.global {
-            Some(config) => format!("{} rule(s), Redis via cluster {:?}", config.rules.len(), config.redis.cluster),
+            Some(config) => {
+                format!("{} rule(s), Redis via cluster {}", config.rules.len(), quoted(&config.redis.cluster))
+            }
             None => "no global rules".to_string(),
         };
         log(
@@ -194,7 +232,7 @@ impl<H: Host> Filter<H> {
             response_headers: HashMap::new(),
             ticking: false,
             host_error_logged: false,
-            transports,
+            prepared,
             plugin,
             host,
         })
@@ -209,27 +247,32 @@ impl<H: Host> Filter<H> {
     pub fn on_request_headers(&mut self, context_id: u32) -> Action {
         self.confirm_client_id();
         let Some((entry, config)) = select(&self.host, &self.plugin) else { return Action::Continue };
+        let Some(prepared) = self.prepared.iter().find(|(index, _)| *index == entry).map(|(_, p)| p) else {
+            return Action::Continue;
+        };
         let now_ms = self.host.now_ms();
         let start = {
             let random = &mut self.random;
-            let ctx = limiter::Context { config, now_ms, client_id: &self.client_id };
+            let blocks = SharedBlocks { host: &self.host, table: prepared.blocks };
+            let ctx = limiter::Context { config, plan: &prepared.plan, now_ms, blocks: &blocks };
             limiter::start(&ctx, &HostRequest(&self.host), &mut || {
+                // Letters and digits only (95 bits of randomness): webdis's path form carries them as they are.
                 let mut bytes = [0u8; MEMBER_RANDOM_LEN];
-                random.fill(&mut bytes);
+                bytes.iter_mut().for_each(|b| *b = random.alphanumeric() as u8);
                 bytes
             })
         };
-        let (pending, commands) = match start {
+        let (pending, calls) = match start {
             Start::Decided(decision) => {
                 let next = self.finish(entry, decision);
                 return self.end_in_callback(context_id, next);
             }
-            Start::Send(pending, commands) => (pending, commands),
+            Start::Send(pending, calls) => (pending, calls),
         };
         let mut flow = Flow { entry, stage: Stage::Waiting(pending), tokens: Vec::new(), deadline_ms: now_ms };
         let mut decided = None;
-        for (call, command) in commands {
-            let progress = self.send(context_id, &mut flow, call, &command);
+        for call in 0..calls {
+            let progress = self.send(context_id, &mut flow, call, Invocation::BySha);
             if let Some(decision) = self.drive(context_id, &mut flow, progress) {
                 decided = Some(decision);
             }
@@ -251,7 +294,7 @@ impl<H: Host> Filter<H> {
     pub fn on_response_headers(&mut self, context_id: u32) -> Action {
         if let Some(headers) = self.response_headers.remove(&context_id) {
             for (name, value) in headers {
-                if self.host.add_response_header(&name, &value).is_err() {
+                if self.host.add_response_header(name, &value).is_err() {
                     self.host_refused("proxy_add_header_map_value");
                 }
             }
@@ -296,8 +339,11 @@ impl<H: Host> Filter<H> {
             let next = match flow.stage {
                 Stage::Undelivered(next) => next,
                 Stage::Waiting(mut pending) => {
-                    let Some(config) = self.plugin.config(flow.entry) else { continue };
-                    let decision = pending.expire(&Failure::TimedOut, config);
+                    let (Some(config), Some(prepared)) = (self.plugin.config(flow.entry), self.prepared(flow.entry))
+                    else {
+                        continue;
+                    };
+                    let decision = pending.expire(&Failure::TimedOut, config, &prepared.plan);
                     self.finish(flow.entry, decision)
                 }
             };
@@ -318,7 +364,7 @@ impl<H: Host> Filter<H> {
         let Some(mut flow) = self.flows.remove(&context_id) else { return };
         flow.tokens.retain(|&t| t != token);
         if reply.as_deref().is_ok_and(|bytes| bytes.starts_with(b"-NOAUTH")) {
-            if let Some(Transport::Host(client)) = self.transport(flow.entry) {
+            if let Some(Transport::Host(client)) = self.prepared(flow.entry).map(|p| &p.transport) {
                 client.reconnect();
             }
         }
@@ -333,8 +379,8 @@ impl<H: Host> Filter<H> {
         }
     }
 
-    fn transport(&self, entry: usize) -> Option<&Transport> {
-        self.transports.iter().find(|(index, _)| *index == entry).map(|(_, transport)| transport)
+    fn prepared(&self, entry: usize) -> Option<&Prepared> {
+        self.prepared.iter().find(|(index, _)| *index == entry).map(|(_, prepared)| prepared)
     }
 
     /// VMs may have raced to publish their client id while starting; by the first request the stored one
@@ -344,17 +390,29 @@ impl<H: Host> Filter<H> {
             self.client_id_confirmed = true;
             if let Ok((Some(stored), _)) = self.host.get_shared_data(CLIENT_ID_KEY) {
                 if let Ok(stored) = String::from_utf8(stored) {
-                    self.client_id = stored;
+                    if stored != self.client_id {
+                        for (index, prepared) in &mut self.prepared {
+                            if let Some(config) = self.plugin.config(*index) {
+                                prepared.plan = Plan::new(config, &stored);
+                            }
+                        }
+                        self.client_id = stored;
+                    }
                 }
             }
         }
     }
 
-    /// Sends a call's command; a refused send is that call's failure.
-    fn send(&mut self, context_id: u32, flow: &mut Flow, call: usize, command: &Command) -> Progress {
-        let sent = match self.transport(flow.entry) {
-            Some(transport) => transport.send(&self.host, command),
-            None => Err(Failure::SendRefused("no transport for this configuration".into())),
+    /// Sends a call's acquire; a refused send is that call's failure.
+    fn send(&mut self, context_id: u32, flow: &mut Flow, call: usize, invocation: Invocation) -> Progress {
+        let sent = match (self.prepared(flow.entry), &flow.stage) {
+            (Some(prepared), Stage::Waiting(pending)) => {
+                match pending.encode(call, invocation, prepared.transport.encoding(), &prepared.plan) {
+                    Some(command) => prepared.transport.send(&self.host, &command),
+                    None => return Progress::Waiting,
+                }
+            }
+            _ => Err(Failure::SendRefused("no transport for this configuration".into())),
         };
         match sent {
             Ok(token) => {
@@ -372,12 +430,19 @@ impl<H: Host> Filter<H> {
 
     /// Hands one call's reply (or failure) to the request's pending acquires; logs what is worth it.
     fn feed(&mut self, flow: &mut Flow, call: usize, reply: Result<&[u8], Failure>) -> Progress {
-        let (Stage::Waiting(pending), Some(config)) = (&mut flow.stage, self.plugin.config(flow.entry)) else {
+        let prepared = self.prepared.iter().find(|(index, _)| *index == flow.entry).map(|(_, p)| p);
+        let (Stage::Waiting(pending), Some(config), Some(prepared)) =
+            (&mut flow.stage, self.plugin.config(flow.entry), prepared)
+        else {
             return Progress::Waiting;
         };
-        let (progress, notice) = pending.on_reply(call, reply, config, &mut self.cache);
+        let (progress, Effects { notice, block }) =
+            pending.on_reply(call, reply, config, &prepared.plan, &mut self.cache);
         if let Some(notice) = notice {
             log(&self.host, LogLevel::Warn, &notice.to_string());
+        }
+        if let (Some((name, block)), Some(prepared)) = (block, self.prepared(flow.entry)) {
+            prepared.blocks.record(&self.host, &name, block, self.host.now_ms());
         }
         progress
     }
@@ -386,7 +451,7 @@ impl<H: Host> Filter<H> {
     fn drive(&mut self, context_id: u32, flow: &mut Flow, mut progress: Progress) -> Option<Decision> {
         loop {
             progress = match progress {
-                Progress::Resend(call, command) => self.send(context_id, flow, call, &command),
+                Progress::Resend(call) => self.send(context_id, flow, call, Invocation::BySource),
                 Progress::Waiting => return None,
                 Progress::Done(decision) => return Some(decision),
             };
@@ -400,9 +465,7 @@ impl<H: Host> Filter<H> {
         for failure in &decision.failures {
             self.failure_log.failed(&self.host, failure, mode);
         }
-        if decision.failures.is_empty()
-            && matches!(decision.outcome, limiter::Outcome::Allowed | limiter::Outcome::Rejected)
-        {
+        if decision.failures.is_empty() && matches!(decision.outcome, Outcome::Allowed | Outcome::Rejected) {
             self.failure_log.recovered(&self.host);
         }
         match decision.verdict {
@@ -456,17 +519,30 @@ impl<H: Host> Filter<H> {
         }
     }
 
-    fn remember_headers(&mut self, context_id: u32, headers: Vec<(String, String)>) {
+    fn remember_headers(&mut self, context_id: u32, headers: Headers) {
         if !headers.is_empty() {
             self.response_headers.insert(context_id, headers);
         }
     }
 
     /// Answers the effective context's request locally, as `text/plain`.
-    fn respond(&mut self, status: u16, mut headers: Vec<(String, String)>, body: &str) {
-        headers.push(("content-type".into(), "text/plain".into()));
-        let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        if self.host.send_local_reply(status, &headers, body.as_bytes()).is_err() {
+    fn respond(&mut self, status: u16, headers: Headers, body: &str) {
+        const MAX: usize = 12;
+        let mut pairs = [("", ""); MAX];
+        let mut count = 0;
+        for (slot, (name, value)) in pairs.iter_mut().zip(headers.iter().chain(core::iter::once(&CONTENT_TYPE))) {
+            *slot = (*name, &**value);
+            count += 1;
+        }
+        let sent = match pairs.get(..count).filter(|_| headers.len() < MAX) {
+            Some(pairs) => self.host.send_local_reply(status, pairs, body.as_bytes()),
+            None => {
+                let mut pairs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, &**v)).collect();
+                pairs.push(("content-type", "text/plain"));
+                self.host.send_local_reply(status, &pairs, body.as_bytes())
+            }
+        };
+        if sent.is_err() {
             self.host_refused("proxy_send_local_response");
         }
     }
@@ -502,6 +578,9 @@ fn select<'p>(host: &impl Host, plugin: &'p Plugin) -> Option<(usize, &'p Plugin
     let authority = host.request_header(":authority").ok().flatten().and_then(|bytes| String::from_utf8(bytes).ok());
     plugin.select(route.as_deref(), authority.as_deref())
 }
+
+/// Every local reply is `text/plain`.
+const CONTENT_TYPE: (&str, HeaderValue) = ("content-type", HeaderValue::Static("text/plain"));
 
 /// The request as the host shows it (the effective context's headers and properties).
 struct HostRequest<'a, H: Host>(&'a H);

@@ -19,22 +19,14 @@ fn configure(redis: &str, rules: &str, extra: &str) -> (FakeHost, Filter<FakeHos
     (host, filter)
 }
 
-/// The acquire script's reply: `{code, amount, reset_ms, rate, interval_ms, type, change}`.
-fn script_reply(code: i64, amount: i64, rate: i64) -> Vec<u8> {
-    let items = [code, amount, 900, rate, 1000, 0, 0];
-    let mut out = format!("*{}\r\n", items.len()).into_bytes();
-    for item in items {
-        out.extend(format!(":{item}\r\n").bytes());
-    }
-    out
-}
-
+/// The acquire script's reply when Redis holds the rule's config: the permits left.
 fn acquired(remaining: i64) -> Vec<u8> {
-    script_reply(1, remaining, 2)
+    format!(":{remaining}\r\n").into_bytes()
 }
 
+/// The acquire script's reply to a rejection when Redis holds the rule's config: minus the delay.
 fn rejected(delay_ms: i64) -> Vec<u8> {
-    script_reply(0, delay_ms, 2)
+    format!(":-{delay_ms}\r\n").into_bytes()
 }
 
 fn start(host: &FakeHost, filter: &mut Filter<FakeHost>, context_id: u32, user: &str) -> Action {
@@ -53,9 +45,7 @@ fn answer_redis(host: &FakeHost, filter: &mut Filter<FakeHost>, token: u32, repl
 }
 
 fn last_token(host: &FakeHost) -> u32 {
-    let http = host.http_calls().last().map(|c| c.token);
-    let redis = host.redis_calls().last().map(|c| c.token);
-    http.max(redis).unwrap()
+    host.last_token().unwrap()
 }
 
 fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
@@ -69,9 +59,18 @@ fn local_reply(host: &FakeHost, context_id: u32) -> (u16, Vec<(String, String)>,
     }
 }
 
-fn counters(host: &FakeHost) -> [u64; 7] {
-    ["allowed", "rejected", "failure_allowed", "failure_denied", "redis_calls", "redis_errors", "host_errors"]
-        .map(|name| host.counter(&format!("{NAME}.{name}")))
+fn counters(host: &FakeHost) -> [u64; 8] {
+    [
+        "allowed",
+        "rejected",
+        "failure_allowed",
+        "failure_denied",
+        "redis_calls",
+        "redis_errors",
+        "host_errors",
+        "local_rejected",
+    ]
+    .map(|name| host.counter(&format!("{NAME}.{name}")))
 }
 
 /// Ticks as the host does, on the root context, after moving the clock.
@@ -87,7 +86,7 @@ fn a_request_no_rule_applies_to_goes_on_without_a_call() {
     host.request(2, &[(":path", "/")]);
     assert_eq!(filter.on_request_headers(2), Action::Continue);
     assert!(host.http_calls().is_empty());
-    assert_eq!(counters(&host), [0; 7], "Outcome::Unlimited counts nothing");
+    assert_eq!(counters(&host), [0; 8], "Outcome::Unlimited counts nothing");
     assert_eq!(filter.on_response_headers(2), Action::Continue);
     assert!(host.response_headers(2).is_empty());
 }
@@ -108,7 +107,7 @@ fn an_allowed_request_is_paused_then_resumed_with_rate_limit_headers_on_its_resp
     filter.on_response_headers(2);
     let headers = host.response_headers(2);
     assert_eq!(header(&headers, "ratelimit"), Some("\"per-user\";r=1;t=1"));
-    assert_eq!(counters(&host), [1, 0, 0, 0, 1, 0, 0]);
+    assert_eq!(counters(&host), [1, 0, 0, 0, 1, 0, 0, 0]);
     tick_after(&host, &mut filter, TICK_MS.into());
     assert_eq!(host.tick_period(), 0, "the tick stops when nothing is paused");
 }
@@ -123,7 +122,7 @@ fn a_rejected_request_is_answered_with_the_rejection() {
     assert_eq!(header(&headers, "retry-after"), Some("2"));
     assert_eq!(header(&headers, "x-envoy-ratelimited"), Some("true"));
     assert_eq!(header(&headers, "content-type"), Some("text/plain"));
-    assert_eq!(counters(&host), [0, 1, 0, 0, 1, 0, 0]);
+    assert_eq!(counters(&host), [0, 1, 0, 0, 1, 0, 0, 0]);
 }
 
 #[test]
@@ -134,7 +133,7 @@ fn failures_follow_the_failure_mode_and_are_logged_once_until_redis_answers() {
         answer_http(&host, &mut filter, last_token(&host), 503, b"");
         assert_eq!(host.end(context_id), Some(End::Resumed), "fail open");
     }
-    assert_eq!(counters(&host), [0, 0, 2, 0, 2, 2, 0]);
+    assert_eq!(counters(&host), [0, 0, 2, 0, 2, 2, 0, 0]);
     let warnings = |host: &FakeHost| host.logs().iter().filter(|(l, _)| *l == LogLevel::Warn).count();
     assert_eq!(warnings(&host), 1, "{:?}", host.logs());
     start(&host, &mut filter, 4, "alice");
@@ -146,7 +145,7 @@ fn failures_follow_the_failure_mode_and_are_logged_once_until_redis_answers() {
     answer_http(&host, &mut filter, last_token(&host), 200, b"-ERR boom\r\n");
     let (status, _, body) = local_reply(&host, 2);
     assert_eq!((status, body.as_str()), (500, "rate limiter unavailable\n"));
-    assert_eq!(counters(&host), [0, 0, 0, 1, 1, 1, 0]);
+    assert_eq!(counters(&host), [0, 0, 0, 1, 1, 1, 0, 0]);
 }
 
 #[test]
@@ -155,7 +154,7 @@ fn a_refused_call_is_decided_at_once_by_the_failure_mode() {
     host.refuse_calls(Some(HostError::BadArgument));
     assert_eq!(start(&host, &mut filter, 2, "alice"), Action::Pause);
     assert_eq!(local_reply(&host, 2).0, 503);
-    assert_eq!(counters(&host), [0, 0, 0, 1, 0, 1, 0]);
+    assert_eq!(counters(&host), [0, 0, 0, 1, 0, 1, 0, 0]);
     assert!(host.logs().iter().any(|(_, m)| m.contains("knows no cluster \"webdis\"")), "{:?}", host.logs());
 }
 
@@ -169,7 +168,7 @@ fn noscript_is_sent_again_by_source_in_the_same_request() {
     assert!(String::from_utf8(again.body).unwrap().starts_with("EVAL/"));
     answer_http(&host, &mut filter, again.token, 200, &acquired(1));
     assert_eq!(host.end(2), Some(End::Resumed));
-    assert_eq!(counters(&host), [1, 0, 0, 0, 2, 0, 0]);
+    assert_eq!(counters(&host), [1, 0, 0, 0, 2, 0, 0, 0]);
 }
 
 #[test]
@@ -182,7 +181,7 @@ fn a_rejection_still_counts_and_logs_the_other_rules_failures() {
     answer_http(&host, &mut filter, calls[0].token, 200, &rejected(800));
     answer_http(&host, &mut filter, calls[1].token, 503, b"");
     assert_eq!(local_reply(&host, 2).0, 429);
-    assert_eq!(counters(&host), [0, 1, 0, 0, 2, 1, 0], "redis_errors counts the failed call of per-ip");
+    assert_eq!(counters(&host), [0, 1, 0, 0, 2, 1, 0, 0], "redis_errors counts the failed call of per-ip");
     assert!(host.logs().iter().any(|(_, m)| m.contains("HTTP 503")), "{:?}", host.logs());
 }
 
@@ -201,7 +200,7 @@ fn the_host_redis_transport_sends_resp_and_reads_buffer_nine_replies() {
     host.enter(ROOT);
     filter.on_redis_call_response(last_token(&host), 1, 0);
     assert_eq!(host.end(3), Some(End::Resumed), "fail open");
-    assert_eq!(counters(&host), [1, 0, 1, 0, 2, 1, 0]);
+    assert_eq!(counters(&host), [1, 0, 1, 0, 2, 1, 0, 0]);
 }
 
 #[test]
@@ -248,7 +247,7 @@ fn a_refused_context_switch_is_counted_and_the_decision_delivered_on_the_next_ti
     assert!(host.logs().iter().any(|(_, m)| m.contains("refused proxy_set_effective_context")));
     tick_after(&host, &mut filter, TICK_MS.into());
     assert_eq!(local_reply(&host, 2).0, 429, "the real decision, one tick later");
-    assert_eq!(counters(&host), [0, 1, 0, 0, 1, 0, 1]);
+    assert_eq!(counters(&host), [0, 1, 0, 0, 1, 0, 1, 0]);
     tick_after(&host, &mut filter, TICK_MS.into());
     assert_eq!(host.tick_period(), 0);
 }
@@ -264,11 +263,11 @@ fn a_reply_for_a_token_nobody_waits_for_is_dropped_and_the_request_ends_at_its_d
     assert_eq!(host.end(2), None, "redis.timeout (200 ms) not yet over by the grace");
     tick_after(&host, &mut filter, DEADLINE_GRACE_MS);
     assert_eq!(host.end(2), Some(End::Resumed), "failing open at the deadline");
-    assert_eq!(counters(&host), [0, 0, 1, 0, 1, 1, 0]);
+    assert_eq!(counters(&host), [0, 0, 1, 0, 1, 1, 0, 0]);
     assert!(host.logs().iter().any(|(_, m)| m.contains("no answer to a Redis call within redis.timeout")));
     // The real reply, if it ever comes, finds nothing to act on.
     answer_http(&host, &mut filter, token, 200, &acquired(1));
-    assert_eq!(counters(&host), [0, 0, 1, 0, 1, 1, 0]);
+    assert_eq!(counters(&host), [0, 0, 1, 0, 1, 1, 0, 0]);
 }
 
 #[test]
@@ -298,7 +297,7 @@ fn a_request_that_went_away_is_forgotten_and_its_late_reply_dropped() {
     filter.on_done(2);
     answer_http(&host, &mut filter, token, 200, &acquired(1));
     assert_eq!(host.end(2), None);
-    assert_eq!(counters(&host), [0, 0, 0, 0, 1, 0, 0], "no decision is counted for it");
+    assert_eq!(counters(&host), [0, 0, 0, 0, 1, 0, 0, 0], "no decision is counted for it");
     tick_after(&host, &mut filter, 1_000);
     assert_eq!(host.tick_period(), 0);
 }
@@ -311,7 +310,7 @@ fn a_missing_key_denied_by_the_rule_is_answered_without_a_call() {
     assert_eq!(filter.on_request_headers(2), Action::Pause);
     assert_eq!(local_reply(&host, 2).0, 429);
     assert!(host.http_calls().is_empty());
-    assert_eq!(counters(&host), [0, 1, 0, 0, 0, 0, 0]);
+    assert_eq!(counters(&host), [0, 1, 0, 0, 0, 0, 0, 0]);
 }
 
 #[test]
@@ -366,7 +365,7 @@ fn a_decision_made_while_starting_ends_the_request_at_once_even_with_several_rul
     let (host, mut filter) = configure(BRIDGE, &rules, "");
     host.refuse_calls(Some(HostError::InternalFailure));
     assert_eq!(start(&host, &mut filter, 2, "alice"), Action::Continue, "both calls refused: fail open now");
-    assert_eq!(counters(&host), [0, 0, 1, 0, 0, 2, 0]);
+    assert_eq!(counters(&host), [0, 0, 1, 0, 0, 2, 0, 0]);
     assert_eq!(host.tick_period(), 0, "nothing paused");
 }
 
@@ -378,4 +377,40 @@ fn without_a_tick_the_replies_still_end_requests_and_the_refusal_is_counted() {
     assert_eq!(counters(&host)[6], 1, "host_errors");
     answer_http(&host, &mut filter, last_token(&host), 200, &acquired(1));
     assert_eq!(host.end(2), Some(End::Resumed));
+}
+
+/// Not tests: loops over one request path each, for profiling natively (`valgrind --tool=callgrind` on the
+/// test binary with `--ignored profile_`).
+fn profile(reply: &[u8], requests: u32) {
+    let (host, mut filter) = configure(BRIDGE, &PER_USER.replace("\"rate\":2", "\"rate\":1000000"), "");
+    for i in 0..requests {
+        let context_id = 2 + i;
+        start(&host, &mut filter, context_id, "alice");
+        if let Some(token) = host.last_token() {
+            answer_http(&host, &mut filter, token, 200, reply);
+        }
+        host.enter(context_id);
+        filter.on_response_headers(context_id);
+        filter.on_done(context_id);
+        host.clear_calls();
+    }
+}
+
+#[test]
+#[ignore]
+fn profile_allowed() {
+    profile(&acquired(5), 2_000);
+}
+
+#[test]
+#[ignore]
+fn profile_rejected_by_redis() {
+    profile(&rejected(900), 1); // leaves a block
+    profile(&rejected(1), 2_000); // 1 ms: too short for a block
+}
+
+#[test]
+#[ignore]
+fn profile_rejected_locally() {
+    profile(&rejected(3_600_000), 2_000);
 }

@@ -1,9 +1,18 @@
 //! The acquire command (Redisson `tryAcquire` with trySetRate and, if asked, updateRate: see
-//! [`super::ACQUIRE`]): its arguments and its reply.
+//! [`super::ACQUIRE`]): its bytes and its reply.
+//!
+//! Everything of a rule's command that does not change per request is encoded once, when the filter is
+//! configured ([`AcquireTemplate`]): the script's SHA, the argument tail (permits, rate, interval, type,
+//! keep-alive, apply flag) in both wire forms, the client id. A request adds its limiter name, time and
+//! member bytes into one buffer ([`AcquireTemplate::encode`]); the reply is read without building a
+//! generic value in the common cases ([`decode_acquire_reply`]).
+
+use crate::prelude::*;
 
 use crate::config::LimiterType;
 use crate::key::LimiterKeys;
-use crate::resp::{Command, Reply};
+use crate::quote::{hex_digit, quoted};
+use crate::resp::{decode_integers, decode_reply, Command, Integers, Reply};
 
 use super::{Invocation, ACQUIRE};
 
@@ -23,51 +32,216 @@ pub enum Clock {
     Redis,
 }
 
-/// One acquire: which limiter, how many permits, at what time, and the config to create it with.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Acquire {
-    /// The limiter's keys.
-    pub keys: LimiterKeys,
-    /// Permits to take.
+/// The wire form of a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    /// A RESP array of bulk strings, as Redis reads it (the host's Redis client).
+    Resp,
+    /// webdis's path form with the `.raw` suffix (the HTTP bridge), see [`Command::to_webdis_path`].
+    WebdisPath,
+}
+
+/// The config an acquire creates a limiter with (or applies, with `apply_config`), and its permits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AcquireConfig {
+    /// Permits one acquire takes.
     pub permits: u64,
-    /// Acquire time.
-    pub clock: Clock,
-    /// Random bytes of the new member, unique per acquire.
-    pub member_random: [u8; MEMBER_RANDOM_LEN],
-    /// Config written if the limiter does not exist (or applied, with `apply_config`): permits per interval.
+    /// Permits per interval.
     pub rate: u64,
-    /// Config: interval, ms.
+    /// Interval, ms.
     pub interval_ms: u64,
-    /// Config: type.
+    /// Overall or per client.
     pub limiter_type: LimiterType,
-    /// Config: keepAliveTime, ms (0 = none).
+    /// keepAliveTime, ms (0 = none).
     pub keep_alive_ms: u64,
-    /// Whether to apply the config with `updateRate` when Redis holds another one.
+    /// Whether Redis should apply this config over one the rule wrote (`rate_source: config`).
     pub apply_config: bool,
 }
 
-impl Acquire {
-    /// The `EVALSHA` (or `EVAL`) command running [`ACQUIRE`] for this acquire.
-    pub fn command(&self, invocation: Invocation) -> Command {
-        let now = match self.clock {
-            Clock::Gateway(ms) => ms.to_string(),
-            Clock::Redis => String::new(),
-        };
-        let args = [
-            self.permits.to_string(),
-            now,
-            String::new(),
-            self.rate.to_string(),
-            self.interval_ms.to_string(),
-            self.limiter_type.redisson_ordinal().to_string(),
-            self.keep_alive_ms.to_string(),
-            if self.apply_config { "1" } else { "0" }.to_string(),
+/// One rule's acquire command with everything but the limiter name, the time and the member bytes
+/// encoded in advance.
+///
+/// `ARGV` of [`super::ACQUIRE`]: 1 now (ms since the epoch; empty = Redis `TIME`), 2 the member's random
+/// bytes, 3 permits, 4 rate, 5 interval (ms), 6 type (`0`/`1`), 7 keepAliveTime (ms), 8 `1` = apply 3-7
+/// (`rate_source: config`).
+#[derive(Debug, Clone)]
+pub struct AcquireTemplate {
+    config: AcquireConfig,
+    /// `:<client id>`, raw and percent-encoded: the suffix of the per-client keys.
+    client_suffix: (Vec<u8>, Vec<u8>),
+    /// ARGV 3-8 as they are.
+    tail: [Vec<u8>; 6],
+    /// ARGV 3-8 as RESP bulk strings.
+    resp_tail: Vec<u8>,
+    /// ARGV 3-8 in webdis's path form, with the `.raw` suffix.
+    webdis_tail: Vec<u8>,
+}
+
+impl AcquireTemplate {
+    /// The template of a rule's acquire for this gateway's Redisson client id.
+    pub fn new(config: AcquireConfig, client_id: &str) -> Self {
+        let tail = [
+            config.permits.to_string().into_bytes(),
+            config.rate.to_string().into_bytes(),
+            config.interval_ms.to_string().into_bytes(),
+            config.limiter_type.redisson_ordinal().to_string().into_bytes(),
+            config.keep_alive_ms.to_string().into_bytes(),
+            if config.apply_config { b"1".to_vec() } else { b"0".to_vec() },
         ];
-        let mut argv: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
-        if let Some(random) = argv.get_mut(2) {
-            *random = &self.member_random;
+        let mut resp_tail = Vec::new();
+        let mut webdis_tail = Vec::new();
+        for arg in &tail {
+            push_bulk(&mut resp_tail, arg);
+            webdis_tail.push(b'/');
+            push_encoded(&mut webdis_tail, arg);
         }
-        ACQUIRE.command(invocation, &self.keys, &argv)
+        webdis_tail.extend_from_slice(b".raw");
+        let raw = format!(":{client_id}").into_bytes();
+        let mut encoded = Vec::new();
+        push_encoded(&mut encoded, &raw);
+        AcquireTemplate { config, client_suffix: (raw, encoded), tail, resp_tail, webdis_tail }
+    }
+
+    /// The config this template acquires with.
+    pub fn config(&self) -> &AcquireConfig {
+        &self.config
+    }
+
+    /// The command's bytes for limiter `name` at `clock` with the member's `random` bytes.
+    pub fn encode(
+        &self,
+        name: &str,
+        clock: Clock,
+        random: &[u8; MEMBER_RANDOM_LEN],
+        invocation: Invocation,
+        encoding: Encoding,
+    ) -> Vec<u8> {
+        let mut now_digits = itoa::Buffer::new();
+        let now = match clock {
+            Clock::Gateway(ms) => now_digits.format(ms).as_bytes(),
+            Clock::Redis => b"",
+        };
+        let (open, close) = if name.contains('{') { ("", "") } else { ("{", "}") };
+        match encoding {
+            Encoding::Resp => {
+                let mut out = Vec::with_capacity(5 * name.len() + self.resp_tail.len() + 256);
+                out.extend_from_slice(b"*16\r\n");
+                match invocation {
+                    Invocation::BySha => {
+                        push_bulk(&mut out, b"EVALSHA");
+                        push_bulk(&mut out, ACQUIRE.sha().as_bytes());
+                    }
+                    Invocation::BySource => {
+                        push_bulk(&mut out, b"EVAL");
+                        push_bulk(&mut out, ACQUIRE.source.as_bytes());
+                    }
+                }
+                push_bulk(&mut out, b"5");
+                push_bulk(&mut out, name.as_bytes());
+                let client = &self.client_suffix.0;
+                for (suffix, per_client) in
+                    [(":value", false), (":value", true), (":permits", false), (":permits", true)]
+                {
+                    let len = name.len()
+                        + open.len()
+                        + close.len()
+                        + suffix.len()
+                        + if per_client { client.len() } else { 0 };
+                    push_length(&mut out, b'$', len);
+                    out.extend_from_slice(open.as_bytes());
+                    out.extend_from_slice(name.as_bytes());
+                    out.extend_from_slice(close.as_bytes());
+                    out.extend_from_slice(suffix.as_bytes());
+                    if per_client {
+                        out.extend_from_slice(client);
+                    }
+                    out.extend_from_slice(b"\r\n");
+                }
+                push_bulk(&mut out, now);
+                push_bulk(&mut out, random);
+                out.extend_from_slice(&self.resp_tail);
+                out
+            }
+            Encoding::WebdisPath => {
+                let mut out = Vec::with_capacity(15 * name.len() + self.webdis_tail.len() + 256);
+                match invocation {
+                    Invocation::BySha => {
+                        out.extend_from_slice(b"EVALSHA/");
+                        out.extend_from_slice(ACQUIRE.sha().as_bytes());
+                    }
+                    Invocation::BySource => {
+                        out.extend_from_slice(b"EVAL/");
+                        push_encoded(&mut out, ACQUIRE.source.as_bytes());
+                    }
+                }
+                out.extend_from_slice(b"/5/");
+                // The name, encoded once; the four other keys copy it.
+                let start = out.len();
+                push_encoded(&mut out, name.as_bytes());
+                let name_encoded = start..out.len();
+                let (open, close) = if open.is_empty() { ("", "") } else { ("%7B", "%7D") };
+                let client = &self.client_suffix.1;
+                for (suffix, per_client) in
+                    [("%3Avalue", false), ("%3Avalue", true), ("%3Apermits", false), ("%3Apermits", true)]
+                {
+                    out.push(b'/');
+                    out.extend_from_slice(open.as_bytes());
+                    out.extend_from_within(name_encoded.clone());
+                    out.extend_from_slice(close.as_bytes());
+                    out.extend_from_slice(suffix.as_bytes());
+                    if per_client {
+                        out.extend_from_slice(client);
+                    }
+                }
+                out.push(b'/');
+                out.extend_from_slice(now);
+                out.push(b'/');
+                push_encoded(&mut out, random);
+                out.extend_from_slice(&self.webdis_tail);
+                out
+            }
+        }
+    }
+
+    /// The same command as a generic [`Command`] (for tools and tests; the filter uses
+    /// [`AcquireTemplate::encode`]).
+    pub fn command(&self, name: &str, clock: Clock, random: &[u8], invocation: Invocation) -> Command {
+        let client_id = String::from_utf8_lossy(self.client_suffix.0.get(1..).unwrap_or_default()).into_owned();
+        let keys = LimiterKeys::new(name, &client_id);
+        let now = match clock {
+            Clock::Gateway(ms) => ms.to_string().into_bytes(),
+            Clock::Redis => Vec::new(),
+        };
+        let mut args: Vec<&[u8]> = vec![&now, random];
+        args.extend(self.tail.iter().map(Vec::as_slice));
+        ACQUIRE.command(invocation, &keys, &args)
+    }
+}
+
+/// `<kind><n>\r\n`.
+fn push_length(out: &mut Vec<u8>, kind: u8, n: usize) {
+    out.push(kind);
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// One RESP bulk string.
+fn push_bulk(out: &mut Vec<u8>, bytes: &[u8]) {
+    push_length(out, b'$', bytes.len());
+    out.extend_from_slice(bytes);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Percent-encoded as webdis's path arguments need: everything but ASCII letters and digits, as
+/// `percent_encode(bytes, NON_ALPHANUMERIC)` does (the unit tests compare the two), one byte at a time.
+fn push_encoded(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.reserve(bytes.len() * 3);
+    for &byte in bytes {
+        if byte.is_ascii_alphanumeric() {
+            out.push(byte);
+        } else {
+            out.extend_from_slice(&[b'%', hex_digit(byte >> 4, b'A'), hex_digit(byte, b'A')]);
+        }
     }
 }
 
@@ -104,10 +278,11 @@ pub enum AcquireOutcome {
 pub struct AcquireReply {
     /// The decision.
     pub outcome: AcquireOutcome,
-    /// Time until the oldest permit in the window is released, ms (0 when the window is empty).
-    pub reset_ms: u64,
-    /// The limiter's config in Redis.
-    pub effective: EffectiveConfig,
+    /// Permits available in the window after the call, when the reply says (the remaining permits when
+    /// acquired; for a rejection only the full reply carries it: the short one says only the delay).
+    pub available: Option<u64>,
+    /// The limiter's config in Redis, when it is not the one the command carried (`None`: the same).
+    pub effective: Option<EffectiveConfig>,
     /// Whether this call wrote the limiter's config.
     pub change: ConfigChange,
 }
@@ -136,8 +311,8 @@ pub enum ReplyError {
     Unexpected(String),
 }
 
-impl std::fmt::Display for ReplyError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl core::fmt::Display for ReplyError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             ReplyError::NoScript => write!(f, "Redis does not have the acquire script (NOSCRIPT)"),
             ReplyError::Redis(text) => write!(f, "Redis error: {text}"),
@@ -148,25 +323,57 @@ impl std::fmt::Display for ReplyError {
     }
 }
 
-/// Decodes the acquire script's reply.
+/// A reply in a few words for an error message (its content quoted, never raw).
+fn describe(reply: &Reply) -> String {
+    match reply {
+        Reply::Simple(text) => format!("simple string {}", quoted(text)),
+        Reply::Error(text) => format!("error {}", quoted(text)),
+        Reply::Integer(value) => format!("integer {value}"),
+        Reply::Bulk(bytes) => format!("bulk string {}", quoted(bytes)),
+        Reply::Array(items) => format!("array of {} elements", items.len()),
+        Reply::Null => "null".to_string(),
+    }
+}
+
+/// Decodes the acquire script's reply (raw RESP bytes; webdis re-encodes integers inside arrays as bulk
+/// strings of digits, which read the same):
+///
+/// ```text
+/// :4                                          acquired, 4 permits left (config as sent)
+/// :-1503                                      rejected: Redisson's delay 1503 ms (config as sent)
+/// *7 code amount available rate interval type change
+///                                             the config in Redis differs from the one sent, or was written
+/// ```
+///
+/// `code` 1 = acquired (`amount` = permits left), 0 = rejected (`amount` = Redisson's delay in ms), 2 =
+/// more permits than the rate. `change`: 0 none, 1 created, 2 updated, 3 kept.
 ///
 /// # Errors
 /// [`ReplyError::NoScript`] for `-NOSCRIPT`, [`ReplyError::Redis`] for other error replies,
-/// [`ReplyError::Unexpected`] for anything not shaped like the script's answer.
-pub fn decode_acquire_reply(reply: &Reply) -> Result<AcquireReply, ReplyError> {
-    let items = match reply {
-        Reply::Error(_) if reply.error_code() == Some("NOSCRIPT") => return Err(ReplyError::NoScript),
-        Reply::Error(text) => return Err(ReplyError::Redis(text.clone())),
-        Reply::Array(items) if items.len() == 7 => items,
-        other => return Err(ReplyError::Unexpected(format!("{other:?}"))),
-    };
+/// [`ReplyError::Unexpected`] for anything else (not RESP, another shape or values).
+pub fn decode_acquire_reply(bytes: &[u8]) -> Result<AcquireReply, ReplyError> {
     let mut numbers = [0i64; 7];
-    for (slot, item) in numbers.iter_mut().zip(items) {
-        *slot = item.as_integer().ok_or_else(|| ReplyError::Unexpected(format!("not an integer: {item:?}")))?;
-    }
-    let [code, amount, reset, rate, interval, limiter_type, change] = numbers;
+    let shape = match decode_integers(bytes, &mut numbers) {
+        Some(shape) => shape,
+        None => {
+            return Err(match decode_reply(bytes) {
+                Ok(reply @ Reply::Error(_)) if reply.error_code() == Some("NOSCRIPT") => ReplyError::NoScript,
+                Ok(Reply::Error(text)) => ReplyError::Redis(text),
+                Ok(other) => ReplyError::Unexpected(describe(&other)),
+                Err(error) => ReplyError::Unexpected(error.to_string()),
+            })
+        }
+    };
     let non_negative = |value: i64, what: &str| {
         u64::try_from(value).map_err(|_| ReplyError::Unexpected(format!("negative {what}: {value}")))
+    };
+    let [code, amount, available, rate, interval, limiter_type, change] = numbers;
+    let (code, amount, available, full) = match shape {
+        // A bare integer, the config as sent: the permits left, or minus the delay.
+        Integers::Bare if code >= 0 => (1, code, Some(code), false),
+        Integers::Bare => (0, code.checked_neg().unwrap_or(i64::MAX), None, false),
+        Integers::Array(7) => (code, amount, Some(available), true),
+        Integers::Array(other) => return Err(ReplyError::Unexpected(format!("an array of {other} elements"))),
     };
     let outcome = match code {
         1 => AcquireOutcome::Acquired { remaining: non_negative(amount, "remaining permits")? },
@@ -174,16 +381,21 @@ pub fn decode_acquire_reply(reply: &Reply) -> Result<AcquireReply, ReplyError> {
         2 => AcquireOutcome::ExceedsRate,
         other => return Err(ReplyError::Unexpected(format!("outcome code {other}"))),
     };
+    // A value below zero (a rate lowered under the permits in the window) is no permit available.
+    let available = available.map(|a| u64::try_from(a).unwrap_or(0));
+    if !full {
+        return Ok(AcquireReply { outcome, available, effective: None, change: ConfigChange::None });
+    }
     let limiter_type = LimiterType::from_redisson_ordinal(limiter_type)
         .ok_or_else(|| ReplyError::Unexpected(format!("limiter type {limiter_type}")))?;
     Ok(AcquireReply {
         outcome,
-        reset_ms: non_negative(reset, "reset time")?,
-        effective: EffectiveConfig {
+        available,
+        effective: Some(EffectiveConfig {
             rate: non_negative(rate, "rate")?,
             interval_ms: non_negative(interval, "interval")?,
             limiter_type,
-        },
+        }),
         change: match change {
             0 => ConfigChange::None,
             1 => ConfigChange::Created,
@@ -198,27 +410,27 @@ pub fn decode_acquire_reply(reply: &Reply) -> Result<AcquireReply, ReplyError> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
     use super::*;
-    use crate::resp::decode_reply;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    fn acquire() -> Acquire {
-        Acquire {
-            keys: LimiterKeys::new("erl:r:alice", "client-1"),
+    fn template() -> AcquireTemplate {
+        let config = AcquireConfig {
             permits: 2,
-            clock: Clock::Gateway(1_700_000_000_123),
-            member_random: [7; MEMBER_RANDOM_LEN],
             rate: 10,
             interval_ms: 60_000,
             limiter_type: LimiterType::PerClient,
             keep_alive_ms: 3_600_000,
             apply_config: false,
-        }
+        };
+        AcquireTemplate::new(config, "client-1")
     }
 
+    const NOW: Clock = Clock::Gateway(1_700_000_000_123);
+    const RANDOM: [u8; MEMBER_RANDOM_LEN] = [7, 0, 255, b'/', 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
+
     #[test]
-    fn command_carries_keys_then_arguments_in_script_order() {
-        let command = acquire().command(Invocation::BySha);
+    fn the_command_carries_keys_then_arguments_in_script_order() {
+        let command = template().command("erl:r:alice", NOW, &RANDOM, Invocation::BySha);
         let args: Vec<&[u8]> = command.args().iter().map(Vec::as_slice).collect();
         assert_eq!(args[0], b"EVALSHA");
         assert_eq!(args[1], ACQUIRE.sha().as_bytes());
@@ -233,58 +445,90 @@ mod tests {
                 b"{erl:r:alice}:permits:client-1"
             ]
         );
-        assert_eq!(&args[8..], &[&b"2"[..], b"1700000000123", &[7u8; 16], b"10", b"60000", b"1", b"3600000", b"0"]);
-        let by_source = acquire().command(Invocation::BySource);
-        assert_eq!(by_source.args()[0], b"EVAL");
-        assert_eq!(by_source.args()[1], ACQUIRE.source.as_bytes());
-        assert_eq!(&by_source.args()[2..], &command.args()[2..]);
+        assert_eq!(&args[8..], &[&b"1700000000123"[..], &RANDOM, b"2", b"10", b"60000", b"1", b"3600000", b"0"]);
     }
 
     #[test]
-    fn redis_clock_sends_no_time_and_apply_config_sets_the_flag() {
-        let mut acquire = acquire();
-        acquire.clock = Clock::Redis;
-        acquire.apply_config = true;
-        let command = acquire.command(Invocation::BySha);
-        assert_eq!(command.args()[9], b"", "an empty time makes the script read Redis TIME");
-        assert_eq!(command.args()[15], b"1");
+    fn the_template_encodes_exactly_what_the_generic_command_does() {
+        let template = template();
+        for name in ["erl:r:alice", "{tagged}:r:~AP8", "erl:g"] {
+            for clock in [NOW, Clock::Redis] {
+                for invocation in [Invocation::BySha, Invocation::BySource] {
+                    let command = template.command(name, clock, &RANDOM, invocation);
+                    assert_eq!(template.encode(name, clock, &RANDOM, invocation, Encoding::Resp), command.to_resp());
+                    assert_eq!(
+                        template.encode(name, clock, &RANDOM, invocation, Encoding::WebdisPath),
+                        command.to_webdis_path()
+                    );
+                }
+            }
+        }
+        let redis_clock = template.command("n", Clock::Redis, &RANDOM, Invocation::BySha);
+        assert_eq!(redis_clock.args()[8], b"", "an empty time makes the script read Redis TIME");
+    }
+
+    #[test]
+    fn every_byte_is_percent_encoded_as_the_percent_encoding_crate_does() {
+        let all: Vec<u8> = (0..=255).collect();
+        let mut ours = Vec::new();
+        push_encoded(&mut ours, &all);
+        let theirs: String = percent_encoding::percent_encode(&all, percent_encoding::NON_ALPHANUMERIC).collect();
+        assert_eq!(String::from_utf8(ours).unwrap(), theirs);
     }
 
     #[test]
     fn replies_decode_from_integers_or_webdis_bulk_strings() {
-        let native = decode_reply(b"*7\r\n:1\r\n:8\r\n:59000\r\n:10\r\n:60000\r\n:0\r\n:1\r\n").unwrap();
-        let expected = AcquireReply {
-            outcome: AcquireOutcome::Acquired { remaining: 8 },
-            reset_ms: 59_000,
-            effective: EffectiveConfig { rate: 10, interval_ms: 60_000, limiter_type: LimiterType::Overall },
-            change: ConfigChange::Created,
-        };
-        assert_eq!(decode_acquire_reply(&native), Ok(expected));
-        let webdis = decode_reply(
-            b"*7\r\n$1\r\n0\r\n$4\r\n1503\r\n$4\r\n1500\r\n$1\r\n3\r\n$4\r\n2000\r\n$1\r\n1\r\n$1\r\n0\r\n",
+        let acquired = decode_acquire_reply(b":8\r\n").unwrap();
+        assert_eq!(acquired.outcome, AcquireOutcome::Acquired { remaining: 8 });
+        assert_eq!((acquired.available, acquired.effective, acquired.change), (Some(8), None, ConfigChange::None));
+        let rejected = decode_acquire_reply(b":-1503\r\n").unwrap();
+        assert_eq!((rejected.outcome, rejected.available), (AcquireOutcome::Rejected { delay_ms: 1503 }, None));
+        let webdis = decode_acquire_reply(
+            b"*7\r\n$1\r\n0\r\n$4\r\n1503\r\n$2\r\n-1\r\n$1\r\n3\r\n$4\r\n2000\r\n$1\r\n0\r\n$1\r\n3\r\n",
         )
         .unwrap();
-        let decoded = decode_acquire_reply(&webdis).unwrap();
-        assert_eq!(decoded.outcome, AcquireOutcome::Rejected { delay_ms: 1503 });
-        assert_eq!(decoded.effective.limiter_type, LimiterType::PerClient);
-        assert_eq!(decoded.change, ConfigChange::None);
+        assert_eq!((webdis.outcome, webdis.available), (AcquireOutcome::Rejected { delay_ms: 1503 }, Some(0)));
+        assert_eq!(webdis.change, ConfigChange::Kept);
+        let full = decode_acquire_reply(b"*7\r\n:1\r\n:8\r\n:8\r\n:10\r\n:60000\r\n:1\r\n:1\r\n").unwrap();
+        assert_eq!(
+            full,
+            AcquireReply {
+                outcome: AcquireOutcome::Acquired { remaining: 8 },
+                available: Some(8),
+                effective: Some(EffectiveConfig {
+                    rate: 10,
+                    interval_ms: 60_000,
+                    limiter_type: LimiterType::PerClient
+                }),
+                change: ConfigChange::Created,
+            }
+        );
+        let exceeds = decode_acquire_reply(b"*7\r\n:2\r\n:0\r\n:0\r\n:1\r\n:60000\r\n:0\r\n:0\r\n").unwrap();
+        assert_eq!(exceeds.outcome, AcquireOutcome::ExceedsRate);
     }
 
     #[test]
     fn error_and_malformed_replies_are_typed() {
-        let noscript = decode_reply(b"-NOSCRIPT No matching script. Please use EVAL.\r\n").unwrap();
-        assert_eq!(decode_acquire_reply(&noscript), Err(ReplyError::NoScript));
-        let noauth = decode_reply(b"-NOAUTH Authentication required.\r\n").unwrap();
-        assert_eq!(decode_acquire_reply(&noauth), Err(ReplyError::Redis("NOAUTH Authentication required.".into())));
+        assert_eq!(
+            decode_acquire_reply(b"-NOSCRIPT No matching script. Please use EVAL.\r\n"),
+            Err(ReplyError::NoScript)
+        );
+        assert_eq!(
+            decode_acquire_reply(b"-NOAUTH Authentication required.\r\n"),
+            Err(ReplyError::Redis("NOAUTH Authentication required.".into()))
+        );
         for bad in [
             &b"$-1\r\n"[..],
             b"*6\r\n:1\r\n:1\r\n:1\r\n:1\r\n:1\r\n:1\r\n",
+            b"*3\r\n:0\r\n:1\r\n:1\r\n",
             b"*7\r\n:5\r\n:1\r\n:1\r\n:1\r\n:1\r\n:0\r\n:0\r\n",
             b"*7\r\n:1\r\n:-1\r\n:1\r\n:1\r\n:1\r\n:0\r\n:0\r\n",
             b"*7\r\n:1\r\n:1\r\n:1\r\n:1\r\n:1\r\n:7\r\n:0\r\n",
+            b"<html>",
+            b"*3\r\n$1\r\nx\r\n:1\r\n:1\r\n",
         ] {
             assert!(
-                matches!(decode_acquire_reply(&decode_reply(bad).unwrap()), Err(ReplyError::Unexpected(_))),
+                matches!(decode_acquire_reply(bad), Err(ReplyError::Unexpected(_))),
                 "{:?}",
                 String::from_utf8_lossy(bad)
             );

@@ -10,11 +10,19 @@ not their random bytes or exact scores) and the filter's counters. A difference 
 until shown otherwise.
 
 Whole seconds (`Retry-After`, `t=`) are compared exactly: with 1 minute windows, 5 ms between requests
-(more than Redisson's 3 ms slack) and each run taking well under a second, both round the same way.
+(more than Redisson's 3 ms slack) and each run taking under a second, both round the same way. Real Envoy's
+clock cannot be moved, and its run takes 0.6-0.8 s (about 40 ms per request the upstream answers, even on an
+idle machine), so a run the machine made slower than RUN_BUDGET_S is played again from an empty Redis (up to
+ATTEMPTS times) rather than compared; the emulator's takes about 0.3 s. The steps after Redis hung (a timeout
+each run waits out differently) are compared without their whole seconds.
+
+The scenario includes the local block: alice's rejection blocks her limiter in the gateway, so her next
+requests are rejected without Redis (even while Redis is down); the per-ip rule turns its block off.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, NamedTuple
 
@@ -26,7 +34,9 @@ CONFIG = plugin_config(
     rule(rate=3, interval="1m"),
     rule("weighted", limit_by={"header": "x-tenant-id"}, rate=5, interval="1m", permits=2),
     rule("per-key", limit_by={"query": "api_key"}, rate=40, interval="1m", on_missing="deny"),
-    rule("per-ip", limit_by="client_ip", rate=20, interval="1m"),
+    # No local block for per-ip: once fay exhausts it, the requests while Redis is in trouble still reach
+    # the failure mode.
+    rule("per-ip", limit_by="client_ip", rate=20, interval="1m", local_block_max=0),
     timeout="500ms",
     rate_limit_headers="both",
     failure_mode="allow",
@@ -41,8 +51,15 @@ PRE_EXISTING = {
 }
 
 GAP_S = 0.005  # between requests: more than Redisson's 3 ms slack in its delay
+# Whole seconds round alike while every limiter's oldest permit is younger than 1 s at each of its requests
+# (t=60 below an age of 1000 ms, Retry-After 60 below 1003 ms); the per-ip limiter spans the whole scenario,
+# so a run must take under 1 s, with 20 ms to spare for clocks read in whole ms.
+RUN_BUDGET_S = 0.98
+ATTEMPTS = 5
+# Redis hangs far longer than the 500 ms timeout (the pause is lifted as soon as the step is answered).
+PAUSE_MS = 10_000
 FILTER_HEADERS = ("retry-after", "ratelimit", "ratelimit-policy", "x-envoy-ratelimited", "content-type")
-COUNTERS = ("allowed", "rejected", "failure_allowed", "failure_denied", "redis_errors")
+COUNTERS = ("allowed", "rejected", "local_rejected", "failure_allowed", "failure_denied", "redis_errors")
 
 
 class Step(NamedTuple):
@@ -67,15 +84,15 @@ SCENARIO = [
     *[step(f"tenant acme {n}: 2 permits of 5", tenant="acme") for n in range(1, 4)],
     step("tenant tiny: 2 permits, its limiter's rate is 1", tenant="tiny"),
     step("no api_key: on_missing deny", user="dave", key=None),
-    step("alice again with tenant globex: per-user rejects", user="alice", tenant="globex"),
+    step("alice again with tenant globex: per-user's local block rejects", user="alice", tenant="globex"),
     step("no user, no tenant, another api_key", key="k2"),
     step("a user id that is not a verbatim name", user="a{b} c"),
-    *[step(f"eve {n}: towards the per-ip rate 20", user="eve", key="k3") for n in range(1, 6)],
+    *[step(f"eve's colleague {n}: towards the per-ip rate 20", user=f"eve{n}", key="k3") for n in range(1, 7)],
     step("fay: only the per-ip limiter is exhausted", user="fay", key="k2"),
 ]
 WHEN_REDIS_HANGS = [step("gus, Redis paused past the timeout: fail open", user="gus", key="k5")]
 WHEN_REDIS_IS_DOWN = [
-    step("alice, Redis stopped: fail open", user="alice"),
+    step("alice, Redis stopped: still blocked locally", user="alice"),
     step("zoe, Redis stopped: fail open", user="zoe", key="k4"),
 ]
 INVALID = plugin_config(rule(rate=3, interval="1m"), rule("per-ip", limit_by="client_ip", rate=0, interval="1m"))
@@ -94,12 +111,17 @@ class Run(NamedTuple):
     metrics: dict[str, int]
 
 
-def observe(gateway, steps: list[Step]) -> list[Observed]:
+def observe(gateway, steps: list[Step], exact_seconds: bool = True) -> list[Observed]:
+    """Each step's response. `exact_seconds=False`: whole seconds (`Retry-After`, `t=`, `x-ratelimit-reset`)
+    become `*`, for steps after Redis hung, whose timing the runs do not share."""
     observed = []
     for item in steps:
         response = gateway.send(item.path, headers=item.headers)
         headers = {name: value for name, value in response.headers.items()
                    if name in FILTER_HEADERS or name.startswith("x-ratelimit-")}
+        if not exact_seconds:
+            headers = {name: "*" if name in ("retry-after", "x-ratelimit-reset") else re.sub(r"t=\d+", "t=*", value)
+                       for name, value in headers.items()}
         observed.append(Observed(item.label, response.status, response.body, headers))
         time.sleep(GAP_S)
     return observed
@@ -136,23 +158,32 @@ def fresh_redis(stack) -> None:
 
 
 def play(stack, gateway) -> Run:
-    fresh_redis(stack)
-    started = time.monotonic()
-    responses = observe(gateway, SCENARIO)
-    assert time.monotonic() - started < 0.9, "too slow: whole seconds in the headers could round differently"
+    """The scenario on `gateway` from an empty Redis; the counters are what this run added to them."""
+    took = []
+    for _ in range(ATTEMPTS):
+        before = gateway.metrics()
+        fresh_redis(stack)
+        started = time.monotonic()
+        responses = observe(gateway, SCENARIO)
+        took.append(time.monotonic() - started)
+        if took[-1] < RUN_BUDGET_S:
+            break
+    else:
+        raise AssertionError(f"too slow: the scenario took {', '.join(f'{t:.2f}' for t in took)} s, over "
+                             f"{RUN_BUDGET_S} s: whole seconds in the headers could round differently")
     state = redis_state(stack.redis.client)
-    stack.redis.pause(1500)
+    stack.redis.pause(PAUSE_MS)
     try:
-        responses += observe(gateway, WHEN_REDIS_HANGS)
+        responses += observe(gateway, WHEN_REDIS_HANGS, exact_seconds=False)
     finally:
         stack.redis.unpause()
     stack.redis.stop()
     try:
-        responses += observe(gateway, WHEN_REDIS_IS_DOWN)
+        responses += observe(gateway, WHEN_REDIS_IS_DOWN, exact_seconds=False)
     finally:
         stack.redis.start()
     metrics = gateway.metrics()
-    return Run(responses, state, {name: metrics[name] for name in COUNTERS})
+    return Run(responses, state, {name: metrics.get(name, 0) - before.get(name, 0) for name in COUNTERS})
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +246,9 @@ def test_the_scenario_covers_what_it_says(runs):
     assert fay.status == 429 and '"per-user";r=2' in fay.headers["ratelimit"]
     assert "x-ratelimit-limit" in by_label["bob 1: his own limiter"].headers
     assert "ratelimit-policy" in by_label["bob 1: his own limiter"].headers
-    assert [observed.status for observed in runs["envoy"].responses[-3:]] == [200, 200, 200]
+    again = by_label["alice again with tenant globex: per-user's local block rejects"]
+    assert again.status == 429 and again.headers["retry-after"] == "60"
+    assert [observed.status for observed in runs["envoy"].responses[-3:]] == [200, 429, 200]
 
 
 def test_the_state_in_redis_is_the_same(runs):
@@ -228,7 +261,9 @@ def test_the_state_in_redis_is_the_same(runs):
 
 def test_the_counters_are_the_same(runs):
     assert runs["envoy"].metrics == runs["emulator"].metrics
-    assert runs["envoy"].metrics["failure_allowed"] == len(WHEN_REDIS_HANGS) + len(WHEN_REDIS_IS_DOWN)
+    # Alice's block outlives Redis: her request while Redis is down is rejected locally, not failed open.
+    assert runs["envoy"].metrics["failure_allowed"] == len(WHEN_REDIS_HANGS) + len(WHEN_REDIS_IS_DOWN) - 1
+    assert runs["envoy"].metrics["local_rejected"] == 2
 
 
 def refusal(log: str) -> str:

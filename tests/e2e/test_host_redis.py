@@ -1,20 +1,23 @@
 """The Higress build (`dist/edge-rate-limiter-higress.wasm`, transport "host": Redis through the host's
 `proxy_redis_init` / `proxy_redis_call`) in the project's proxy-wasm host emulator, against the real
-redis-server of the stack: limits, sliding windows, keys, weights, the Redisson layout, failures, the
-password, the database, and round trips.
+redis-server of the stack: limits, keys, weights, the Redisson layout, failures, the password, the
+database, and round trips. This build's burst and sliding window are tested in test_limits.py, one test
+for real Envoy (stock build) and the emulator (this build), where the emulator's clock is moved instead of
+sleeping.
 
 Stock Envoy cannot load this build, so the emulator (`wasm-host serve`, tests/host) is its gateway here.
 Compiling the module takes seconds in a debug `wasm-host`, so the module starts two gateways once and every
 test uses them, each with its own key values (the filter caches limiter configurations per VM):
 
-- `open_gw`: fails open; cluster `redis`; rules `per-user` (`x-user-id`, 3 per 2 s) and `weighted`
+- `open_gw`: fails open; cluster `redis`; rules `per-user` (`x-user-id`, 3 per minute) and `weighted`
   (`x-tenant-id`, 5 per minute, 2 permits a request);
 - `closed_gw`: fails closed; Higress naming (`service_name` `redis.static`, port 6379: cluster
   `outbound|6379||redis.static`), database 2, password `s3cret` (Redis has none until a test sets one;
   until then the host's AUTH fails harmlessly); rule `per-user`, 3 per minute.
 
-After every test, no request may have ended any other way than continued or answered (no `paused`:
-a request the filter never resumed, no reset, no failed VM).
+Every window is a minute, so the requests of a test fall in one window however slow the machine. After
+every test, no request may have ended any other way than continued or answered (no `paused`: a request the
+filter never resumed, no reset, no failed VM).
 """
 
 from __future__ import annotations
@@ -31,17 +34,19 @@ from harness import (
     limiter_key,
     retry_after_range,
     rule,
-    sleep_until,
     wait_until,
 )
+from timing import LATENCY_MARGIN_S as MARGIN_S
 
 TIMEOUT_MS = 300
 TIMEOUT_S = TIMEOUT_MS / 1000
-MARGIN_S = 0.7  # the emulator, Redis and the test on a busy CI machine
+# Redis hangs (CLIENT PAUSE) far longer than TIMEOUT_S + MARGIN_S, so a request that waited for Redis rather
+# than for the timeout fails the bound; the pause is lifted at the end of the test.
+PAUSE_MS = 10_000
 PASSWORD = "s3cret"
 
 OPEN_CONFIG = host_plugin_config(
-    rule(rate=3, interval="2s"),
+    rule(rate=3, interval="1m"),
     rule("weighted", limit_by={"header": "x-tenant-id"}, rate=5, interval="1m", permits=2),
     timeout=f"{TIMEOUT_MS}ms",
 )
@@ -104,32 +109,6 @@ def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {name: after[name] - before[name] for name in after if after[name] != before.get(name, 0)}
 
 
-def test_burst_passes_then_429_with_retry_after_and_the_window_slides(stack, open_gw):
-    first_sent = time.monotonic()
-    first = open_gw.send(headers=user("alice"))
-    assert (first.status, first.body) == (200, "upstream ok\n")
-    sleep_until(first_sent + 1.0)
-    assert [open_gw.send(headers=user("alice")).status for _ in range(2)] == [200, 200]
-
-    sent_ms = epoch_ms()
-    rejected = open_gw.send(headers=user("alice"))
-    answered_ms = epoch_ms()
-    assert rejected.status == 429
-    assert rejected.body == "rate limit exceeded\n"
-    assert rejected.headers["content-type"].startswith("text/plain")
-    assert rejected.headers["x-envoy-ratelimited"] == "true"
-    oldest_ms = stack.redis.client.zrange(limiter_key("erl:per-user:alice", "permits"), 0, 0,
-                                          withscores=True)[0][1]
-    # About 1 s after the first permit: it leaves the 2 s window in about 1 s.
-    assert int(rejected.headers["retry-after"]) in retry_after_range(2000, oldest_ms, sent_ms, answered_ms)
-
-    # 2 s after the first permit only it has left the window: exactly one more request passes (a fixed
-    # window would have let three through), and the permits taken at 1 s still count.
-    sleep_until(first_sent + 2.1)
-    assert [open_gw.send(headers=user("alice")).status for _ in range(2)] == [200, 429]
-    assert time.monotonic() - first_sent < 2.9, "too slow to tell a sliding window from a fixed one"
-
-
 def test_each_key_value_has_its_own_limit_and_requests_without_one_are_not_limited(stack, open_gw):
     assert [open_gw.send(headers=user("bob")).status for _ in range(4)] == [200, 200, 200, 429]
     assert open_gw.send(headers=user("dave")).status == 200
@@ -151,7 +130,7 @@ def test_state_in_redis_is_the_redisson_layout(stack, open_gw):
     after_ms = epoch_ms()
 
     expected = {
-        "erl:per-user:erin": ({b"rate": b"3", b"interval": b"2000"}, b"1", [1, 1]),
+        "erl:per-user:erin": ({b"rate": b"3", b"interval": b"60000"}, b"1", [1, 1]),
         "erl:weighted:globex": ({b"rate": b"5", b"interval": b"60000"}, b"3", [2]),
     }
     for name, (config, value, permits) in expected.items():
@@ -208,7 +187,7 @@ def test_redis_down_fails_open_or_closed_at_once_and_limiting_resumes(stack, ope
 def test_hung_redis_fails_open_or_closed_after_the_timeout(stack, open_gw, closed_gw):
     for gateway in (open_gw, closed_gw):  # a connection to Redis before it hangs
         assert gateway.send(headers=user("ian")).status == 200
-    stack.redis.pause(3000)
+    stack.redis.pause(PAUSE_MS)
     try:
         response, elapsed = timed(open_gw, "ian")
         assert (response.status, response.body) == (200, "upstream ok\n")
@@ -217,7 +196,8 @@ def test_hung_redis_fails_open_or_closed_after_the_timeout(stack, open_gw, close
         assert response.status == 503
         assert TIMEOUT_S - 0.05 <= elapsed < TIMEOUT_S + MARGIN_S
 
-        # Requests in flight together on both VMs: the timeout fails every pending call, none stays paused.
+        # Requests in flight together on both VMs: the timeout fails every pending call, none stays paused
+        # (the emulator would report one left paused after its 5 s pause deadline).
         started = time.monotonic()
         batch = closed_gw.send_batch([{"headers": user(f"jan-{i}"), "vm": i % 2} for i in range(4)])
         assert [r.status for r in batch] == [503] * 4
@@ -250,14 +230,16 @@ def test_wrong_password_applies_the_failure_mode_and_the_filter_recovers_once_it
         for _ in range(2):
             response, elapsed = timed(closed_gw, "kim")
             assert response.status == 503
-            assert elapsed < TIMEOUT_S + MARGIN_S, "an error reply, not a timeout"
+            # Answered in milliseconds; the bound only says it was not left waiting (MARGIN_S is larger than
+            # the timeout, so it cannot tell the refusal from a timeout).
+            assert elapsed < TIMEOUT_S + MARGIN_S, "answered, not left waiting"
         response, _ = timed(open_gw, "kim")
         assert (response.status, response.body) == (200, "upstream ok\n")
         assert delta(before, closed_gw.metrics()) == {"failure_denied": 2, "redis_calls": 2, "redis_errors": 2}
 
         # The operator gives Redis the password the gateway has: the next connection logs in.
         stack.redis.require_password(PASSWORD)
-        wait_until(lambda: closed_gw.send(headers=user("kim")).status == 200, 5.0, "the filter to recover")
+        wait_until(lambda: closed_gw.send(headers=user("kim")).status == 200, 15.0, "the filter to recover")
         assert [closed_gw.send(headers=user("kim")).status for _ in range(2)] == [200, 429]
         # The gateway without a password still cannot get in, and keeps failing open.
         assert open_gw.send(headers=user("kim")).status == 200
@@ -290,6 +272,7 @@ def test_one_redis_round_trip_per_request_once_the_script_is_cached(stack, open_
     scripts, metrics, sent = script_calls(stack), open_gw.metrics(), len(open_gw.outcomes)
     statuses = [open_gw.send(headers=user("max")).status for _ in range(5)]
     assert statuses == [200, 200, 200, 429, 429]
-    assert [outcome["redis_calls"] for outcome in open_gw.outcomes[sent:]] == [1] * 5
-    assert script_calls(stack) - scripts == 5, "Redis ran one script per request"
-    assert delta(metrics, open_gw.metrics()) == {"allowed": 3, "rejected": 2, "redis_calls": 5}
+    # The second rejection is the local block's, in the other VM too: no Redis call.
+    assert [outcome["redis_calls"] for outcome in open_gw.outcomes[sent:]] == [1, 1, 1, 1, 0]
+    assert script_calls(stack) - scripts == 4, "Redis ran one script per request it saw"
+    assert delta(metrics, open_gw.metrics()) == {"allowed": 3, "rejected": 2, "local_rejected": 1, "redis_calls": 4}

@@ -10,8 +10,6 @@ import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
-
 from harness import (
     decode_permit,
     epoch_ms,
@@ -20,9 +18,10 @@ from harness import (
     plugin_config,
     retry_after_range,
     rule,
-    sleep_until,
+    wait_until,
 )
 from redisson_client import OVERALL, RateLimiter
+from timing import RealClock, permit_scores
 
 ALICE = "erl:per-user:alice"
 HEADERS = {"x-user-id": "alice"}
@@ -51,15 +50,14 @@ def admin_available(stack, name: str = ALICE) -> int:
 
 
 def test_interleaved_acquires_share_one_window(stack):
-    envoy = stack.envoy(plugin_config(rule(rate=6, interval="3s")))
-    client = java_service(stack, rate=6, interval_ms=3000)
-    started = time.monotonic()
+    # A 1 minute window: the attempts fall in one window however slow the machine.
+    envoy = stack.envoy(plugin_config(rule(rate=6, interval="1m")))
+    client = java_service(stack, rate=6, interval_ms=60_000)
 
     decisions = []
     for _ in range(6):
         decisions.append(("filter", envoy.send(headers=HEADERS).status == 200))
         decisions.append(("client", client.try_acquire().acquired))
-    assert time.monotonic() - started < 2.5, "the attempts must fall in one window"
 
     granted = [side for side, ok in decisions if ok]
     assert len(granted) == 6
@@ -70,8 +68,9 @@ def test_interleaved_acquires_share_one_window(stack):
 
 def test_concurrent_acquires_from_both_sides_never_exceed_the_rate(stack):
     rate = 20
-    envoy = stack.envoy(plugin_config(rule(rate=rate, interval="3s")))
-    client = java_service(stack, rate=rate, interval_ms=3000)
+    # A 1 minute window: all 60 attempts fall in one window however slow the machine.
+    envoy = stack.envoy(plugin_config(rule(rate=rate, interval="1m")))
+    client = java_service(stack, rate=rate, interval_ms=60_000)
 
     def through_envoy(_: int) -> tuple[str, bool]:
         return "filter", envoy.send(headers=HEADERS).status == 200
@@ -79,11 +78,9 @@ def test_concurrent_acquires_from_both_sides_never_exceed_the_rate(stack):
     def as_java_service(_: int) -> tuple[str, bool]:
         return "client", client.try_acquire().acquired
 
-    started = time.monotonic()
     with ThreadPoolExecutor(max_workers=16) as pool:
         futures = [pool.submit(through_envoy if i % 2 else as_java_service, i) for i in range(60)]
         results = [future.result(timeout=30) for future in futures]
-    assert time.monotonic() - started < 2.5, "all 60 attempts must fall in one 3 s window"
 
     granted = [side for side, ok in results if ok]
     split = {side: granted.count(side) for side in ("filter", "client")}
@@ -109,51 +106,66 @@ def test_available_permits_agree_on_every_side(stack):
 
 
 def test_a_rate_the_client_sets_is_obeyed_by_the_filter_from_its_next_request(stack):
-    envoy = stack.envoy(plugin_config(rule(rate=5, interval="3s")))
+    # 1 minute windows: the requests fall in one window however slow the machine. No local block: the
+    # client's updateRate below must reach the filter's next request (test_local_block.py bounds the delay).
+    envoy = stack.envoy(plugin_config(rule(rate=5, interval="1m", local_block_max=0)))
     client = java_service(stack)
     assert [envoy.send(headers=HEADERS).status for _ in range(2)] == [200, 200]
 
-    client.set_rate(OVERALL, 1, 3000)  # reset to 1 per 3 s
+    client.set_rate(OVERALL, 1, 60_000)  # reset to 1 per minute
     allowed = envoy.send(headers=HEADERS)
     assert allowed.status == 200
-    assert allowed.headers["ratelimit-policy"] == '"per-user";q=1;w=3'
+    assert allowed.headers["ratelimit-policy"] == '"per-user";q=1;w=60'
     assert remaining(allowed) == 0
     assert envoy.send(headers=HEADERS).status == 429
 
-    assert client.update_rate(OVERALL, 3, 3000)  # keeping state: 1 of 3 taken
+    assert client.update_rate(OVERALL, 3, 60_000)  # keeping state: 1 of 3 taken
     assert [envoy.send(headers=HEADERS).status for _ in range(3)] == [200, 200, 429]
     assert client.try_acquire().acquired is False
-    assert client.config() == {"rate": 3, "interval": 3000, "type": 0, "keepAliveTime": 0}
+    assert client.config() == {"rate": 3, "interval": 60_000, "type": 0, "keepAliveTime": 0}
 
 
 def test_members_the_client_writes_are_read_by_the_filter(stack):
-    interval_ms = 3000
-    envoy = stack.envoy(plugin_config(rule(rate=5, interval="3s")))
-    client = java_service(stack, rate=5, interval_ms=interval_ms)
-    started = time.monotonic()
-    assert client.try_acquire(3).acquired  # one member carrying 3 permits
+    interval_ms = 60_000
+    left_ms = 3500  # the client's member leaves the window this long after the test wrote it
+    envoy = stack.envoy(plugin_config(rule(rate=5, interval="1m")))
+    # A Java service took 3 permits (one member) 56.5 s ago, by its clock then. Envoy's clock cannot be
+    # moved, so the member is dated back instead of the test sleeping most of a minute.
+    written_ms = int(epoch_ms()) - (interval_ms - left_ms)
+    earlier = RateLimiter(stack.redis.client, ALICE, now_ms=lambda: written_ms)
+    earlier.try_set_rate(OVERALL, rate=5, interval_ms=interval_ms)
+    assert earlier.try_acquire(3).acquired
 
     [(member, oldest_ms)] = stack.redis.client.zrange(limiter_key(ALICE, "permits"), 0, -1, withscores=True)
     assert len(member) == 21
     assert decode_permit(member, oldest_ms).permits == 3
+    assert oldest_ms == written_ms
 
-    sleep_until(started + 1.5)
     assert [envoy.send(headers=HEADERS).status for _ in range(2)] == [200, 200]
     sent_ms = epoch_ms()
     rejected = envoy.send(headers=HEADERS)
     answered_ms = epoch_ms()
-    assert rejected.status == 429
-    # Redisson's delay from the client's member, the oldest: about 1.5 s left, so Retry-After 2 (a delay
-    # counted from the filter's own permits would say 3).
-    assert int(rejected.headers["retry-after"]) in retry_after_range(interval_ms, oldest_ms, sent_ms, answered_ms)
+    client = java_service(stack)  # another Java service, on this machine's clock
+    client_sent_ms = epoch_ms()
     refused = client.try_acquire()
+    client_answered_ms = epoch_ms()
+    # Real time: the four decisions above must come before the member leaves the window, 3.5 s after it
+    # was written (they take milliseconds).
+    assert client_answered_ms < oldest_ms + interval_ms, "too slow: the client's member left the window"
+    assert rejected.status == 429
+    # Redisson's delay from the client's member, the oldest: about 3.5 s left, so Retry-After 4 (a delay
+    # counted from the filter's own permits would say 60).
+    assert int(rejected.headers["retry-after"]) in retry_after_range(interval_ms, oldest_ms, sent_ms, answered_ms)
     assert refused.acquired is False
-    assert math.ceil(refused.delay_ms / 1000) == int(rejected.headers["retry-after"])
+    # The Java side's own delay, a moment later, agrees: the filter's Retry-After is that delay plus the time
+    # between the two decisions (1 ms either way for clocks read in whole ms), rounded up.
+    earliest, latest = client_sent_ms - answered_ms - 1, client_answered_ms - sent_ms + 1
+    agreeing = range(math.ceil((refused.delay_ms + earliest) / 1000), math.ceil((refused.delay_ms + latest) / 1000) + 1)
+    assert int(rejected.headers["retry-after"]) in agreeing
 
-    # The client's member leaves the window, the filter's two permits are still in it: the filter releases
-    # exactly the 3 permits the member carries.
-    sleep_until(started + interval_ms / 1000 + 0.2)
-    assert time.monotonic() - started < 4.3, "the filter's permits must still be in the window"
+    # The client's member leaves the window, the filter's two permits are still in it (for a minute): the
+    # filter releases exactly the 3 permits the member carries.
+    RealClock().wait_until_ms(oldest_ms + interval_ms + 1)
     after = envoy.send(headers=HEADERS)
     assert after.status == 200
     assert remaining(after) == 5 - 2 - 1
@@ -188,17 +200,32 @@ def test_a_rate_raised_again_after_one_below_the_permits_of_a_request_is_obeyed(
 
 
 def test_a_limiter_recreated_after_it_expired_starts_with_its_full_rate(stack):
-    envoy = stack.envoy(plugin_config(rule(rate=2, interval="1s", keep_alive="1s")), concurrency=1)
+    # Redis expires an idle limiter in real time (no gateway clock moves a TTL): keepAlive 2 s. The window
+    # is judged by the Java service's clock instead of by sleeping through it.
+    interval_ms = 1000
+    envoy = stack.envoy(plugin_config(rule(rate=2, interval="1s", keep_alive="2s")), concurrency=1)
     redis = stack.redis.client
-    started = time.monotonic()
     assert envoy.send(headers=HEADERS).status == 200
-    sleep_until(started + 0.5)
+    [first_ms] = permit_scores(redis, ALICE)
+    RealClock().wait_until_ms(first_ms + 50)  # the second permit with a later score
+    second_sent = time.monotonic()
     assert envoy.send(headers=HEADERS).status == 200
-    sleep_until(started + 1.1)
-    # A Java service asks how many permits are left: the first permit is released (value SET to 1).
-    assert java_service(stack).available_permits() == 1
-    sleep_until(started + 1.8)  # keepAliveTime (1 s after the last acquire) has passed
-    if redis.keys("*") != [limiter_key(ALICE, "value").encode()]:
-        pytest.skip(f"timing: expected only the value key to survive, found {redis.keys('*')}")
+    second_ms = permit_scores(redis, ALICE)[1]
 
+    # A Java service whose clock reads a moment when the first permit has left the window and the second
+    # has not asks how many permits are left: the first permit is released, the value SET to 1 (Redisson's
+    # plain SET: the key loses its TTL).
+    java = RateLimiter(redis, ALICE, now_ms=lambda: int((first_ms + second_ms) / 2) + interval_ms)
+    assert java.available_permits() == 1
+    # Real time: that had to come before the limiter expired, keepAlive (2 s) after the last acquire; it
+    # takes milliseconds.
+    assert time.monotonic() - second_sent < 2.0, "too slow: the limiter may have expired before availablePermits"
+    assert redis.get(limiter_key(ALICE, "value")) == b"1"
+
+    # keepAliveTime after the last acquire, Redis expires the hash and the permits; the value key, which
+    # lost its TTL, stays.
+    wait_until(lambda: not redis.exists(ALICE, limiter_key(ALICE, "permits")), 15.0, "the limiter to expire")
+    assert redis.keys("*") == [limiter_key(ALICE, "value").encode()]
+
+    # The filter re-creates the limiter and starts it clean: both permits, not the stale value's one.
     assert [envoy.send(headers=HEADERS).status for _ in range(2)] == [200, 200]

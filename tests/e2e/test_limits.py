@@ -2,68 +2,110 @@
 
 from __future__ import annotations
 
-import time
+from typing import Callable, Iterator, NamedTuple
 
-from harness import (
-    epoch_ms,
-    limiter_key,
-    plugin_config,
-    retry_after_range,
-    rule,
-    sleep_until,
-)
+import pytest
+
+from harness import Emulator, Envoy, host_plugin_config, limiter_key, plugin_config, retry_after_range, rule
+from timing import EmulatorClock, GatewayClock, RealClock, permit_scores
+
+ALICE = "erl:per-user:alice"
 
 
 def user(name: str) -> dict[str, str]:
     return {"x-user-id": name}
 
 
-def test_burst_passes_then_429_with_retry_after_until_the_window_slides(stack):
-    envoy = stack.envoy(plugin_config(rule(rate=3, interval="2s")))
-    hits_before = stack.upstream.hits
-    started = time.monotonic()
+class Gateway(NamedTuple):
+    """A gateway running the filter with one rule, `per-user`: 3 requests per `interval_ms`."""
 
-    burst = [envoy.send(headers=user("alice")) for _ in range(3)]
-    assert [r.status for r in burst] == [200, 200, 200]
+    send: Callable
+    clock: GatewayClock
+    interval_ms: int
+    upstream_hits: Callable[[], int]
+
+
+# The sliding window in both builds. Real Envoy (stock build, Redis through webdis) cannot have its clock
+# moved: the test sleeps through a 4 s window. The Higress build in the host emulator (Redis through the
+# host) gets a 1 minute window and its clock is moved instead: nothing sleeps, and the real time between
+# two steps (milliseconds, seconds on a loaded machine) is far from any window boundary.
+WINDOWS_MS = {"envoy": 4000, "higress-emulator": 60_000}
+
+
+@pytest.fixture(scope="module")
+def higress_emulator(processes) -> Iterator[Emulator]:
+    """The Higress build in the emulator, compiling (seconds in a debug wasm-host) while the Envoy variant
+    of the tests below runs; each test moves its clock further."""
+    emulator = processes.emulator(host_plugin_config(rule(rate=3, interval=WINDOWS_MS["higress-emulator"])),
+                                  build="higress", keep=True, wait_ready=False)
+    try:
+        yield emulator
+    finally:
+        emulator.stop()
+
+
+@pytest.fixture(params=list(WINDOWS_MS))
+def gateway(request, stack, higress_emulator) -> Iterator[Gateway]:
+    interval_ms = WINDOWS_MS[request.param]
+    if request.param == "envoy":
+        envoy: Envoy = stack.envoy(plugin_config(rule(rate=3, interval=interval_ms)))
+        yield Gateway(envoy.send, RealClock(), interval_ms, lambda: stack.upstream.hits)
+        return
+    higress_emulator.wait_ready()
+    # The emulator answers for the upstream: a request that reached it ended "continued".
+    yield Gateway(higress_emulator.send, EmulatorClock(higress_emulator), interval_ms,
+                  lambda: higress_emulator.outcome_kinds().get("continued", 0))
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:  # conftest prints only the Envoys' logs
+        print(f"--- {higress_emulator.name} log (excerpt) ---\n{higress_emulator.log_excerpt()}")
+
+
+def test_burst_passes_then_429_with_retry_after_and_the_window_slides(stack, gateway):
+    """A burst of 3 passes, the 4th is rejected with Retry-After from Redisson's delay, and the window
+    slides: each permit leaves it one interval after it was taken (not all at once at a window reset).
+
+    Waits are for a boundary, from the permits' scores read from Redis (in real Envoy a sleep: a lower bound
+    a loaded machine cannot make too short). What must happen *before* a boundary has at least half a
+    window of margin: 2 s of real time in Envoy, 30 s in the emulator (its clock moves only when told). It
+    is checked before the statuses, so that a machine too slow for it says so."""
+    clock, window = gateway.clock, gateway.interval_ms
+    redis = stack.redis.client
+    hits_before = gateway.upstream_hits()
+
+    first = gateway.send(headers=user("alice"))
+    assert (first.status, first.body) == (200, "upstream ok\n")
+    [first_ms] = permit_scores(redis, ALICE)
+
+    # Half a window later two more requests spend the burst, and a fourth is rejected.
+    clock.wait_until_ms(first_ms + window / 2)
+    burst = [gateway.send(headers=user("alice")) for _ in range(2)]
+    sent_ms = clock.now_ms()
+    rejected = gateway.send(headers=user("alice"))
+    answered_ms = clock.now_ms()
+    assert answered_ms < first_ms + window, "too slow: the first permit left the window before the 4th request"
+    assert [r.status for r in burst] == [200, 200]
     assert all(r.body == "upstream ok\n" for r in burst)
-
-    sent_ms = epoch_ms()
-    rejected = envoy.send(headers=user("alice"))
-    answered_ms = epoch_ms()
     assert rejected.status == 429
     assert rejected.body == "rate limit exceeded\n"
     assert rejected.headers["content-type"].startswith("text/plain")
     assert rejected.headers["x-envoy-ratelimited"] == "true"
-    oldest_ms = stack.redis.client.zrange(limiter_key("erl:per-user:alice", "permits"), 0, 0,
-                                          withscores=True)[0][1]
-    # Redisson's delay, 3 + 2000 - (ms since the first permit), rounded up: 2 s unless the whole burst took
-    # under 3 ms.
-    assert int(rejected.headers["retry-after"]) in retry_after_range(2000, oldest_ms, sent_ms, answered_ms)
-    assert stack.upstream.hits - hits_before == 3, "a rejected request must not reach the upstream"
+    # Redisson's delay, 3 + interval - (ms since the oldest permit), rounded up: about half a window, as
+    # counted from the first permit (a delay counted from the newest would say a whole window).
+    assert int(rejected.headers["retry-after"]) in retry_after_range(window, first_ms, sent_ms, answered_ms)
+    assert gateway.upstream_hits() - hits_before == 3, "a rejected request must not reach the upstream"
+    later_ms = permit_scores(redis, ALICE)[1]  # the two permits taken half a window after the first
 
-    # The three permits slide out of the window 2 s after they were taken: a full burst passes again.
-    sleep_until(started + 2.2)
-    again = [envoy.send(headers=user("alice")).status for _ in range(4)]
-    assert again == [200, 200, 200, 429]
+    # One interval after the first permit only it has left the window: exactly one more request passes (a
+    # fixed window restarting there would let three through), and the two later permits still count.
+    clock.wait_until_ms(first_ms + window + 1)
+    statuses = [gateway.send(headers=user("alice")).status for _ in range(2)]
+    assert clock.now_ms() < later_ms + window, "too slow to tell a sliding window from a fixed one"
+    assert statuses == [200, 429]
 
-
-def test_window_slides_instead_of_resetting(stack):
-    envoy = stack.envoy(plugin_config(rule(rate=2, interval="3s")))
-    start = time.monotonic()
-
-    assert envoy.send(headers=user("alice")).status == 200
-    first_permit_taken_by = time.monotonic()
-    sleep_until(start + 1.5)
-    assert envoy.send(headers=user("alice")).status == 200
-    sleep_until(start + 1.6)
-    assert envoy.send(headers=user("alice")).status == 429
-
-    # 3 s after the first permit it leaves the window; the one taken at 1.5 s is still in it, so exactly one
-    # request passes (a fixed window would have reset and let two through).
-    sleep_until(first_permit_taken_by + 3.1)
-    assert envoy.send(headers=user("alice")).status == 200
-    assert envoy.send(headers=user("alice")).status == 429
-    assert time.monotonic() - start < 4.4, "the test ran too slowly to tell a sliding window from a fixed one"
+    # Once every permit has left the window, a full burst passes again.
+    clock.wait_until_ms(max(permit_scores(redis, ALICE)) + window + 1)
+    assert [gateway.send(headers=user("alice")).status for _ in range(4)] == [200, 200, 200, 429]
+    assert gateway.upstream_hits() - hits_before == 3 + 1 + 3
 
 
 def test_each_key_value_has_its_own_limit_and_requests_without_one_are_not_limited(stack):
@@ -126,17 +168,18 @@ def test_gateways_sharing_redis_enforce_one_overall_limit(stack):
 
 
 def test_draft_rate_limit_headers_on_allowed_and_rejected_responses(stack):
-    envoy = stack.envoy(plugin_config(rule(rate=2, interval="2s")))
+    # A 1 minute window: the three requests fall in one window however slow the machine.
+    envoy = stack.envoy(plugin_config(rule(rate=2, interval="1m")))
 
     responses = [envoy.send(headers=user("alice")) for _ in range(3)]
     assert [r.status for r in responses] == [200, 200, 429]
     for response in responses:
-        assert response.headers["ratelimit-policy"] == '"per-user";q=2;w=2'
+        assert response.headers["ratelimit-policy"] == '"per-user";q=2;w=60'
     remaining = [response.headers["ratelimit"].split(";")[:2] for response in responses]
     assert remaining == [['"per-user"', "r=1"], ['"per-user"', "r=0"], ['"per-user"', "r=0"]]
     for response in responses:
         reset = response.headers["ratelimit"].split(";")[2]
-        assert reset.startswith("t=") and 0 <= int(reset[2:]) <= 2
+        assert reset.startswith("t=") and 0 <= int(reset[2:]) <= 60
 
 
 def test_legacy_rate_limit_headers_and_none(stack):

@@ -41,7 +41,9 @@ def test_by_default_redis_wins_and_the_difference_is_logged_once(stack):
 
 def test_config_wins_once_keeping_consumed_permits_then_an_operator_change_stands(stack):
     client = java_service_at_rate_1(stack)
-    envoy = stack.envoy(plugin_config(rule(rate=3, interval="1m", rate_source="config")), concurrency=1)
+    # No local block: the operator's change below must reach the next request (test_local_block.py).
+    config = plugin_config(rule(rate=3, interval="1m", rate_source="config", local_block_max=0))
+    envoy = stack.envoy(config, concurrency=1)
 
     # The configured rate 3 is applied with updateRate keeping state: the Java service's permit stays
     # consumed, so 2 pass (not 3: no burst at the change).
@@ -87,14 +89,14 @@ def test_an_operator_change_stands_after_eviction_restart_and_on_another_gateway
 
 
 def acquire_time_argument(stack, envoy) -> bytes:
-    """The acquire time the filter sends to the script for one request (ARGV[2]: the 10th word of
-    `EVALSHA sha 5 key*5 permits now ...`), read from Redis's slow log with every command logged."""
+    """The acquire time the filter sends to the script for one request (ARGV[1]: the 9th word of
+    `EVALSHA sha 5 key*5 now ...`), read from Redis's slow log with every command logged."""
     redis = stack.redis.client
     redis.config_set("slowlog-log-slower-than", 0)
     redis.slowlog_reset()
     assert envoy.send(headers=HEADERS).status == 200
     (entry,) = [e for e in redis.slowlog_get(128) if e["command"].startswith(b"EVALSHA")]
-    return entry["command"].split(b" ")[9]
+    return entry["command"].split(b" ")[8]
 
 
 def test_gateway_clock_sends_the_gateway_time(stack):

@@ -14,7 +14,8 @@ ALICE = "erl:per-user:alice"
 
 
 def test_state_is_the_redisson_layout(stack):
-    envoy = stack.envoy(plugin_config(rule(rate=5, interval="2s")))
+    # A 1 minute window: both requests fall in it however slow the machine (none releases the other's permit).
+    envoy = stack.envoy(plugin_config(rule(rate=5, interval="1m")))
     redis = stack.redis.client
 
     before_ms = epoch_ms()
@@ -23,7 +24,7 @@ def test_state_is_the_redisson_layout(stack):
 
     assert redis.hgetall(ALICE) == {
         b"rate": b"5",
-        b"interval": b"2000",
+        b"interval": b"60000",
         b"type": b"0",
         b"keepAliveTime": b"3600000",  # keep_alive defaults to 1h (longer than the interval)
     }

@@ -1,20 +1,40 @@
 -- ACQUIRE: Redisson tryAcquire(permits), preceded by trySetRate when the limiter does not exist and,
 -- with ARGV[8] = '1' (rate_source: config), by updateRate when Redis holds another config that the rule
 -- itself wrote (the hash field erlRuleConfig records what the rule wrote: rate:interval:type:keepAlive).
--- Documented in src/script/mod.rs (ACQUIRE).
-local config = redis.call('hmget', KEYS[1], 'rate', 'interval', 'type', 'keepAliveTime', 'erlRuleConfig')
-local now = nowMs(ARGV[2])
+-- Documented in src/script/mod.rs (ACQUIRE): arguments, replies.
+--
+-- Written for cost: the common path runs no Lua function of the prelude (the prelude is inlined only into
+-- the cold branch that creates or updates a limiter), passes Redis the strings it already has (a Lua number
+-- passed to redis.call is formatted with %.14g), and answers with one integer when the limiter's config is
+-- the one sent: the permits left (acquired) or minus the delay (rejected; the delay is always >= 4).
+--
+-- ARGV: 1 now (ms; empty = Redis TIME), 2 the member's random bytes, 3 permits, 4 rate, 5 interval (ms),
+-- 6 type, 7 keepAliveTime (ms), 8 '1' = apply 4-7 as rate_source: config.
+local config = redis.call('hmget', KEYS[1], 'rate', 'interval', 'type', 'keepAliveTime')
+local nowArg = ARGV[1]
+local now
+if nowArg == '' then
+  local t = redis.call('time')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  nowArg = string.format('%d', now)
+else
+  now = tonumber(nowArg)
+end
 local change = 0
-if not isInitialized(config) then
-  change = trySetRate(ARGV[4], ARGV[5], ARGV[6], ARGV[7])
-  if change == 1 and ARGV[8] == '1' then
-    redis.call('hset', KEYS[1], 'erlRuleConfig', ARGV[4] .. ':' .. ARGV[5] .. ':' .. ARGV[6] .. ':' .. ARGV[7])
-  end
-elseif ARGV[8] == '1' then
-  local held = config[1] .. ':' .. config[2] .. ':' .. config[3] .. ':' .. (config[4] or '0')
+if config[1] == false or config[2] == false or config[3] == false
+    or (ARGV[8] == '1' and (config[1] ~= ARGV[4] or config[2] ~= ARGV[5] or config[3] ~= ARGV[6]
+        or (config[4] or '0') ~= ARGV[7])) then
+--@prelude
   local wanted = ARGV[4] .. ':' .. ARGV[5] .. ':' .. ARGV[6] .. ':' .. ARGV[7]
-  if held ~= wanted then
-    if config[5] == false or config[5] == held then
+  if not isInitialized(config) then
+    change = trySetRate(ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+    if change == 1 and ARGV[8] == '1' then
+      redis.call('hset', KEYS[1], 'erlRuleConfig', wanted)
+    end
+  else
+    local held = config[1] .. ':' .. config[2] .. ':' .. config[3] .. ':' .. (config[4] or '0')
+    local record = redis.call('hget', KEYS[1], 'erlRuleConfig')
+    if record == false or record == held then
       updateRate(ARGV[4], ARGV[5], ARGV[6], ARGV[7], now)
       redis.call('hset', KEYS[1], 'erlRuleConfig', wanted)
       change = 2
@@ -22,51 +42,56 @@ elseif ARGV[8] == '1' then
       change = 3
     end
   end
-end
-if change == 1 or change == 2 then
-  config = redis.call('hmget', KEYS[1], 'rate', 'interval', 'type', 'keepAliveTime')
+  if change == 1 or change == 2 then
+    config = redis.call('hmget', KEYS[1], 'rate', 'interval', 'type', 'keepAliveTime')
+  end
 end
 local rate = tonumber(config[1])
 local interval = tonumber(config[2])
-local keepAlive = tonumber(config[4]) or 0
-local valueName, permitsName = names(config[3])
-local requested = tonumber(ARGV[1])
+local valueName, permitsName = KEYS[2], KEYS[4]
+if config[3] == '1' then
+  valueName, permitsName = KEYS[3], KEYS[5]
+end
+local requested = tonumber(ARGV[3])
 if requested > rate then
   return {2, 0, 0, rate, interval, tonumber(config[3]), change}
 end
 local value = redis.call('get', valueName)
 if value == false then
-  redis.call('set', valueName, rate)
   value = rate
+  redis.call('set', valueName, config[1])
 else
   value = tonumber(value)
-  local released = sumPermits(redis.call('zrangebyscore', permitsName, 0, now - interval))
+  local cutoff = string.format('%d', now - interval)
+  local released = 0
+  for _, member in ipairs(redis.call('zrangebyscore', permitsName, 0, cutoff)) do
+    local _, permits = struct.unpack('Bc0I', member)
+    released = released + permits
+  end
   if released > 0 then
-    redis.call('zremrangebyscore', permitsName, 0, now - interval)
-    if value + released > rate then
-      value = rate - sumPermits(redis.call('zrange', permitsName, 0, -1))
-    else
-      value = value + released
+    redis.call('zremrangebyscore', permitsName, 0, cutoff)
+    value = value + released
+    if value > rate then
+      value = rate
+      for _, member in ipairs(redis.call('zrange', permitsName, 0, -1)) do
+        local _, permits = struct.unpack('Bc0I', member)
+        value = value - permits
+      end
     end
-    redis.call('set', valueName, value)
+    redis.call('set', valueName, string.format('%d', value))
   end
 end
-local oldest = redis.call('zrange', permitsName, 0, 0, 'withscores')
-local oldestScore = oldest[2] and tonumber(oldest[2])
-local code, amount = 0, 0
+local code, amount
 if value < requested then
-  amount = 3 + interval - (now - (oldestScore or now))
+  local oldest = redis.call('zrange', permitsName, 0, 0, 'withscores')[2]
+  code, amount = 0, 3 + interval - (now - (tonumber(oldest) or now))
 else
-  redis.call('zadd', permitsName, now, struct.pack('Bc0I', string.len(ARGV[3]), ARGV[3], requested))
-  amount = redis.call('decrby', valueName, requested)
-  code = 1
-  oldestScore = math.min(oldestScore or now, now)
+  redis.call('zadd', permitsName, nowArg, struct.pack('Bc0I', string.len(ARGV[2]), ARGV[2], requested))
+  value = redis.call('decrby', valueName, ARGV[3])
+  code, amount = 1, value
 end
-local reset = 0
-if oldestScore then
-  reset = math.max(0, oldestScore + interval - now)
-end
-if keepAlive > 0 then
+local keepAlive = config[4]
+if keepAlive and (tonumber(keepAlive) or 0) > 0 then
   redis.call('pexpire', KEYS[1], keepAlive)
   redis.call('pexpire', valueName, keepAlive)
   redis.call('pexpire', permitsName, keepAlive)
@@ -77,4 +102,10 @@ else
     redis.call('pexpire', permitsName, ttl)
   end
 end
-return {code, amount, reset, rate, interval, tonumber(config[3]), change}
+if change == 0 and config[1] == ARGV[4] and config[2] == ARGV[5] and config[3] == ARGV[6] then
+  if code == 1 then
+    return amount
+  end
+  return -amount
+end
+return {code, amount, value, rate, interval, tonumber(config[3]), change}
