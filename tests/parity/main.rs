@@ -6,8 +6,9 @@
 //! - [`redis_server`]: one real `redis-server` per test on a free loopback port, stopped by PID on drop.
 //! - [`properties`]: random operation sequences on a virtual clock, model and scripts compared after every
 //!   step (replies, hash, values, members, TTLs).
-//! - [`scenarios`]: Redisson's documented behaviour in real time (sliding window, trySetRate, permits
-//!   above the rate, availablePermits, keepAlive, Redis `TIME` and skewed clocks).
+//! - [`scenarios`]: Redisson's documented behaviour, scenario by scenario (sliding window, trySetRate,
+//!   permits above the rate, availablePermits, keepAlive, Redis `TIME` and skewed clocks), on virtual
+//!   times but for keepAlive, which waits for Redis's real TTLs.
 //!
 //! Run: `cargo test --no-default-features --test parity` (needs `redis-server` on the `PATH`).
 

@@ -254,9 +254,15 @@ pub enum AcquireResult {
     Error(LimiterError),
 }
 
-/// The gateway's acquire reply, `{code, amount, reset_ms, rate, interval_ms, type, change}` (the array
-/// ACQUIRE answers; see [`Limiter::gateway_acquire`]).
-pub type GatewayReply = [i64; 7];
+/// The gateway's acquire reply (what ACQUIRE answers; see [`Limiter::gateway_acquire`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GatewayReply {
+    /// A bare integer, the config in Redis being the one sent: the permits left (acquired) or minus the
+    /// delay (rejected).
+    Integer(i64),
+    /// `{code, amount, available, rate, interval, type, change}`.
+    Array(Vec<i64>),
+}
 
 /// The limiter's keys in Redis, with TTLs.
 #[derive(Debug, Clone)]
@@ -643,12 +649,12 @@ impl Limiter {
     /// initialized") and, when `apply_config` is set and the hash holds another config, by updateRate.
     /// keepAliveTime counts as `0` when the hash has no such field.
     ///
-    /// Replies `{code, amount, reset_ms, rate, interval_ms, type, change}`: code 1 acquired (`amount` =
-    /// permits left), 0 rejected (`amount` = Redisson's delay), 2 more permits than the rate (Redisson raises
-    /// an error; the gateway answers, after creating or updating the limiter as asked, without consuming
-    /// anything or refreshing TTLs, with amount 0 and reset 0); `reset_ms` = max(0, oldest score +
-    /// interval - now), 0 with no member; rate, interval, type: the config after the call; `change` 0 none,
-    /// 1 created, 2 updated, 3 kept.
+    /// Replies, when the call wrote no config and Redis holds the rate, interval and type sent: the permits
+    /// left (acquired) or minus Redisson's delay (rejected); otherwise `{code, amount, available, rate, interval, type, change}`: code 1 acquired
+    /// (`amount` = permits left = available), 0 rejected (`amount` = the delay), 2 more permits than the
+    /// rate (Redisson raises an error; the gateway answers, after creating or updating the limiter as
+    /// asked, without consuming anything or refreshing TTLs, with amount and available 0); rate, interval,
+    /// type: the config after the call; `change` 0 none, 1 created, 2 updated, 3 kept.
     ///
     /// With `apply_config` (`rate_source: config`) the hash field `erlRuleConfig` records what the rule
     /// wrote (on creation and on update); a differing config is updated only when it has no record or
@@ -683,20 +689,32 @@ impl Limiter {
             Some(_) => 0,
         };
         let Some(held) = self.config() else {
-            return [-1; 7];
+            return GatewayReply::Array(vec![-1; 7]);
         };
-        let config_part = [held.rate, held.interval_ms, held.rate_type.ordinal()];
-        let (code, amount) = match self.try_acquire(permits, now_ms, random, client) {
-            AcquireResult::Acquired { remaining } => (1, remaining),
-            AcquireResult::Rejected { delay_ms } => (0, delay_ms),
-            AcquireResult::Error(LimiterError::ExceedsRate) => {
-                return [2, 0, 0, config_part[0], config_part[1], config_part[2], change];
-            }
-            AcquireResult::Error(LimiterError::NotInitialized) => return [-1; 7],
+        let full = |code, amount, available| {
+            GatewayReply::Array(vec![
+                code,
+                amount,
+                available,
+                held.rate,
+                held.interval_ms,
+                held.rate_type.ordinal(),
+                change,
+            ])
         };
+        let as_sent = change == 0
+            && held.rate == config.rate
+            && held.interval_ms == config.interval_ms
+            && held.rate_type == config.rate_type;
         let scope = Self::scope_of(held.rate_type, client);
-        let reset = self.members(scope).first().map_or(0, |m| (m.score + held.interval_ms - now_ms).max(0));
-        [code, amount, reset, config_part[0], config_part[1], config_part[2], change]
+        match self.try_acquire(permits, now_ms, random, client) {
+            AcquireResult::Acquired { remaining } if as_sent => GatewayReply::Integer(remaining),
+            AcquireResult::Acquired { remaining } => full(1, remaining, remaining),
+            AcquireResult::Rejected { delay_ms } if as_sent => GatewayReply::Integer(-delay_ms),
+            AcquireResult::Rejected { delay_ms } => full(0, delay_ms, self.value(scope).unwrap_or(0)),
+            AcquireResult::Error(LimiterError::ExceedsRate) => full(2, 0, 0),
+            AcquireResult::Error(LimiterError::NotInitialized) => GatewayReply::Array(vec![-1; 7]),
+        }
     }
 
     /// Whether the hash holds `wanted` (a missing keepAliveTime field equals `0`).

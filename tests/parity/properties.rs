@@ -29,14 +29,14 @@ use edge_rate_limiter::config::LimiterType;
 use edge_rate_limiter::key::LimiterKeys;
 use edge_rate_limiter::resp::Reply;
 use edge_rate_limiter::script::{
-    decode_acquire_reply, Acquire, Clock, Invocation, ACQUIRE, AVAILABLE_PERMITS, DELETE, SET_RATE, TRY_SET_RATE,
-    UPDATE_RATE,
+    decode_acquire_reply, AcquireConfig, AcquireTemplate, Clock, Invocation, ACQUIRE, AVAILABLE_PERMITS, DELETE,
+    SET_RATE, TRY_SET_RATE, UPDATE_RATE,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestCaseResult, TestError, TestRunner};
 use redis::Value;
 
-use crate::model::{Key, Limiter, Member, Ms, RateConfig, RateType, Scope};
+use crate::model::{GatewayReply, Key, Limiter, Member, Ms, RateConfig, RateType, Scope};
 use crate::redis_server::{RedisServer, ScriptClient};
 
 /// Client instance ids (Redisson: the `RedissonClient`'s UUID; the gateway: its client id).
@@ -226,8 +226,8 @@ fn case_strategy(rate_type: RateType) -> impl Strategy<Value = Case> {
 /// A step's answer, in a form both the model and the scripts' replies map onto.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Answer {
-    /// ACQUIRE's `{code, amount, reset_ms, rate, interval_ms, type, change}`.
-    Acquire([i64; 7]),
+    /// ACQUIRE's reply: the permits left, or an array of integers.
+    Acquire(GatewayReply),
     /// A boolean reply (trySetRate, updateRate).
     Flag(bool),
     /// availablePermits: permits, or the error text.
@@ -242,13 +242,33 @@ enum Answer {
 
 const NOT_INITIALIZED: &str = "RateLimiter is not initialized";
 
+/// A decoded reply as RESP bytes again (what the filter's acquire decoder reads).
+fn resp_bytes(reply: &Reply, out: &mut Vec<u8>) {
+    match reply {
+        Reply::Integer(value) => out.extend(format!(":{value}\r\n").bytes()),
+        Reply::Simple(text) => out.extend([&b"+"[..], text, b"\r\n"].concat()),
+        Reply::Error(text) => out.extend(format!("-{text}\r\n").bytes()),
+        Reply::Bulk(bytes) => out.extend([format!("${}\r\n", bytes.len()).as_bytes(), bytes, b"\r\n"].concat()),
+        Reply::Array(items) => {
+            out.extend(format!("*{}\r\n", items.len()).bytes());
+            items.iter().for_each(|item| resp_bytes(item, out));
+        }
+        Reply::Null => out.extend(b"$-1\r\n"),
+    }
+}
+
 fn acquire_answer(reply: &Reply) -> Answer {
-    let raw: Option<Vec<i64>> = match reply {
-        Reply::Array(items) => items.iter().map(Reply::as_integer).collect(),
+    let mut raw = Vec::new();
+    resp_bytes(reply, &mut raw);
+    let answer = match reply {
+        Reply::Integer(n) => Some(GatewayReply::Integer(*n)),
+        Reply::Array(items) => {
+            items.iter().map(Reply::as_integer).collect::<Option<Vec<i64>>>().map(GatewayReply::Array)
+        }
         _ => None,
     };
-    match (raw.and_then(|raw| <[i64; 7]>::try_from(raw).ok()), decode_acquire_reply(reply)) {
-        (Some(raw), Ok(_)) => Answer::Acquire(raw),
+    match (answer, decode_acquire_reply(&raw)) {
+        (Some(answer), Ok(_)) => Answer::Acquire(answer),
         (_, Err(e)) => Answer::Unexpected(format!("{reply:?}: {e}")),
         (None, Ok(_)) => Answer::Unexpected(format!("{reply:?}")),
     }
@@ -539,28 +559,29 @@ impl Run<'_> {
                     Answer::Acquire(self.model.gateway_acquire(permits, now, random.bytes(), wanted, *apply, client));
                 let reply = match random {
                     Random::Modern(bytes) => {
-                        let acquire = Acquire {
-                            keys,
-                            permits: permits as u64,
-                            clock: Clock::Gateway(now as u64),
-                            member_random: *bytes,
-                            rate: wanted.rate as u64,
-                            interval_ms: wanted.interval_ms as u64,
-                            limiter_type: limiter_type(wanted.rate_type),
-                            keep_alive_ms: wanted.keep_alive() as u64,
-                            apply_config: *apply,
-                        };
-                        self.scripts
-                            .run_command(&acquire.command(Invocation::BySha), || acquire.command(Invocation::BySource))
+                        let acquire = AcquireTemplate::new(
+                            AcquireConfig {
+                                permits: permits as u64,
+                                rate: wanted.rate as u64,
+                                interval_ms: wanted.interval_ms as u64,
+                                limiter_type: limiter_type(wanted.rate_type),
+                                keep_alive_ms: wanted.keep_alive() as u64,
+                                apply_config: *apply,
+                            },
+                            CLIENT_IDS[client],
+                        );
+                        let command =
+                            |invocation| acquire.command(&keys.config, Clock::Gateway(now as u64), bytes, invocation);
+                        self.scripts.run_command(&command(Invocation::BySha), || command(Invocation::BySource))
                     }
                     Random::Legacy(bytes) => {
                         let args = config_args(wanted);
                         let permits_arg = permits.to_string();
                         let apply_arg = if *apply { "1" } else { "0" };
                         let argv: [&[u8]; 8] = [
-                            permits_arg.as_bytes(),
                             now_arg.as_bytes(),
                             bytes,
+                            permits_arg.as_bytes(),
                             args[0].as_bytes(),
                             args[1].as_bytes(),
                             args[2].as_bytes(),
@@ -663,7 +684,11 @@ impl Run<'_> {
     }
 
     fn count_acquire(&self, answer: &Answer) {
-        let Answer::Acquire([code, .., change]) = *answer else { return };
+        let Answer::Acquire(reply) = answer else { return };
+        let (code, change) = match reply {
+            GatewayReply::Integer(n) => (i64::from(*n >= 0), 0),
+            GatewayReply::Array(items) => (items.first().copied().unwrap_or(-1), items.get(6).copied().unwrap_or(0)),
+        };
         match code {
             1 => Coverage::count(&self.coverage.acquired),
             0 => Coverage::count(&self.coverage.rejected),

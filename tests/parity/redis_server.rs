@@ -66,7 +66,16 @@ impl ScriptClient {
     /// # Panics
     /// On I/O errors, on no reply within [`REPLY_TIMEOUT`], on bytes that are not one RESP reply.
     pub fn call(&mut self, command: &Command) -> Reply {
-        self.stream.write_all(&command.to_resp()).expect("send the command");
+        let raw = self.call_raw(&command.to_resp());
+        decode_reply(&raw).unwrap_or_else(|e| panic!("not one RESP reply: {e}"))
+    }
+
+    /// Sends one command's RESP bytes and returns its reply's bytes (exactly one reply).
+    ///
+    /// # Panics
+    /// As [`ScriptClient::call`].
+    pub fn call_raw(&mut self, command: &[u8]) -> Vec<u8> {
+        self.stream.write_all(command).expect("send the command");
         let mut buffer = Vec::new();
         let mut chunk = [0u8; 4096];
         loop {
@@ -75,7 +84,7 @@ impl ScriptClient {
             assert!(read > 0, "redis-server closed the connection");
             buffer.extend_from_slice(&chunk[..read]);
             match decode_reply(&buffer) {
-                Ok(reply) => return reply,
+                Ok(_) => return buffer,
                 Err(RespError::Truncated) => continue,
                 Err(other) => panic!("not one RESP reply: {other}"),
             }
@@ -91,7 +100,18 @@ impl ScriptClient {
         reply
     }
 
-    /// Sends a command built elsewhere (e.g. [`edge_rate_limiter::script::Acquire::command`]) the same way.
+    /// Sends an encoded command (e.g. [`edge_rate_limiter::script::AcquireTemplate::encode`]) the same way;
+    /// returns the reply's bytes.
+    pub fn run_raw(&mut self, by_sha: &[u8], by_source: impl FnOnce() -> Vec<u8>) -> Vec<u8> {
+        let reply = self.call_raw(by_sha);
+        if reply.starts_with(b"-NOSCRIPT") {
+            return self.call_raw(&by_source());
+        }
+        reply
+    }
+
+    /// Sends a command built elsewhere (e.g. [`edge_rate_limiter::script::AcquireTemplate::command`]) the same
+    /// way.
     pub fn run_command(&mut self, by_sha: &Command, by_source: impl FnOnce() -> Command) -> Reply {
         let reply = self.call(by_sha);
         if reply.error_code() == Some("NOSCRIPT") {

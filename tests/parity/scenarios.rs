@@ -1,6 +1,8 @@
-//! Redisson's documented behaviour, in real time: the scripts get `now` from the test's real clock (the
-//! gateway clock), the test sleeps, and Redis's own TTLs do the expiring. Each test has its own
-//! redis-server; together they sleep about 11 s, mostly in parallel.
+//! Redisson's documented behaviour, scenario by scenario. The scripts take `now` as an argument (the
+//! gateway clock, `Clock::Gateway(ms)`), so a scenario about windows passes virtual times from [`T0`] on and
+//! nothing sleeps: the outcome does not depend on how fast the machine is. Only Redis's own TTLs run in real
+//! time; the keepAlive scenarios wait for them (polling, bounded) and state their margins. Each test has its
+//! own redis-server.
 //!
 //! Sources: Redisson's `RRateLimiter` javadoc and `RedissonRateLimiterTest` (sliding window, trySetRate
 //! never overwrites, rate 10 per second in rounds, permits above the rate refused, availablePermits,
@@ -16,20 +18,37 @@ use edge_rate_limiter::config::LimiterType;
 use edge_rate_limiter::key::LimiterKeys;
 use edge_rate_limiter::resp::Reply;
 use edge_rate_limiter::script::{
-    decode_acquire_reply, Acquire, AcquireOutcome, AcquireReply, Clock, ConfigChange, Invocation, AVAILABLE_PERMITS,
-    MEMBER_RANDOM_LEN, TRY_SET_RATE, UPDATE_RATE,
+    decode_acquire_reply, AcquireConfig, AcquireOutcome, AcquireReply, AcquireTemplate, Clock, ConfigChange, Encoding,
+    Invocation, AVAILABLE_PERMITS, MEMBER_RANDOM_LEN, TRY_SET_RATE, UPDATE_RATE,
 };
+use redis::Connection;
 
 const CLIENT: &str = "6d1f3b9a-2c4e-4a8b-b5d7-9e0f1a2b3c4d";
 const OTHER_CLIENT: &str = "c0ffee00-1234-4abc-8def-0123456789ab";
 
-/// Wall-clock ms since the epoch: the gateway's clock.
+/// Where the virtual gateway clock of the window scenarios starts, ms since the epoch (2023-11-14).
+const T0: u64 = 1_700_000_000_000;
+
+/// How long a keepAlive scenario waits at most for Redis to expire keys beyond their TTL: Redis expires a
+/// key on access once its TTL has passed, so this only bounds a wait that normally ends on time.
+const EXPIRY_GRACE: Duration = Duration::from_secs(5);
+
+/// Wall-clock ms since the epoch: the gateway's clock, for scenarios where the time does not matter.
 fn wall_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-fn sleep_until(deadline: Instant) {
-    sleep(deadline.saturating_duration_since(Instant::now()));
+/// Waits, polling `EXISTS`, until none of `names` exists; panics after `bound`. Returns how long it took.
+fn wait_until_expired(inspector: &mut Connection, names: &[&str], bound: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        let exists: i64 = redis::cmd("EXISTS").arg(names).query(inspector).unwrap();
+        if exists == 0 {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < bound, "{exists} of {names:?} still exist after {bound:?}");
+        sleep(Duration::from_millis(20));
+    }
 }
 
 /// A fresh 16-byte member id per acquire (Redisson 4.x: `generateIdArray()`).
@@ -64,20 +83,24 @@ impl Gateway {
 
     /// The filter's acquire at `clock`, decoded as the filter decodes it; returns the member id too.
     fn acquire_with(&mut self, permits: u64, clock: Clock) -> (AcquireReply, [u8; MEMBER_RANDOM_LEN]) {
-        let acquire = Acquire {
-            keys: self.keys.clone(),
-            permits,
-            clock,
-            member_random: fresh_random(),
-            rate: self.rate,
-            interval_ms: self.interval_ms,
-            limiter_type: self.limiter_type,
-            keep_alive_ms: self.keep_alive_ms,
-            apply_config: false,
-        };
-        let reply =
-            self.scripts.run_command(&acquire.command(Invocation::BySha), || acquire.command(Invocation::BySource));
-        (decode_acquire_reply(&reply).unwrap_or_else(|e| panic!("{e}")), acquire.member_random)
+        let acquire = AcquireTemplate::new(
+            AcquireConfig {
+                permits,
+                rate: self.rate,
+                interval_ms: self.interval_ms,
+                limiter_type: self.limiter_type,
+                keep_alive_ms: self.keep_alive_ms,
+                apply_config: false,
+            },
+            // The client id the keys were made for (`{name}:value:<id>`).
+            self.keys.client_value.strip_prefix(&format!("{}:", self.keys.value)).unwrap(),
+        );
+        let random = fresh_random();
+        let by_sha = acquire.encode(&self.keys.config, clock, &random, Invocation::BySha, Encoding::Resp);
+        let reply = self.scripts.run_raw(&by_sha, || {
+            acquire.encode(&self.keys.config, clock, &random, Invocation::BySource, Encoding::Resp)
+        });
+        (decode_acquire_reply(&reply).unwrap_or_else(|e| panic!("{e}")), random)
     }
 
     /// The filter's acquire now, by the gateway's clock.
@@ -106,9 +129,9 @@ impl Gateway {
         self.scripts.run(&TRY_SET_RATE, &self.keys, &argv)
     }
 
-    /// Redisson's availablePermits now.
-    fn available_permits(&mut self) -> Reply {
-        let now = wall_ms().to_string();
+    /// Redisson's availablePermits with the clock reading `now_ms`.
+    fn available_permits_at(&mut self, now_ms: u64) -> Reply {
+        let now = now_ms.to_string();
         self.scripts.run(&AVAILABLE_PERMITS, &self.keys, &[now.as_bytes()])
     }
 
@@ -154,33 +177,30 @@ fn member_bytes(random: &[u8; MEMBER_RANDOM_LEN], permits: u32) -> Vec<u8> {
     [&[16u8][..], random, &permits.to_le_bytes()].concat()
 }
 
-/// (a) The window slides: rate 2 per 5 s, acquires at 0 s and 4 s succeed; at 5.05 s the permit of 0 s has
-/// left the window, so one more succeeds, and one right after fails because the permit of 4 s is still in
-/// it (a fixed window restarting at 5 s would allow two). The delay is Redisson's, to the ms, from the
-/// acquire times the gateway sent.
+/// (a) The window slides: rate 2 per 5 s, acquires at 0 s and 4 s succeed; 1 ms before 5 s the permit of
+/// 0 s still counts, at 5 s it has left the window (score <= now - interval), so one more succeeds, and
+/// one right after fails because the permit of 4 s is still in it (a fixed window restarting at 5 s would
+/// allow two). The delay is Redisson's, to the ms, from the acquire times the gateway sent.
 #[test]
 fn a_window_slides_rather_than_resetting() {
     let server = RedisServer::start();
     let mut gateway = Gateway::new(&server, "scenario:sliding", 2, 5000, 0);
-    let start = Instant::now();
-    let at_0s = wall_ms();
+    let at_0s = T0;
     let first = gateway.acquire_at(1, at_0s);
     assert_eq!((first.change, remaining(&first)), (ConfigChange::Created, 1));
-    sleep_until(start + Duration::from_millis(4000));
-    let at_4s = wall_ms();
+    let at_4s = T0 + 4000;
     assert_eq!(remaining(&gateway.acquire_at(1, at_4s)), 0);
-    sleep_until(start + Duration::from_millis(5050));
-    let at_5s = wall_ms();
-    assert!(at_5s >= at_0s + 5000 && at_5s < at_4s + 5000, "the test ran too late to check anything");
+    assert_eq!(delay(&gateway.acquire_at(1, at_0s + 4999)), 3 + 1, "the permit of 0 s leaves at 5 s, not before");
+    let at_5s = T0 + 5000;
     assert_eq!(remaining(&gateway.acquire_at(1, at_5s)), 0, "the permit taken at 0 s was released at 5 s");
-    let now = wall_ms();
+    let now = at_5s + 1;
     let rejected = gateway.acquire_at(1, now);
     assert_eq!(delay(&rejected), 3 + 5000 - (now - at_4s), "Redisson: 3 + interval - (now - oldest)");
-    assert_eq!(rejected.reset_ms, at_4s + 5000 - now);
+    assert_eq!(rejected.available, None, "the short reply: the delay only");
 }
 
-/// (b) trySetRate never overwrites; then rate 10 per second, in three rounds: 10 acquire, the next 10 are
-/// refused, and 1.05 s later (between rounds) the window is full again.
+/// (b) trySetRate never overwrites; then rate 10 per second, in three rounds 1.05 s apart: 10 acquire, the
+/// next 10 are refused with Redisson's delay, and between rounds the window is full again.
 #[test]
 fn try_set_rate_keeps_the_first_config_and_rounds_of_ten_per_second() {
     let server = RedisServer::start();
@@ -192,18 +212,18 @@ fn try_set_rate_keeps_the_first_config_and_rounds_of_ten_per_second() {
     let rate: String = redis::cmd("HGET").arg(&gateway.keys.config).arg("rate").query(&mut inspector).unwrap();
     assert_eq!(rate, "10");
     for round in 0..3 {
-        let round_start = wall_ms();
+        let round_start = T0 + round * 1050;
+        // One acquire a ms: the round spreads over 20 ms of its window.
+        let mut now = round_start;
         for taken in 1..=10 {
-            let reply = gateway.acquire_at(1, if taken == 1 { round_start } else { wall_ms() });
+            let reply = gateway.acquire_at(1, now);
             assert_eq!(reply.change, ConfigChange::None);
             assert_eq!(remaining(&reply), 10 - taken, "round {round}");
+            now += 1;
         }
         for _ in 0..10 {
-            let now = wall_ms();
             assert_eq!(delay(&gateway.acquire_at(1, now)), 3 + 1000 - (now - round_start), "round {round}");
-        }
-        if round < 2 {
-            sleep(Duration::from_millis(1050));
+            now += 1;
         }
     }
 }
@@ -218,9 +238,11 @@ fn more_permits_than_the_rate_are_refused_at_once() {
     let mut gateway = Gateway::new(&server, "scenario:too-many", 3, 1000, 0);
     let asked = Instant::now();
     let refused = gateway.acquire(4);
-    assert!(asked.elapsed() < Duration::from_secs(1), "answered in {:?}", asked.elapsed());
+    // One Redis round trip (milliseconds): 3 s is room for a loaded machine, and still far from waiting for
+    // permits (which can never come: a blocking acquire would wait forever).
+    assert!(asked.elapsed() < Duration::from_secs(3), "answered in {:?}", asked.elapsed());
     assert_eq!(refused.outcome, AcquireOutcome::ExceedsRate);
-    assert_eq!(refused.effective.rate, 3);
+    assert_eq!(refused.effective.map(|e| e.rate), Some(3));
     let exists: i64 =
         redis::cmd("EXISTS").arg(&gateway.keys.value).arg(&gateway.keys.permits).query(&mut inspector).unwrap();
     assert_eq!(exists, 0, "nothing consumed");
@@ -229,41 +251,43 @@ fn more_permits_than_the_rate_are_refused_at_once() {
     let mut other = Gateway::new(&server, "scenario:too-many-java", 3, 1000, 0);
     assert_eq!(other.try_set_rate(2), Reply::Integer(1));
     let refused = other.acquire(3);
-    assert_eq!((refused.outcome, refused.effective.rate), (AcquireOutcome::ExceedsRate, 2));
+    assert_eq!((refused.outcome, refused.effective.map(|e| e.rate)), (AcquireOutcome::ExceedsRate, Some(2)));
 }
 
 /// (d) availablePermits: the full rate on a new limiter, less after acquires, the full rate again once the
-/// window has passed.
+/// window has passed (1 ms before, not yet).
 #[test]
 fn available_permits_come_back_after_a_window() {
     let server = RedisServer::start();
     let mut gateway = Gateway::new(&server, "scenario:available", 3, 1000, 0);
-    assert!(gateway.available_permits().error_code().is_some(), "not initialized yet");
+    assert!(gateway.available_permits_at(T0).error_code().is_some(), "not initialized yet");
     assert_eq!(gateway.try_set_rate(3), Reply::Integer(1));
-    assert_eq!(gateway.available_permits(), Reply::Integer(3));
-    assert_eq!(remaining(&gateway.acquire(2)), 1);
-    assert_eq!(gateway.available_permits(), Reply::Integer(1));
-    sleep(Duration::from_millis(1050));
-    assert_eq!(gateway.available_permits(), Reply::Integer(3));
+    assert_eq!(gateway.available_permits_at(T0), Reply::Integer(3));
+    assert_eq!(remaining(&gateway.acquire_at(2, T0)), 1);
+    assert_eq!(gateway.available_permits_at(T0), Reply::Integer(1));
+    assert_eq!(gateway.available_permits_at(T0 + 999), Reply::Integer(1));
+    assert_eq!(gateway.available_permits_at(T0 + 1000), Reply::Integer(3));
 }
 
-/// (e) keepAliveTime 1500 ms, interval 1000 ms: after an acquire every key carries a TTL in (0, 1500]; after
-/// 1.7 s unused every key is gone, and the next gateway acquire re-creates the limiter.
+/// (e) keepAliveTime 2000 ms, interval 1000 ms: after an acquire every key carries a TTL in (0, 2000]; once
+/// the TTLs have run out unused (Redis, real time) every key is gone, and the next gateway acquire re-creates
+/// the limiter. Margin: the TTLs are read within milliseconds of the acquire, 2 s before they run out.
 #[test]
 fn keep_alive_expires_an_idle_limiter_and_the_gateway_recreates_it() {
+    const KEEP_ALIVE_MS: u64 = 2000;
     let server = RedisServer::start();
     let mut inspector = server.inspector();
-    let mut gateway = Gateway::new(&server, "scenario:keep-alive", 5, 1000, 1500);
+    let mut gateway = Gateway::new(&server, "scenario:keep-alive", 5, 1000, KEEP_ALIVE_MS);
+    let acquired = Instant::now();
     let first = gateway.acquire(1);
     assert_eq!((first.change, remaining(&first)), (ConfigChange::Created, 4));
     for key in [&gateway.keys.config, &gateway.keys.value, &gateway.keys.permits] {
         let ttl = pttl(&mut inspector, key);
-        assert!(ttl > 0 && ttl <= 1500, "{key}: PTTL {ttl}");
+        assert!(ttl > 0 && ttl <= KEEP_ALIVE_MS as i64, "{key}: PTTL {ttl}");
     }
-    sleep(Duration::from_millis(1700));
     let names = gateway.key_names();
-    let exists: i64 = redis::cmd("EXISTS").arg(&names[..]).query(&mut inspector).unwrap();
-    assert_eq!(exists, 0, "every key expired");
+    wait_until_expired(&mut inspector, &names, Duration::from_millis(KEEP_ALIVE_MS) + EXPIRY_GRACE);
+    assert!(acquired.elapsed() >= Duration::from_millis(KEEP_ALIVE_MS - 100), "expired before keepAliveTime");
     let again = gateway.acquire(1);
     assert_eq!((again.change, remaining(&again)), (ConfigChange::Created, 4));
 }
@@ -313,11 +337,13 @@ fn per_client_limiters_give_each_client_its_own_window() {
 /// value and permits keys all get it, so an idle limiter still expires as a whole and comes back fresh.
 /// (A value key left without a TTL outlives its permits: once the hash and permits expired, the gateway
 /// re-creates the hash, finds value 0 and no permit to release, and rejects that limiter forever.)
+/// keepAlive 2000 ms: the TTLs are read within milliseconds of updateRate, 2 s before they run out.
 #[test]
 fn update_rate_leaves_every_key_on_the_keep_alive() {
+    const KEEP_ALIVE_MS: u64 = 2000;
     let server = RedisServer::start();
     let mut inspector = server.inspector();
-    let mut gateway = Gateway::new(&server, "scenario:update-keep-alive", 1, 200, 300);
+    let mut gateway = Gateway::new(&server, "scenario:update-keep-alive", 1, 200, KEEP_ALIVE_MS);
     assert_eq!(remaining(&gateway.acquire(1)), 0);
     let args = gateway.config_args(1);
     let now = wall_ms().to_string();
@@ -325,12 +351,10 @@ fn update_rate_leaves_every_key_on_the_keep_alive() {
     assert_eq!(gateway.scripts.run(&UPDATE_RATE, &gateway.keys, &argv), Reply::Integer(1));
     for key in [&gateway.keys.config, &gateway.keys.value, &gateway.keys.permits] {
         let ttl = pttl(&mut inspector, key);
-        assert!(ttl > 0 && ttl <= 300, "after updateRate, {key}: PTTL {ttl}");
+        assert!(ttl > 0 && ttl <= KEEP_ALIVE_MS as i64, "after updateRate, {key}: PTTL {ttl}");
     }
-    sleep(Duration::from_millis(400));
     let names = gateway.key_names();
-    let exists: i64 = redis::cmd("EXISTS").arg(&names[..]).query(&mut inspector).unwrap();
-    assert_eq!(exists, 0, "every key expired");
+    wait_until_expired(&mut inspector, &names, Duration::from_millis(KEEP_ALIVE_MS) + EXPIRY_GRACE);
     let again = gateway.acquire(1);
     assert_eq!((again.change, again.outcome), (ConfigChange::Created, AcquireOutcome::Acquired { remaining: 0 }));
 }
