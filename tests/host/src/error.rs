@@ -17,6 +17,10 @@ pub enum HostError {
     /// wasmtime could not compile the module.
     #[error("cannot compile the module: {0}")]
     Compile(String),
+    /// The module could not be instrumented for the function profile ([`crate::profile`]), or the
+    /// instrumented module (unlike the original) does not compile.
+    #[error("cannot instrument the module for the function profile: {0}")]
+    Instrument(String),
     /// The module imports functions this host does not provide (Envoy refuses such a module too:
     /// "Failed to load Wasm module due to a missing import").
     #[error("the module imports what this host does not provide: {}", .0.join(", "))]

@@ -25,10 +25,11 @@ use crate::abi::{AbiVersion, LogLevel};
 use crate::error::HostError;
 use crate::exchange::{Cost, Outcome, RequestSpec};
 use crate::faults::{CallKind, Fate, Faults, MISROUTE_OFFSET};
+use crate::profile::{FunctionProfile, FunctionProfiler};
 use crate::shared::{lock, LogLine, LogSource, MetricValue, Shared};
 use crate::stream::StreamRun;
 use crate::vm::{Context, Event, Setup, UpstreamSpec, VmState};
-use crate::{hostcalls, redis, wasi};
+use crate::{hostcalls, profile, redis, wasi};
 
 /// Builds a [`Host`].
 #[derive(Clone, Debug)]
@@ -38,6 +39,8 @@ pub struct HostBuilder {
     vms: usize,
     log_level: LogLevel,
     echo_logs: bool,
+    fuel_profile: bool,
+    function_profile: bool,
     pause_deadline: Duration,
     fuel_per_call: u64,
     faults: Faults,
@@ -82,6 +85,8 @@ impl HostBuilder {
             vms: 1,
             log_level: LogLevel::Info,
             echo_logs: false,
+            fuel_profile: false,
+            function_profile: false,
             pause_deadline: Duration::from_secs(5),
             fuel_per_call: 5_000_000_000,
             faults: Faults::NONE,
@@ -163,6 +168,24 @@ impl HostBuilder {
         self
     }
 
+    /// Record where the guest spends its fuel, by segment between hostcalls ([`crate::shared::FuelProfile`],
+    /// read with [`Host::fuel_profile`]); off by default (it costs the host a little per hostcall).
+    pub fn fuel_profile(mut self, on: bool) -> Self {
+        self.fuel_profile = on;
+        self
+    }
+
+    /// Record which guest functions spend the fuel, inclusive and exclusive, exactly (fuel units ≈ wasm
+    /// instructions; read with [`Host::function_profile`]); off by default. The module is instrumented
+    /// before it is compiled (a wrapper around every function, see [`crate::profile`]), which makes the
+    /// guest slower and costs the host two calls per guest call, but changes no result: the wrappers' fuel
+    /// is removed from the profile and from [`crate::Cost::fuel`]. Independent of [`HostBuilder::fuel_profile`],
+    /// whose segments, when both are on, include the wrappers' fuel.
+    pub fn function_profile(mut self, on: bool) -> Self {
+        self.function_profile = on;
+        self
+    }
+
     /// How long a paused stream may wait before it counts as [`Outcome::Paused`] (default 5 s).
     pub fn pause_deadline(mut self, deadline: Duration) -> Self {
         self.pause_deadline = deadline;
@@ -224,16 +247,31 @@ impl HostBuilder {
         let mut config = Config::new();
         config.consume_fuel(true);
         let engine = Engine::new(&config).map_err(|e| HostError::Engine(e.to_string()))?;
-        let module = Module::new(&engine, &bytes).map_err(|e| HostError::Compile(format!("{e:?}")))?;
+        let (module, functions) = if self.function_profile {
+            let instrumented = profile::instrument(&bytes).map_err(HostError::Instrument)?;
+            let module = Module::new(&engine, &instrumented.wasm).map_err(|e| {
+                // The original's own error if it does not compile either; else the instrumentation's fault.
+                match Module::validate(&engine, &bytes) {
+                    Err(original) => HostError::Compile(format!("{original:?}")),
+                    Ok(()) => HostError::Instrument(format!("the instrumented module does not compile: {e:?}")),
+                }
+            })?;
+            (module, Some(instrumented.functions))
+        } else {
+            (Module::new(&engine, &bytes).map_err(|e| HostError::Compile(format!("{e:?}")))?, None)
+        };
         let abi = AbiVersion::detect(module.exports().map(|e| e.name())).ok_or(HostError::UnknownAbi)?;
 
         let mut linker: Linker<VmState> = Linker::new(&engine);
         hostcalls::link(&mut linker, abi).map_err(|e| HostError::Engine(e.to_string()))?;
         redis::link(&mut linker).map_err(|e| HostError::Engine(e.to_string()))?;
         wasi::link(&mut linker).map_err(|e| HostError::Engine(e.to_string()))?;
+        if functions.is_some() {
+            profile::link(&mut linker).map_err(|e| HostError::Engine(e.to_string()))?;
+        }
         check_imports(&module, &linker)?;
 
-        let shared = Shared::new(self.log_level, self.echo_logs);
+        let shared = Shared::with_profile(self.log_level, self.echo_logs, self.fuel_profile);
         *lock(&shared.faults) = self.faults;
         shared.advance_clock(self.clock_offset);
         let setup = Arc::new(self.setup);
@@ -251,8 +289,9 @@ impl HostBuilder {
             next_connection_id: 1,
         };
         for index in 0..self.vms {
-            let state =
+            let mut state =
                 VmState::new(index, abi, Arc::clone(&host.shared), Arc::clone(&host.setup), host.sender.clone());
+            state.function_profiler = functions.as_ref().map(|table| FunctionProfiler::new(Arc::clone(table)));
             let mut store = Store::new(&engine, state);
             let instance =
                 linker.instantiate(&mut store, &module).map_err(|e| HostError::Instantiate(format!("{e:?}")))?;
@@ -495,6 +534,11 @@ impl Host {
         lock(&self.shared.data).get(key.as_bytes()).ok()
     }
 
+    /// How many shared data entries have a key starting with `prefix`, and their size.
+    pub fn shared_data_usage(&self, prefix: &str) -> crate::shared::SharedDataUsage {
+        lock(&self.shared.data).usage(prefix.as_bytes())
+    }
+
     /// The faults in force now (with the refusals of `proxy_set_effective_context` still to come).
     pub fn faults(&self) -> Faults {
         *lock(&self.shared.faults)
@@ -523,6 +567,32 @@ impl Host {
             format!("guest clock advanced by {by:?} to +{total:?}"),
         );
         total
+    }
+
+    /// The fuel profile so far, if enabled ([`HostBuilder::fuel_profile`]).
+    pub fn fuel_profile(&self) -> Option<crate::shared::FuelProfile> {
+        self.shared.fuel_profile.as_ref().map(|profile| lock(profile).clone())
+    }
+
+    /// The function profile so far, all VMs together, if enabled ([`HostBuilder::function_profile`]):
+    /// calls, inclusive and exclusive fuel of every guest function called (fuel units ≈ wasm instructions,
+    /// exact, the instrumentation's own cost removed; see [`crate::profile`]).
+    pub fn function_profile(&self) -> Option<FunctionProfile> {
+        let mut profiles = self.vms.iter().filter_map(|vm| vm.store.data().function_profiler.as_ref());
+        let mut total = profiles.next()?.snapshot();
+        for profiler in profiles {
+            total.merge(&profiler.snapshot());
+        }
+        Some(total)
+    }
+
+    /// Forgets the function profile so far (e.g. the VMs' start, to profile requests alone).
+    pub fn reset_function_profile(&mut self) {
+        for vm in &mut self.vms {
+            if let Some(profiler) = vm.store.data_mut().function_profiler.as_mut() {
+                profiler.reset();
+            }
+        }
     }
 
     /// Fuel each VM spent outside any request (start, configuration, ticks, callbacks of ended streams).
@@ -632,8 +702,24 @@ impl Host {
         if v.store.set_fuel(fuel_per_call).is_err() {
             return Called { value: None, trapped: false };
         }
+        if v.store.data().shared.fuel_profile.is_some() {
+            v.store.data_mut().profile_mark = Some((name.to_string(), fuel_per_call));
+        }
+        let overhead_before = v.store.data_mut().function_profiler.as_mut().map_or(0, |profiler| {
+            profiler.begin_call();
+            profiler.overhead()
+        });
         let result = f(&mut v.store);
-        let used = fuel_per_call.saturating_sub(v.store.get_fuel().unwrap_or(0));
+        // With a function profile, the wrappers' fuel is not the guest's.
+        let overhead =
+            v.store.data().function_profiler.as_ref().map_or(0, |p| p.overhead().saturating_sub(overhead_before));
+        let used = fuel_per_call.saturating_sub(v.store.get_fuel().unwrap_or(0)).saturating_sub(overhead);
+        if let Some((label, before)) = v.store.data_mut().profile_mark.take() {
+            if let Some(profile) = &v.store.data().shared.fuel_profile {
+                let left = v.store.get_fuel().unwrap_or(0);
+                crate::shared::lock(profile).add(format!("{label} -> return"), before.saturating_sub(left));
+            }
+        }
         {
             let state = v.store.data_mut();
             state.current = 0;

@@ -44,11 +44,31 @@ pub fn check_restricted(caller: &Call<'_>, name: &str, allowed: &[&str]) -> wasm
 /// body ends, the status it stopped with, or the trap it raised).
 pub(crate) fn hostcall(c: &mut Call<'_>, name: &str, body: impl FnOnce(&mut Call<'_>) -> Body) -> Answer {
     check_restricted(c, name, ALLOWED_WHILE_STARTING)?;
-    match body(c) {
+    let entry = profile_segment(c, name);
+    let answer = match body(c) {
         Ok(()) => Ok(Status::Ok.code()),
         Err(Stop::Status(status)) => Ok(status.code()),
         Err(Stop::Trap(trap)) => Err(trap),
+    };
+    if let Some(entry) = entry {
+        let left = c.get_fuel().unwrap_or(0);
+        if let Some(profile) = &c.data().shared.fuel_profile {
+            lock(profile).add(format!("(in {name})"), entry.saturating_sub(left));
+        }
+        c.data_mut().profile_mark = Some((name.to_string(), left));
     }
+    answer
+}
+
+/// With a fuel profile: ends the current segment at hostcall `name` (recording `mark -> name`) and returns
+/// the fuel left at the call.
+pub(crate) fn profile_segment(c: &mut Call<'_>, name: &str) -> Option<u64> {
+    c.data().shared.fuel_profile.as_ref()?;
+    let left = c.get_fuel().unwrap_or(0);
+    if let (Some((label, before)), Some(profile)) = (c.data_mut().profile_mark.take(), &c.data().shared.fuel_profile) {
+        lock(profile).add(format!("{label} -> {name}"), before.saturating_sub(left));
+    }
+    Some(left)
 }
 
 /// Registers a hostcall in module `env`: `link_hostcall!(linker, fn proxy_x(c, a: u32, ...) { body })`, or

@@ -36,6 +36,7 @@
 //! - [`memory`]: bounds-checked guest memory and guest allocation.
 //! - [`abi`]: status codes, enums and wire formats of the ABI.
 //! - [`summary`]: distributions for reports (mean, p50, p99).
+//! - [`profile`]: the per-function fuel profile: instruments the module, records fuel by function.
 //!
 //! # Sources of facts
 //!
@@ -52,6 +53,7 @@ pub mod host;
 pub mod hostcalls;
 pub mod http_call;
 pub mod memory;
+pub mod profile;
 pub mod properties;
 pub mod redis;
 pub mod shared;
@@ -65,4 +67,5 @@ pub use error::HostError;
 pub use exchange::{header, Cost, Headers, Outcome, RequestSpec};
 pub use faults::Faults;
 pub use host::{Host, HostBuilder};
-pub use shared::{LogLine, LogSource, MetricKind, MetricValue};
+pub use profile::{FunctionProfile, FunctionStats};
+pub use shared::{LogLine, LogSource, MetricKind, MetricValue, SharedDataUsage};

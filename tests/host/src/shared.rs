@@ -18,6 +18,15 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// What shared data entries hold ([`SharedData::usage`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SharedDataUsage {
+    /// Entries.
+    pub keys: usize,
+    /// Their keys' and values' total size, bytes.
+    pub bytes: usize,
+}
+
 /// Key-value data shared by every VM of the host (Envoy: by every VM with the same `vm_id`).
 #[derive(Debug)]
 pub struct SharedData {
@@ -54,6 +63,16 @@ impl SharedData {
             }
         }
         Ok(())
+    }
+
+    /// How many entries have a key starting with `prefix`, and their keys' and values' total size (bytes).
+    pub fn usage(&self, prefix: &[u8]) -> SharedDataUsage {
+        let mut usage = SharedDataUsage::default();
+        for (key, (value, _)) in self.entries.iter().filter(|(key, _)| key.starts_with(prefix)) {
+            usage.keys += 1;
+            usage.bytes += key.len() + value.len();
+        }
+        usage
     }
 
     fn bump(&mut self) -> u32 {
@@ -286,11 +305,44 @@ pub struct Shared {
     pub faults: Mutex<Faults>,
     /// How far the guest's wall clock is ahead of real time, in nanoseconds ([`Shared::guest_time_ns`]).
     pub clock_offset_ns: AtomicU64,
+    /// The fuel profile, when enabled ([`FuelProfile`]).
+    pub fuel_profile: Option<Mutex<FuelProfile>>,
+}
+
+/// Where a guest spends its fuel, by segment: the guest code run between two hostcalls (`a -> b`: after
+/// hostcall or export `a` returned or started, until hostcall `b` was called; `b` = `return` at the end of
+/// the export), and `(in b)`: guest code the host ran during hostcall `b` (`proxy_on_memory_allocate` for
+/// the bytes it hands over). A coarse profile without a profiler: fuel is about one per wasm instruction.
+#[derive(Debug, Default, Clone)]
+pub struct FuelProfile {
+    /// Segment -> (times, fuel).
+    pub segments: BTreeMap<String, (u64, u64)>,
+}
+
+impl FuelProfile {
+    /// Adds `fuel` spent in `segment`.
+    pub fn add(&mut self, segment: String, fuel: u64) {
+        let entry = self.segments.entry(segment).or_default();
+        entry.0 += 1;
+        entry.1 += fuel;
+    }
+
+    /// The segments, most fuel first: (segment, times, total fuel).
+    pub fn ranked(&self) -> Vec<(String, u64, u64)> {
+        let mut rows: Vec<_> = self.segments.iter().map(|(k, (n, f))| (k.clone(), *n, *f)).collect();
+        rows.sort_by_key(|row| core::cmp::Reverse(row.2));
+        rows
+    }
 }
 
 impl Shared {
     /// Empty shared state.
     pub fn new(log_level: LogLevel, echo_logs: bool) -> Arc<Self> {
+        Self::with_profile(log_level, echo_logs, false)
+    }
+
+    /// Empty shared state, with a [`FuelProfile`] if `profile`.
+    pub fn with_profile(log_level: LogLevel, echo_logs: bool, profile: bool) -> Arc<Self> {
         Arc::new(Shared {
             data: Mutex::new(SharedData::default()),
             queues: Mutex::new(SharedQueues::default()),
@@ -301,6 +353,7 @@ impl Shared {
             started: Instant::now(),
             faults: Mutex::new(Faults::NONE),
             clock_offset_ns: AtomicU64::new(0),
+            fuel_profile: profile.then(|| Mutex::new(FuelProfile::default())),
         })
     }
 

@@ -24,6 +24,7 @@ use wasmtime::{Memory, TypedFunc};
 use crate::abi::{AbiVersion, LogLevel, MapType, Status, StreamType};
 use crate::exchange::Headers;
 use crate::faults::{CallKind, PendingCall};
+use crate::profile::FunctionProfiler;
 use crate::redis::RedisClients;
 use crate::shared::{lock, LogSource, Shared};
 
@@ -266,6 +267,10 @@ pub struct VmState {
     pub actions: Vec<Action>,
     /// Set by `proxy_send_local_response`: the filter stops whatever it returns.
     pub stop_iteration: bool,
+    /// With a fuel profile: where the current segment started (its label, the fuel left then).
+    pub profile_mark: Option<(String, u64)>,
+    /// With a function profile: this VM's recorder ([`crate::profile`]).
+    pub function_profiler: Option<FunctionProfiler>,
     /// The HTTP call response of the callback running now.
     pub call_response: Option<CallResponse>,
     /// The Redis reply of the callback running now (buffer type 9).
@@ -307,6 +312,8 @@ impl VmState {
             configuring: false,
             actions: Vec::new(),
             stop_iteration: false,
+            profile_mark: None,
+            function_profiler: None,
             call_response: None,
             redis_reply: None,
             next_token: 1,

@@ -23,7 +23,10 @@
 //!
 //! `replay` runs every request of a file of such lines (`--concurrency N` at a time) and prints a summary:
 //! outcomes by kind and status, Redis round trips and HTTP calls per request, fuel per allowed and per
-//! rejected request (mean, p50, p99), latency. `--json` prints it as JSON.
+//! rejected request (mean, p50, p99), latency. `--json` prints it as JSON. `--fuel-profile` also prints, on
+//! stderr, the fuel by segment between hostcalls; `--function-profile`, the fuel by guest function per
+//! request (the top 40 by exclusive and by inclusive fuel, with calls per request), exact to the
+//! instruction (the library's `profile` module).
 //!
 //! When the plugin refuses its configuration, both print the module's log lines on stderr and exit 2.
 
@@ -35,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
 use proxy_wasm_host::summary::Distribution;
-use proxy_wasm_host::{Faults, Host, HostBuilder, LogLevel, Outcome, RequestSpec};
+use proxy_wasm_host::{Faults, FunctionProfile, FunctionStats, Host, HostBuilder, LogLevel, Outcome, RequestSpec};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -63,6 +66,13 @@ enum Command {
         /// Print the summary as JSON.
         #[arg(long)]
         json: bool,
+        /// Also print where the guest spent its fuel, by segment between hostcalls (on stderr).
+        #[arg(long)]
+        fuel_profile: bool,
+        /// Also print which guest functions spent the fuel, per request, by exclusive and by inclusive fuel
+        /// (on stderr; the module is instrumented, exact figures: see the library's `profile` module).
+        #[arg(long)]
+        function_profile: bool,
     },
 }
 
@@ -163,8 +173,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(common) => build(&common).and_then(serve),
-        Command::Replay { common, requests, concurrency, json } => {
-            build(&common).and_then(|host| replay(host, &requests, concurrency.max(1), json))
+        Command::Replay { common, requests, concurrency, json, fuel_profile, function_profile } => {
+            build_with(&common, fuel_profile, function_profile)
+                .and_then(|host| replay(host, &requests, concurrency.max(1), json))
         }
     };
     match result {
@@ -181,7 +192,13 @@ fn parse_level(text: &str) -> Result<LogLevel, String> {
 }
 
 fn build(common: &Common) -> Result<Host, String> {
+    build_with(common, false, false)
+}
+
+fn build_with(common: &Common, fuel_profile: bool, function_profile: bool) -> Result<Host, String> {
     let mut builder = HostBuilder::new(&common.module)
+        .fuel_profile(fuel_profile)
+        .function_profile(function_profile)
         .vms(common.vms)
         .log_level(parse_level(&common.log_level)?)
         .echo_logs(common.echo_logs)
@@ -257,6 +274,9 @@ fn answer_line(host: &mut Host, value: Value, turn: &mut usize) -> Value {
         let total = host.advance_clock(Duration::from_millis(ms));
         return json!({"clock_offset_ms": u64::try_from(total.as_millis()).unwrap_or(u64::MAX)});
     }
+    if let Some(prefix) = value.get("shared_data").and_then(Value::as_str) {
+        return json!({"shared_data": host.shared_data_usage(prefix)});
+    }
     if value.get("metrics").is_some() {
         return json!({"metrics": host.metrics()});
     }
@@ -327,6 +347,9 @@ fn replay(mut host: Host, path: &PathBuf, concurrency: usize, as_json: bool) -> 
             parse_request(value, &host, &mut turn).map_err(|e| format!("{}:{}: {e}", path.display(), number + 1))?,
         );
     }
+    // The function profile covers the requests alone (not the VMs' start and configuration).
+    host.reset_function_profile();
+    let background_before: u64 = host.background_fuel().iter().sum();
     let started = Instant::now();
     let mut outcomes = Vec::with_capacity(requests.len());
     let mut pending = requests.into_iter().peekable();
@@ -341,7 +364,60 @@ fn replay(mut host: Host, path: &PathBuf, concurrency: usize, as_json: bool) -> 
     } else {
         print_table(&summary);
     }
+    if let Some(profile) = host.fuel_profile() {
+        let requests = outcomes.len().max(1) as u64;
+        eprintln!("fuel by segment (guest code between hostcalls), per request over {requests} requests:");
+        for (segment, times, fuel) in profile.ranked() {
+            eprintln!("{:>9} {:>7} calls  {segment}", fuel / requests, times);
+        }
+    }
+    if let Some(profile) = host.function_profile() {
+        let background = host.background_fuel().iter().sum::<u64>().saturating_sub(background_before);
+        print_function_profile(&profile, outcomes.len(), background);
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// How many functions each function-profile table shows.
+const TOP_FUNCTIONS: usize = 40;
+
+/// The function profile on stderr, per request: the top functions by exclusive, then by inclusive fuel.
+/// `background`: the fuel of guest calls made for no request during the run (ticks, late callbacks), which
+/// the profile includes and the requests' fuel does not.
+fn print_function_profile(profile: &FunctionProfile, requests: usize, background: u64) {
+    let per = requests.max(1) as f64;
+    let total = profile.total() as f64;
+    eprintln!(
+        "\nfuel by function, per request over {requests} requests (during the requests, VM start excluded; exact, \
+         in wasm instructions):"
+    );
+    eprintln!(
+        "  total {:.1} = requests {:.1} + outside any request (ticks, late callbacks) {:.1}; the profiler's \
+         wrappers burnt {:.1} more, removed; {} calls not counted (traps)",
+        total / per,
+        (total - background as f64) / per,
+        background as f64 / per,
+        profile.wrapper_overhead as f64 / per,
+        profile.discarded_frames
+    );
+    let table = |title: &str, rows: Vec<&FunctionStats>| {
+        eprintln!("\ntop {TOP_FUNCTIONS} by {title} fuel:");
+        eprintln!("  {:>10} {:>6} {:>10} {:>6} {:>9}  function", "exclusive", "%", "inclusive", "%", "calls");
+        for f in rows.into_iter().take(TOP_FUNCTIONS) {
+            let share = |fuel: u64| if total > 0.0 { 100.0 * fuel as f64 / total } else { 0.0 };
+            eprintln!(
+                "  {:>10.1} {:>6.1} {:>10.1} {:>6.1} {:>9.2}  {}",
+                f.exclusive as f64 / per,
+                share(f.exclusive),
+                f.inclusive as f64 / per,
+                share(f.inclusive),
+                f.calls as f64 / per,
+                f.name
+            );
+        }
+    };
+    table("exclusive", profile.by_exclusive());
+    table("inclusive", profile.by_inclusive());
 }
 
 fn dist(samples: &[f64]) -> Value {
