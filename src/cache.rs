@@ -31,13 +31,30 @@ pub enum Observation {
 /// Limiter name -> config in Redis, at most `capacity` entries, least recently used evicted first.
 #[derive(Debug)]
 pub struct LimiterCache {
-    entries: LruCache<String, EffectiveConfig>,
+    entries: LruCache<String, EffectiveConfig, KeyedSip>,
+}
+
+/// SipHash-2-4 keyed with random keys (names come from requests: a keyed hash keeps a client from
+/// choosing names that collide). core's `SipHasher`, deprecated only in favour of std's `DefaultHasher`
+/// (the same hash, which a `no_std` module cannot use); ~3 KB less code than hashbrown's foldhash.
+#[derive(Debug, Clone, Copy)]
+struct KeyedSip(u64, u64);
+
+impl core::hash::BuildHasher for KeyedSip {
+    #[allow(deprecated)]
+    type Hasher = core::hash::SipHasher;
+
+    #[allow(deprecated)]
+    fn build_hasher(&self) -> Self::Hasher {
+        core::hash::SipHasher::new_with_keys(self.0, self.1)
+    }
 }
 
 impl LimiterCache {
-    /// An empty cache of at most `capacity` limiter names (at least 1).
-    pub fn new(capacity: usize) -> Self {
-        LimiterCache { entries: LruCache::new(NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN)) }
+    /// An empty cache of at most `capacity` limiter names (at least 1), hashed with keys from `seed`.
+    pub fn new(capacity: usize, seed: [u64; 2]) -> Self {
+        let capacity = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
+        LimiterCache { entries: LruCache::with_hasher(capacity, KeyedSip(seed[0], seed[1])) }
     }
 
     /// The config last seen in Redis for `name` (without counting as a use).
@@ -84,7 +101,7 @@ mod tests {
 
     #[test]
     fn observations_report_new_unchanged_and_changed_configs() {
-        let mut cache = LimiterCache::new(10);
+        let mut cache = LimiterCache::new(10, [1, 2]);
         assert_eq!(cache.observe("a", config(5)), Observation::New);
         assert_eq!(cache.observe("a", config(5)), Observation::Unchanged);
         assert_eq!(cache.observe("a", config(3)), Observation::Changed(config(5)));
@@ -94,7 +111,7 @@ mod tests {
 
     #[test]
     fn the_least_recently_used_limiter_leaves_first() {
-        let mut cache = LimiterCache::new(3);
+        let mut cache = LimiterCache::new(3, [1, 2]);
         for name in ["hot", "a", "b"] {
             cache.observe(name, config(1));
         }

@@ -166,7 +166,7 @@ pub trait Host {
     ///
     /// # Errors
     /// The host's status.
-    fn send_local_reply(&self, status: u16, headers: &[(&str, &str)], body: &[u8]) -> Result<(), HostError>;
+    fn send_local_reply(&self, status: u16, headers: &HeaderMap, body: &[u8]) -> Result<(), HostError>;
 
     /// Adds a header to the effective context's response headers (`proxy_add_header_map_value`).
     ///
@@ -199,13 +199,7 @@ pub trait Host {
     ///
     /// # Errors
     /// The host's status (BadArgument: unknown cluster or missing pseudo-headers).
-    fn http_call(
-        &self,
-        cluster: &str,
-        headers: &[(&str, &str)],
-        body: &[u8],
-        timeout_ms: u32,
-    ) -> Result<u32, HostError>;
+    fn http_call(&self, cluster: &str, headers: &HeaderMap, body: &[u8], timeout_ms: u32) -> Result<u32, HostError>;
 
     /// A header of the HTTP call response being delivered (only during `proxy_on_http_call_response`).
     ///
@@ -241,4 +235,80 @@ pub trait Host {
     /// # Errors
     /// The host's status.
     fn redis_call_response(&self, size: usize) -> Result<Vec<u8>, HostError>;
+}
+
+/// A header map in proxy-wasm's serialized form (ABI 0.2.1 `proxy_send_local_response`,
+/// `proxy_http_call`): the pair count, then each pair's name and value sizes, then each name and value
+/// NUL-terminated; counts and sizes little-endian u32. Built once (the bridge's request headers at
+/// configure, a local reply's headers once per distinct reply) and handed to the host as is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeaderMap {
+    bytes: Vec<u8>,
+}
+
+impl HeaderMap {
+    /// The serialized form of `pairs` (names lowercase).
+    pub fn new(pairs: &[(&str, &str)]) -> Self {
+        let size = 4 + pairs.iter().map(|(name, value)| 10 + name.len() + value.len()).sum::<usize>();
+        let mut bytes = Vec::with_capacity(size);
+        let len = |n: usize| u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes();
+        bytes.extend_from_slice(&len(pairs.len()));
+        for (name, value) in pairs {
+            bytes.extend_from_slice(&len(name.len()));
+            bytes.extend_from_slice(&len(value.len()));
+        }
+        for (name, value) in pairs {
+            bytes.extend_from_slice(name.as_bytes());
+            bytes.push(0);
+            bytes.extend_from_slice(value.as_bytes());
+            bytes.push(0);
+        }
+        HeaderMap { bytes }
+    }
+
+    /// The serialized bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// The pairs back (lossy UTF-8); empty if the bytes are not a well-formed map. For hosts that look
+    /// inside (the fake host) and tests.
+    pub fn pairs(&self) -> Vec<(String, String)> {
+        let u32_at = |at: usize| {
+            self.bytes.get(at..at + 4).and_then(|b| b.try_into().ok()).map(|b| u32::from_le_bytes(b) as usize)
+        };
+        let Some(count) = u32_at(0) else { return Vec::new() };
+        let mut pairs = Vec::with_capacity(count);
+        let mut at = 4 + 8 * count;
+        for index in 0..count {
+            let (Some(name_len), Some(value_len)) = (u32_at(4 + 8 * index), u32_at(8 + 8 * index)) else {
+                return Vec::new();
+            };
+            let name = self.bytes.get(at..at + name_len);
+            at += name_len + 1;
+            let value = self.bytes.get(at..at + value_len);
+            at += value_len + 1;
+            let (Some(name), Some(value)) = (name, value) else { return Vec::new() };
+            pairs.push((String::from_utf8_lossy(name).into_owned(), String::from_utf8_lossy(value).into_owned()));
+        }
+        pairs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn a_header_map_reads_back_its_pairs() {
+        let pairs = [(":method", "POST"), ("retry-after", "60"), ("empty", "")];
+        let map = HeaderMap::new(&pairs);
+        let expected: Vec<(String, String)> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        assert_eq!(map.pairs(), expected);
+        assert_eq!(map.as_bytes().get(..12), Some(&[3, 0, 0, 0, 7, 0, 0, 0, 4, 0, 0, 0][..]));
+        assert_eq!(HeaderMap::new(&[]).as_bytes(), &[0, 0, 0, 0]);
+    }
 }

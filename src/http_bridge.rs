@@ -5,26 +5,34 @@
 use crate::prelude::*;
 
 use crate::config::RedisConfig;
-use crate::host::Host;
+use crate::host::{HeaderMap, Host};
 use crate::transport::{refused, Failure};
 
 /// Requests to webdis on one Envoy cluster: its authority, optional Basic credentials and timeout.
 #[derive(Debug)]
 pub struct HttpBridge {
     cluster: String,
-    authority: String,
-    /// `Authorization` header value (HTTP Basic), when credentials are configured.
-    authorization: Option<String>,
+    /// `POST /` to the bridge's authority, `text/plain`, with Basic credentials when configured: the same
+    /// for every call, serialized once.
+    headers: HeaderMap,
     timeout_ms: u32,
 }
 
 impl HttpBridge {
     /// A bridge on the Envoy cluster of `redis`, with its authority, credentials and timeout.
     pub fn new(redis: &RedisConfig) -> Self {
+        let mut headers = vec![
+            (":method", "POST"),
+            (":path", "/"),
+            (":authority", redis.authority.as_str()),
+            ("content-type", "text/plain"),
+        ];
+        if let Some(authorization) = &redis.basic_auth {
+            headers.push(("authorization", authorization.expose()));
+        }
         HttpBridge {
             cluster: redis.cluster.clone(),
-            authority: redis.authority.clone(),
-            authorization: redis.basic_auth.as_ref().map(|secret| secret.expose().to_string()),
+            headers: HeaderMap::new(&headers),
             timeout_ms: u32::try_from(redis.timeout_ms).unwrap_or(u32::MAX),
         }
     }
@@ -35,16 +43,7 @@ impl HttpBridge {
     /// # Errors
     /// [`Failure::SendRefused`] when the host refuses the call (unknown cluster).
     pub fn send(&self, host: &impl Host, body: &[u8]) -> Result<u32, Failure> {
-        let mut headers = vec![
-            (":method", "POST"),
-            (":path", "/"),
-            (":authority", self.authority.as_str()),
-            ("content-type", "text/plain"),
-        ];
-        if let Some(authorization) = &self.authorization {
-            headers.push(("authorization", authorization.as_str()));
-        }
-        host.http_call(&self.cluster, &headers, body, self.timeout_ms)
+        host.http_call(&self.cluster, &self.headers, body, self.timeout_ms)
             .map_err(|error| refused("proxy_http_call", error, &self.cluster))
     }
 }

@@ -8,8 +8,9 @@ use crate::prelude::*;
 
 use core::net::{IpAddr, SocketAddr};
 
-use base64::Engine as _;
 use sha2::{Digest, Sha256};
+
+use crate::encoding;
 
 /// Where a rule takes its key value from (`limit_by` in the configuration).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,26 +171,36 @@ fn is_verbatim_byte(b: u8) -> bool {
 /// collisions for values over 256 bytes), and the name never contains `{`, so every key of the limiter
 /// hashes to one Redis Cluster slot.
 pub fn limiter_name(base: &str, value: &KeyValue) -> Option<String> {
+    let mut name = String::new();
+    write_limiter_name(base, value, &mut name).then_some(name)
+}
+
+/// [`limiter_name`] written into `name` (cleared first; its allocation is reused): `false` when the value
+/// is missing (then `name` is empty).
+pub fn write_limiter_name(base: &str, value: &KeyValue, name: &mut String) -> bool {
+    name.clear();
     let bytes = match value {
-        KeyValue::Global => return Some(base.to_string()),
-        KeyValue::Missing => return None,
+        KeyValue::Global => {
+            name.push_str(base);
+            return true;
+        }
+        KeyValue::Missing => return false,
         KeyValue::Value(bytes) => bytes,
     };
-    let engine = &base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    let mut name = String::with_capacity(base.len() + 2 + bytes.len().min(MAX_ENCODED_LEN) * 4 / 3 + 4);
+    name.reserve(base.len() + 2 + bytes.len().min(MAX_ENCODED_LEN) * 4 / 3 + 4);
     name.push_str(base);
     name.push(':');
     if !bytes.is_empty() && bytes.len() <= MAX_VERBATIM_LEN && bytes.iter().copied().all(is_verbatim_byte) {
         // Only bytes from the verbatim set: valid ASCII.
-        name.extend(bytes.iter().copied().map(char::from));
+        name.push_str(core::str::from_utf8(bytes).unwrap_or_default());
     } else if bytes.len() <= MAX_ENCODED_LEN {
         name.push('~');
-        engine.encode_string(bytes, &mut name);
+        encoding::base64_into(bytes, encoding::URL_SAFE, false, name);
     } else {
         name.push('#');
-        engine.encode_string(Sha256::digest(bytes), &mut name);
+        encoding::base64_into(&Sha256::digest(bytes), encoding::URL_SAFE, false, name);
     }
-    Some(name)
+    true
 }
 
 /// The Redis keys of one Redisson limiter, as Redisson 4.x `RedissonRateLimiter` names them.

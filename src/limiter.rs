@@ -12,12 +12,14 @@
 use alloc::rc::Rc;
 use core::fmt;
 
+use smallvec::SmallVec;
+
 use crate::prelude::*;
 
 use crate::block::Block;
 use crate::cache::{LimiterCache, Observation};
 use crate::config::{ClockSource, FailureMode, OnMissing, PluginConfig, RateSource};
-use crate::key::{extract, limiter_name, KeyValue, RequestView};
+use crate::key::{extract, write_limiter_name, KeyValue, RequestView};
 use crate::response::{policy_value, rate_limit_headers, retry_after, HeaderValue, Headers, Quota};
 use crate::script::{
     decode_acquire_reply, AcquireConfig, AcquireOutcome, AcquireTemplate, Clock, ConfigChange, EffectiveConfig,
@@ -28,20 +30,77 @@ use crate::transport::Failure;
 /// How a request leaves the filter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
-    /// Continue upstream, adding these headers to the upstream's response.
+    /// Continue upstream, adding the report's headers to the upstream's response.
     Continue {
-        /// Headers for the response (rate limit headers).
-        response_headers: Headers,
+        /// What the rate limit headers of the response say.
+        report: Report,
     },
     /// Answer locally.
     Respond {
         /// HTTP status.
         status: u16,
-        /// Response headers.
-        headers: Headers,
+        /// What the response headers say (empty when failing closed).
+        report: Report,
+        /// Whether a limiter rejected the request (`x-envoy-ratelimited: true`).
+        rate_limited: bool,
         /// Response body (`text/plain`).
-        body: HeaderValue,
+        body: Rc<str>,
     },
+}
+
+impl Verdict {
+    /// The response headers of this verdict (`Retry-After`, the rate limit headers in the configured style,
+    /// `x-envoy-ratelimited`), rendered for `config` and its `plan`: the filter renders them only when it
+    /// hands them to the host, so a decision stays small as it moves (README.md, "Lean guest").
+    pub fn headers(&self, config: &PluginConfig, plan: &Plan) -> Headers {
+        let mut headers = Headers::new();
+        let (report, rate_limited) = match self {
+            Verdict::Continue { report } => (report, false),
+            Verdict::Respond { report, rate_limited, .. } => (report, *rate_limited),
+        };
+        report.write_headers(config, plan, &mut headers);
+        if rate_limited {
+            headers.push(("x-envoy-ratelimited", HeaderValue::Static("true")));
+        }
+        headers
+    }
+}
+
+/// What the headers of a decided request report: the quota of each rule that has one, in rule order, and
+/// the delay of a rejection.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// The rules' quotas.
+    pub quotas: SmallVec<[RuleQuota; 2]>,
+    /// The longest delay of a rejecting rule, ms (`Retry-After`); `None` when no wait helps or nothing
+    /// rejected.
+    pub retry_ms: Option<u64>,
+}
+
+impl Report {
+    /// Appends `Retry-After` and the rate limit headers in `config`'s style.
+    pub fn write_headers(&self, config: &PluginConfig, plan: &Plan, headers: &mut Headers) {
+        if let Some(delay_ms) = self.retry_ms {
+            headers.push(retry_after(delay_ms));
+        }
+        let quotas: SmallVec<[Quota<'_>; 2]> = self
+            .quotas
+            .iter()
+            .filter_map(|quota| {
+                let rule = config.rules.get(quota.rule)?;
+                let configured = quota.limit == rule.rate && quota.window_ms == rule.interval_ms;
+                Some(Quota {
+                    policy: &rule.name,
+                    prepared_policy: plan.rules.get(quota.rule).filter(|_| configured).map(|p| &p.policy),
+                    limit: quota.limit,
+                    window_ms: quota.window_ms,
+                    remaining: quota.remaining,
+                    reset_ms: quota.reset_ms,
+                })
+            })
+            .collect();
+        rate_limit_headers(config.headers, &quotas, headers);
+    }
 }
 
 /// What happened, for metrics.
@@ -169,13 +228,15 @@ pub struct RulePlan {
     pub policy: Rc<str>,
 }
 
-/// What a configuration needs on every request: its rules' plans and its rejection body.
+/// What a configuration needs on every request: its rules' plans and its response bodies.
 #[derive(Debug, Clone)]
 pub struct Plan {
     /// By rule index.
     pub rules: Vec<RulePlan>,
     /// The body of a rejection.
     pub rejection_body: Rc<str>,
+    /// The body of a failure answered locally (`failure_mode: "deny"`).
+    pub failure_body: Rc<str>,
 }
 
 impl Plan {
@@ -199,7 +260,11 @@ impl Plan {
                 }
             })
             .collect();
-        Plan { rules, rejection_body: config.rejection.body.as_str().into() }
+        Plan {
+            rules,
+            rejection_body: config.rejection.body.as_str().into(),
+            failure_body: "rate limiter unavailable\n".into(),
+        }
     }
 }
 
@@ -217,12 +282,17 @@ pub struct Context<'a> {
 
 /// A rule's state in the headers: its rule index and quota numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct RuleQuota {
-    rule: usize,
-    limit: u64,
-    window_ms: u64,
-    remaining: u64,
-    reset_ms: u64,
+pub struct RuleQuota {
+    /// The rule's index in the configuration.
+    pub rule: usize,
+    /// Permits per window, as Redis holds it.
+    pub limit: u64,
+    /// Window length, ms, as Redis holds it.
+    pub window_ms: u64,
+    /// Permits left.
+    pub remaining: u64,
+    /// Until the quota is whole again (allowed) or the next permit is released (rejected), ms.
+    pub reset_ms: u64,
 }
 
 /// How one rule ended.
@@ -267,8 +337,9 @@ struct RuleCall {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingRequest {
     calls: Vec<RuleCall>,
-    /// Results decided without Redis (missing keys denied).
-    settled: Vec<RuleResult>,
+    /// A result decided without Redis (a missing key denied, a limiter blocked locally): it decides the
+    /// request, so nothing is sent.
+    settled: Option<RuleResult>,
 }
 
 /// The first step of a request.
@@ -305,28 +376,32 @@ pub struct Effects {
 ///
 /// `random` gives the random bytes of each new permit member (they must differ between acquires: two
 /// equal members in one window would count as one).
+///
+/// `name` is a buffer for the limiter names (its allocation is reused: a request rejected by a local block
+/// allocates none).
 pub fn start(
     ctx: &Context<'_>,
     request: &impl RequestView,
     random: &mut dyn FnMut() -> [u8; MEMBER_RANDOM_LEN],
+    name: &mut String,
 ) -> Start {
     let mut calls = Vec::new();
-    let mut settled = Vec::new();
+    let mut settled = None;
     for (index, rule) in ctx.config.rules.iter().enumerate() {
         let value = match (extract(&rule.source, request), rule.on_missing) {
             (KeyValue::Missing, OnMissing::Skip) => continue,
             (KeyValue::Missing, OnMissing::Deny) => {
-                settled.push(RuleResult::Denied);
+                settled = Some(RuleResult::Denied);
                 break;
             }
             (KeyValue::Missing, OnMissing::Share) => KeyValue::Value(Vec::new()),
             (value, _) => value,
         };
-        let Some(name) = limiter_name(&rule.limiter, &value) else {
+        if !write_limiter_name(&rule.limiter, &value, name) {
             continue;
-        };
+        }
         if rule.local_block_max_ms > 0 {
-            if let Some(block) = ctx.blocks.find(&name, ctx.now_ms).filter(|block| rule.permits > block.available) {
+            if let Some(block) = ctx.blocks.find(name, ctx.now_ms).filter(|block| rule.permits > block.available) {
                 // Redisson's delay: 3 ms past the oldest permit's departure.
                 let delay_ms = block.release_ms.saturating_sub(ctx.now_ms).saturating_add(3);
                 let quota = RuleQuota {
@@ -336,13 +411,25 @@ pub fn start(
                     remaining: 0,
                     reset_ms: delay_ms,
                 };
-                settled.push(RuleResult::Rejected { quota, delay_ms: Some(delay_ms), local: true });
-                break;
+                // What `decide` makes of this one result, without the generic path: the request costs no
+                // Redis call, and should cost little else (README.md, "Lean guest").
+                let mut report = Report { quotas: SmallVec::new(), retry_ms: Some(delay_ms) };
+                report.quotas.push(quota);
+                return Start::Decided(Decision {
+                    verdict: Verdict::Respond {
+                        status: ctx.config.rejection.status,
+                        report,
+                        rate_limited: true,
+                        body: Rc::clone(&ctx.plan.rejection_body),
+                    },
+                    outcome: Outcome::LocallyRejected,
+                    failures: Vec::new(),
+                });
             }
         }
         calls.push(RuleCall {
             rule: index,
-            name,
+            name: name.clone(),
             clock: match ctx.config.clock {
                 ClockSource::Gateway => Clock::Gateway(ctx.now_ms),
                 ClockSource::Redis => Clock::Redis,
@@ -353,7 +440,7 @@ pub fn start(
         });
     }
     let pending = PendingRequest { calls, settled };
-    if pending.calls.is_empty() || !pending.settled.is_empty() {
+    if pending.calls.is_empty() || pending.settled.is_some() {
         // Nothing to ask Redis, or the answer is already no: decide before spending a round trip.
         return Start::Decided(pending.decide(ctx.config, ctx.plan, false));
     }
@@ -493,9 +580,9 @@ impl PendingRequest {
             _ => None,
         });
         let results = || self.settled.iter().chain(done.clone());
-        let mut quotas: Vec<Quota<'_>> = Vec::with_capacity(self.calls.len() + self.settled.len());
+        let mut report = Report::default();
         let mut failures = Vec::new();
-        let (mut rejected, mut local, mut delay, mut any) = (false, false, None::<u64>, false);
+        let (mut rejected, mut local, mut any) = (false, false, false);
         for result in results() {
             any = true;
             let quota = match result {
@@ -504,7 +591,7 @@ impl PendingRequest {
                     rejected = true;
                     local |= *by_block;
                     if let Some(ms) = *delay_ms {
-                        delay = Some(delay.map_or(ms, |d| d.max(ms)));
+                        report.retry_ms = Some(report.retry_ms.map_or(ms, |d| d.max(ms)));
                     }
                     quota
                 }
@@ -517,29 +604,15 @@ impl PendingRequest {
                     continue;
                 }
             };
-            let Some(rule) = config.rules.get(quota.rule) else { continue };
-            let configured = quota.limit == rule.rate && quota.window_ms == rule.interval_ms;
-            quotas.push(Quota {
-                policy: &rule.name,
-                prepared_policy: plan.rules.get(quota.rule).filter(|_| configured).map(|p| &p.policy),
-                limit: quota.limit,
-                window_ms: quota.window_ms,
-                remaining: quota.remaining,
-                reset_ms: quota.reset_ms,
-            });
+            report.quotas.push(*quota);
         }
-        let mut headers = Vec::with_capacity(if rejected { 4 } else { 2 });
-        if let Some(delay_ms) = delay {
-            headers.push(retry_after(delay_ms));
-        }
-        rate_limit_headers(config.headers, &quotas, &mut headers);
         if rejected {
-            headers.push(("x-envoy-ratelimited", HeaderValue::Static("true")));
             return Decision {
                 verdict: Verdict::Respond {
                     status: config.rejection.status,
-                    headers,
-                    body: HeaderValue::Shared(Rc::clone(&plan.rejection_body)),
+                    report,
+                    rate_limited: true,
+                    body: Rc::clone(&plan.rejection_body),
                 },
                 outcome: if local { Outcome::LocallyRejected } else { Outcome::Rejected },
                 failures,
@@ -547,19 +620,18 @@ impl PendingRequest {
         }
         if failures.is_empty() {
             let outcome = if any { Outcome::Allowed } else { Outcome::Unlimited };
-            return Decision { verdict: Verdict::Continue { response_headers: headers }, outcome, failures };
+            return Decision { verdict: Verdict::Continue { report }, outcome, failures };
         }
         match config.failure_mode {
-            FailureMode::Allow => Decision {
-                verdict: Verdict::Continue { response_headers: headers },
-                outcome: Outcome::FailedOpen,
-                failures,
-            },
+            FailureMode::Allow => {
+                Decision { verdict: Verdict::Continue { report }, outcome: Outcome::FailedOpen, failures }
+            }
             FailureMode::Deny => Decision {
                 verdict: Verdict::Respond {
                     status: config.failure_status,
-                    headers: Vec::new(),
-                    body: HeaderValue::Static("rate limiter unavailable\n"),
+                    report: Report::default(),
+                    rate_limited: false,
+                    body: Rc::clone(&plan.failure_body),
                 },
                 outcome: Outcome::FailedClosed,
                 failures,
@@ -607,7 +679,7 @@ mod tests {
     impl Harness {
         fn new(config: PluginConfig) -> Self {
             Harness {
-                cache: LimiterCache::new(config.cache_size),
+                cache: LimiterCache::new(config.cache_size, [3, 4]),
                 plan: Plan::new(&config, "cid"),
                 config,
                 blocks: ListedBlocks::default(),
@@ -619,10 +691,21 @@ mod tests {
         fn start(&mut self, headers: &[(&str, &str)]) -> Start {
             let ctx = Context { config: &self.config, plan: &self.plan, now_ms: self.now_ms, blocks: &self.blocks };
             let counter = &mut self.counter;
-            start(&ctx, &FakeRequest::with(headers), &mut || {
-                *counter += 1;
-                [*counter; MEMBER_RANDOM_LEN]
-            })
+            let mut name = String::new();
+            start(
+                &ctx,
+                &FakeRequest::with(headers),
+                &mut || {
+                    *counter += 1;
+                    [*counter; MEMBER_RANDOM_LEN]
+                },
+                &mut name,
+            )
+        }
+
+        /// The response headers of a decision, rendered.
+        fn headers(&self, decision: &Decision) -> Headers {
+            decision.verdict.headers(&self.config, &self.plan)
         }
 
         /// The command of a call as its arguments (webdis form decoded back into words).
@@ -697,7 +780,8 @@ mod tests {
         assert_eq!(words[3], "erl:per-user:alice");
         let decision = done(h.reply(&mut pending, 0, Ok(&acquired(4))));
         assert_eq!(decision.outcome, Outcome::Allowed);
-        let Verdict::Continue { response_headers } = decision.verdict else { panic!() };
+        let response_headers = h.headers(&decision);
+        assert!(matches!(decision.verdict, Verdict::Continue { .. }));
         assert_eq!(header(&response_headers, "ratelimit"), Some("\"per-user\";r=4;t=2"), "t: the window length");
         assert_eq!(header(&response_headers, "ratelimit-policy"), Some("\"per-user\";q=5;w=2"));
     }
@@ -708,7 +792,8 @@ mod tests {
         let mut pending = sent(h.start(&[("x-user", "alice")]));
         let decision = done(h.reply(&mut pending, 0, Ok(&rejected(1503))));
         assert_eq!(decision.outcome, Outcome::Rejected);
-        let Verdict::Respond { status, headers, body } = decision.verdict else { panic!() };
+        let headers = h.headers(&decision);
+        let Verdict::Respond { status, body, .. } = decision.verdict else { panic!() };
         assert_eq!(status, 429);
         assert_eq!(&*body, "rate limit exceeded\n");
         assert_eq!(header(&headers, "retry-after"), Some("2"));
@@ -730,7 +815,8 @@ mod tests {
         h.now_ms = NOW + 1000;
         let decision = decided(h.start(&[("x-user", "alice")]));
         assert_eq!(decision.outcome, Outcome::LocallyRejected, "2 permits needed, 1 available: no Redis call");
-        let Verdict::Respond { status, headers, .. } = decision.verdict else { panic!() };
+        let headers = h.headers(&decision);
+        let Verdict::Respond { status, .. } = decision.verdict else { panic!() };
         assert_eq!(status, 429);
         assert_eq!(header(&headers, "retry-after"), Some("1"), "503 ms: from the remaining time");
         assert_eq!(header(&headers, "ratelimit"), Some("\"per-user\";r=0;t=1"));
@@ -754,7 +840,9 @@ mod tests {
         done(h.reply(&mut pending, 0, Ok(&rejected(1503))));
         assert_eq!(h.blocks.0[0].1.until_ms, NOW + 1000);
         h.now_ms = NOW + 400;
-        let Verdict::Respond { headers, .. } = decided(h.start(&[("x-user", "alice")])).verdict else { panic!() };
+        let decision = decided(h.start(&[("x-user", "alice")]));
+        assert!(matches!(decision.verdict, Verdict::Respond { .. }));
+        let headers = h.headers(&decision);
         assert_eq!(header(&headers, "retry-after"), Some("2"), "Redis's delay (1103 ms), not the block's end");
         let mut off = Harness::new(config(r#","local_block_max":0"#, ""));
         let mut pending = sent(off.start(&[("x-user", "alice")]));
@@ -825,7 +913,8 @@ mod tests {
         let (progress, effects) = pending.on_reply(0, Ok(&full_reply(2, 0, 0, 2, 0)), &h.config, &h.plan, &mut h.cache);
         let decision = done(progress);
         assert_eq!(decision.outcome, Outcome::Rejected);
-        let Verdict::Respond { headers, .. } = decision.verdict else { panic!() };
+        assert!(matches!(decision.verdict, Verdict::Respond { .. }));
+        let headers = h.headers(&decision);
         assert_eq!(header(&headers, "retry-after"), None, "no wait can grant more permits than the rate");
         assert_eq!(header(&headers, "ratelimit-policy"), Some("\"per-user\";q=2;w=2"));
         assert_eq!(header(&headers, "ratelimit"), Some("\"per-user\";r=0;t=2"), "not t=0: retrying now is futile");
@@ -891,7 +980,8 @@ mod tests {
         assert!(matches!(h.reply(&mut pending, 1, Ok(&acquired(1))), Progress::Waiting), "a second reply is ignored");
         let decision = done(h.reply(&mut pending, 0, Err(Failure::NoReply)));
         assert_eq!(decision.outcome, Outcome::Rejected);
-        let Verdict::Respond { headers, .. } = decision.verdict else { panic!() };
+        assert!(matches!(decision.verdict, Verdict::Respond { .. }));
+        let headers = h.headers(&decision);
         assert_eq!(header(&headers, "retry-after"), Some("1"));
     }
 
@@ -924,7 +1014,8 @@ mod tests {
         ));
         let decision = decided(h.start(&[]));
         assert_eq!(decision.outcome, Outcome::LocallyRejected);
-        let Verdict::Respond { headers, .. } = decision.verdict else { panic!() };
+        assert!(matches!(decision.verdict, Verdict::Respond { .. }));
+        let headers = h.headers(&decision);
         assert_eq!(header(&headers, "ratelimit"), Some("\"a\";r=0;t=1"), "only the blocked rule is known");
     }
 }

@@ -9,8 +9,13 @@ use crate::prelude::*;
 
 /// `bytes` between double quotes: printable ASCII as it is, `\"` and `\\` escaped, `\n`, `\r`, `\t`, and
 /// every other byte as `\xNN`.
+#[inline]
 pub fn quoted(bytes: impl AsRef<[u8]>) -> String {
-    let bytes = bytes.as_ref();
+    quoted_bytes(bytes.as_ref())
+}
+
+/// [`quoted`], compiled once (not per argument type).
+fn quoted_bytes(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len() + 2);
     out.push('"');
     for &byte in bytes {

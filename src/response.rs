@@ -7,12 +7,18 @@
 use alloc::rc::Rc;
 use core::ops::Deref;
 
+use arrayvec::{ArrayString, ArrayVec};
+
 use crate::prelude::*;
 
 use crate::config::HeaderStyle;
 
 /// Longest value kept inline in a [`HeaderValue`] (no allocation), bytes.
 pub const INLINE: usize = 38;
+
+/// Most headers a decision carries (`Retry-After`, two draft and three legacy rate limit headers,
+/// `x-envoy-ratelimited`, `content-type`): every header a reply can have, so a [`Headers`] never fills.
+pub const MAX_HEADERS: usize = 8;
 
 /// A header value: a constant, a value prepared once and shared, a short one kept inline, or one made for
 /// this response.
@@ -22,8 +28,8 @@ pub enum HeaderValue {
     Static(&'static str),
     /// Prepared once (a rule's `RateLimit-Policy`), shared by every response.
     Shared(Rc<str>),
-    /// A short value made for this response, without an allocation (ASCII: header values here are).
-    Inline(u8, [u8; INLINE]),
+    /// A short value made for this response, without an allocation.
+    Inline(ArrayString<INLINE>),
     /// A longer value made for this response.
     Owned(String),
 }
@@ -31,15 +37,9 @@ pub enum HeaderValue {
 impl HeaderValue {
     /// `text` inline when it fits, else owned.
     pub fn new(text: &str) -> Self {
-        match text.len() {
-            len @ 0..=INLINE => {
-                let mut bytes = [0u8; INLINE];
-                if let Some(slot) = bytes.get_mut(..len) {
-                    slot.copy_from_slice(text.as_bytes());
-                }
-                HeaderValue::Inline(len as u8, bytes)
-            }
-            _ => HeaderValue::Owned(text.to_string()),
+        match ArrayString::from(text) {
+            Ok(inline) => HeaderValue::Inline(inline),
+            Err(_) => HeaderValue::Owned(text.to_string()),
         }
     }
 
@@ -56,9 +56,7 @@ impl Deref for HeaderValue {
         match self {
             HeaderValue::Static(text) => text,
             HeaderValue::Shared(text) => text,
-            HeaderValue::Inline(len, bytes) => {
-                bytes.get(..usize::from(*len)).and_then(|b| core::str::from_utf8(b).ok()).unwrap_or_default()
-            }
+            HeaderValue::Inline(text) => text,
             HeaderValue::Owned(text) => text,
         }
     }
@@ -66,34 +64,29 @@ impl Deref for HeaderValue {
 
 /// A short string built on the stack (for header values and keys), spilling to the heap only past
 /// [`INLINE`] bytes.
+#[derive(Debug, Default)]
 pub struct Builder {
-    inline: [u8; INLINE],
-    len: usize,
+    inline: ArrayString<INLINE>,
     spilled: Option<String>,
 }
 
 impl Builder {
     /// An empty builder.
     pub fn new() -> Self {
-        Builder { inline: [0u8; INLINE], len: 0, spilled: None }
+        Self::default()
     }
 
     /// Appends text.
     pub fn push_str(&mut self, text: &str) {
-        if let Some(spilled) = &mut self.spilled {
-            spilled.push_str(text);
-            return;
-        }
-        match self.inline.get_mut(self.len..self.len + text.len()) {
-            Some(slot) => {
-                slot.copy_from_slice(text.as_bytes());
-                self.len += text.len();
-            }
+        match &mut self.spilled {
+            Some(spilled) => spilled.push_str(text),
             None => {
-                let mut spilled = String::with_capacity(self.len + text.len() + 16);
-                spilled.push_str(self.as_str());
-                spilled.push_str(text);
-                self.spilled = Some(spilled);
+                if self.inline.try_push_str(text).is_err() {
+                    let mut spilled = String::with_capacity(self.inline.len() + text.len() + 16);
+                    spilled.push_str(&self.inline);
+                    spilled.push_str(text);
+                    self.spilled = Some(spilled);
+                }
             }
         }
     }
@@ -107,7 +100,7 @@ impl Builder {
     pub fn as_str(&self) -> &str {
         match &self.spilled {
             Some(spilled) => spilled,
-            None => self.inline.get(..self.len).and_then(|b| core::str::from_utf8(b).ok()).unwrap_or_default(),
+            None => &self.inline,
         }
     }
 
@@ -115,19 +108,14 @@ impl Builder {
     pub fn into_value(self) -> HeaderValue {
         match self.spilled {
             Some(spilled) => HeaderValue::Owned(spilled),
-            None => HeaderValue::Inline(self.len as u8, self.inline),
+            None => HeaderValue::Inline(self.inline),
         }
     }
 }
 
-impl Default for Builder {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-/// Response headers: a lowercase name and its value.
-pub type Headers = Vec<(&'static str, HeaderValue)>;
+/// Response headers: a lowercase name and its value, on the stack ([`MAX_HEADERS`] is every header a reply
+/// can have).
+pub type Headers = ArrayVec<(&'static str, HeaderValue), MAX_HEADERS>;
 
 /// One rule's state after its acquire, as the rate limit headers report it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -242,7 +230,7 @@ mod tests {
     }
 
     fn headers(style: HeaderStyle, quotas: &[Quota<'_>]) -> Vec<(&'static str, String)> {
-        let mut out = Vec::new();
+        let mut out = Headers::new();
         rate_limit_headers(style, quotas, &mut out);
         out.into_iter().map(|(name, value)| (name, value.to_string())).collect()
     }
@@ -270,7 +258,7 @@ mod tests {
     fn a_prepared_policy_is_shared_and_reads_the_same() {
         let prepared: Rc<str> = policy_value("per-user", 100, 60_000).into();
         let shared = Quota { prepared_policy: Some(&prepared), ..quota("per-user", 42) };
-        let mut out = Vec::new();
+        let mut out = Headers::new();
         rate_limit_headers(HeaderStyle::Draft, std::slice::from_ref(&shared), &mut out);
         assert!(matches!(&out[0].1, HeaderValue::Shared(value) if Rc::ptr_eq(value, &prepared)));
         assert_eq!(
@@ -285,7 +273,7 @@ mod tests {
 
     #[test]
     fn short_values_stay_inline_and_long_ones_spill() {
-        assert!(matches!(HeaderValue::number(u64::MAX), HeaderValue::Inline(20, _)));
+        assert!(matches!(HeaderValue::number(u64::MAX), HeaderValue::Inline(_)));
         assert_eq!(&*HeaderValue::number(42), "42");
         let mut builder = Builder::new();
         builder.push_str("\"per-user\";r=");

@@ -13,7 +13,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 
-use crate::host::{Host, HostError, LogLevel};
+use crate::host::{HeaderMap, Host, HostError, LogLevel};
 
 /// The root context's id, as Envoy numbers it.
 pub const ROOT: u32 = 1;
@@ -357,12 +357,12 @@ impl Host for FakeHost {
         })
     }
 
-    fn send_local_reply(&self, status: u16, headers: &[(&str, &str)], body: &[u8]) -> Result<(), HostError> {
+    fn send_local_reply(&self, status: u16, headers: &HeaderMap, body: &[u8]) -> Result<(), HostError> {
         self.with_request(|request| {
             if request.end.is_some() {
                 return Err(HostError::BadArgument);
             }
-            let headers = headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            let headers = headers.pairs();
             request.end = Some(End::LocalReply { status, headers, body: String::from_utf8_lossy(body).into_owned() });
             Ok(())
         })
@@ -408,13 +408,7 @@ impl Host for FakeHost {
         }
     }
 
-    fn http_call(
-        &self,
-        cluster: &str,
-        headers: &[(&str, &str)],
-        body: &[u8],
-        timeout_ms: u32,
-    ) -> Result<u32, HostError> {
+    fn http_call(&self, cluster: &str, headers: &HeaderMap, body: &[u8], timeout_ms: u32) -> Result<u32, HostError> {
         if let Some(error) = self.state.borrow().refuse_calls {
             return Err(error);
         }
@@ -422,7 +416,7 @@ impl Host for FakeHost {
         self.state.borrow_mut().http_calls.push(HttpCall {
             token,
             cluster: cluster.to_string(),
-            headers: headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            headers: headers.pairs(),
             body: body.to_vec(),
             timeout_ms,
         });

@@ -38,10 +38,11 @@ pub(super) fn parse_ms(text: &str) -> Result<u64, String> {
     let mut total_ns: u64 = 0;
     while !rest.is_empty() {
         let digits = rest.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(rest.len());
-        let (number, after) = rest.split_at(digits);
+        // `find` returns char boundaries: the checked split never fails (and links no panic path).
+        let (number, after) = rest.split_at_checked(digits).unwrap_or((rest, ""));
         let after = after.trim_start();
         let letters = after.find(|c: char| c.is_ascii_digit() || c == ' ').unwrap_or(after.len());
-        let (unit, after) = after.split_at(letters);
+        let (unit, after) = after.split_at_checked(letters).unwrap_or((after, ""));
         if number.is_empty() {
             return Err(format!("invalid duration {}: expected a number at {}", quoted(input), quoted(rest)));
         }

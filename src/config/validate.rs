@@ -4,7 +4,6 @@
 
 use crate::prelude::*;
 
-use base64::Engine as _;
 use serde_json::Value;
 
 use super::reader::{DurationMs, Object};
@@ -187,7 +186,9 @@ fn read_redis(mut redis: Object<'_>) -> Result<RedisConfig, ConfigError> {
         (user, password) => {
             let credentials =
                 format!("{}:{}", user.as_deref().unwrap_or(""), password.as_ref().map_or("", Secret::expose));
-            Some(Secret::new(format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(credentials))))
+            let mut value = String::from("Basic ");
+            crate::encoding::base64_into(credentials.as_bytes(), crate::encoding::STANDARD, true, &mut value);
+            Some(Secret::new(value))
         }
     };
     let authority = match redis.string("authority")? {

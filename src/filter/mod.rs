@@ -20,18 +20,21 @@
 
 use crate::prelude::*;
 
-use hashbrown::HashMap;
+use arrayvec::ArrayVec;
 
 use crate::block::{generation_of, Block, BlockTable};
 use crate::cache::LimiterCache;
-use crate::config::{FailureMode, Plugin, PluginConfig, TransportKind};
-use crate::host::{Host, HostError, LogLevel};
+use crate::config::{FailureMode, HeaderStyle, Plugin, PluginConfig, TransportKind};
+use crate::host::{HeaderMap, Host, HostError, LogLevel};
 use crate::host_redis::{self, HostRedis};
 use crate::http_bridge::{self, HttpBridge};
+use crate::id_map::IdMap;
 use crate::key::RequestView;
-use crate::limiter::{self, Blocks, Decision, Effects, Outcome, PendingRequest, Plan, Progress, Start, Verdict};
+use crate::limiter::{
+    self, Blocks, Decision, Effects, Outcome, PendingRequest, Plan, Progress, Report, Start, Verdict,
+};
 use crate::quote::quoted;
-use crate::response::{HeaderValue, Headers};
+use crate::response::{seconds_ceil, HeaderValue, Headers, MAX_HEADERS};
 use crate::script::{Encoding, Invocation, MEMBER_RANDOM_LEN};
 use crate::transport::Failure;
 
@@ -111,14 +114,8 @@ impl<H: Host> Blocks for SharedBlocks<'_, H> {
     }
 }
 
-/// How a decided request ends.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Next {
-    /// Resume it; add these headers to the upstream's response.
-    Continue(Headers),
-    /// Answer it locally.
-    Respond { status: u16, headers: Headers, body: HeaderValue },
-}
+/// How a decided request ends: its verdict (headers are rendered when handed to the host).
+type Next = Verdict;
 
 /// Where a paused request stands.
 #[derive(Debug)]
@@ -148,6 +145,65 @@ struct Call {
     call: usize,
 }
 
+/// The serialized headers of a local reply and what they were rendered from.
+struct LastReply {
+    key: ReplyKey,
+    headers: HeaderMap,
+}
+
+/// Everything a local reply's headers are rendered from, in the units they show (whole seconds): two
+/// replies with equal keys have equal headers. Replies of more than [`ReplyKey::QUOTAS`] quotas are not
+/// kept.
+#[derive(Debug)]
+struct ReplyKey {
+    entry: usize,
+    rate_limited: bool,
+    retry_s: Option<u64>,
+    count: usize,
+    /// Rule, limit, window (ms: whether it is the configured one decides the policy's form), remaining,
+    /// reset (s).
+    quotas: [(usize, u64, u64, u64, u64); ReplyKey::QUOTAS],
+}
+
+impl ReplyKey {
+    const QUOTAS: usize = 2;
+
+    /// The key of a verdict's headers; `None` when it has too many quotas to keep.
+    fn of(entry: usize, verdict: &Verdict) -> Option<Self> {
+        let (report, rate_limited) = match verdict {
+            Verdict::Continue { report } => (report, false),
+            Verdict::Respond { report, rate_limited, .. } => (report, *rate_limited),
+        };
+        let mut key = ReplyKey {
+            entry,
+            rate_limited,
+            retry_s: report.retry_ms.map(seconds_ceil),
+            count: report.quotas.len(),
+            quotas: [(0, 0, 0, 0, 0); ReplyKey::QUOTAS],
+        };
+        if key.count > ReplyKey::QUOTAS {
+            return None;
+        }
+        for (slot, q) in key.quotas.iter_mut().zip(&report.quotas) {
+            *slot = (q.rule, q.limit, q.window_ms, q.remaining, seconds_ceil(q.reset_ms));
+        }
+        Some(key)
+    }
+
+    /// Field by field (a derived comparison of the arrays calls `memcmp`, a byte loop in wasi-libc).
+    fn same(&self, other: &ReplyKey) -> bool {
+        self.entry == other.entry
+            && self.rate_limited == other.rate_limited
+            && self.retry_s == other.retry_s
+            && self.count == other.count
+            && self
+                .quotas
+                .iter()
+                .zip(&other.quotas)
+                .all(|(a, b)| a.0 == b.0 && a.1 == b.1 && a.2 == b.2 && a.3 == b.3 && a.4 == b.4)
+    }
+}
+
 /// The filter of one root context.
 pub struct Filter<H: Host> {
     host: H,
@@ -161,15 +217,20 @@ pub struct Filter<H: Host> {
     client_id: String,
     client_id_confirmed: bool,
     /// Paused requests, by HTTP context id.
-    flows: HashMap<u32, Flow>,
+    flows: IdMap<Flow>,
     /// Outstanding calls, by token.
-    calls: HashMap<u32, Call>,
-    /// Rate limit headers of resumed requests, added when their response headers arrive.
-    response_headers: HashMap<u32, Headers>,
+    calls: IdMap<Call>,
+    /// What the rate limit headers of resumed requests report (with their configuration's index), added
+    /// when their response headers arrive.
+    response_headers: IdMap<(usize, Report)>,
     /// Whether the tick is on (it runs only while requests are paused).
     ticking: bool,
     /// Whether a refused hostcall was logged (once per configuration).
     host_error_logged: bool,
+    /// The headers of the last local reply, serialized.
+    last_reply: Option<LastReply>,
+    /// Where a request's limiter names are written (one allocation, reused).
+    name_buffer: String,
 }
 
 impl<H: Host> Filter<H> {
@@ -222,16 +283,21 @@ impl<H: Host> Filter<H> {
         );
         Ok(Filter {
             metrics: Metrics::define(&host),
-            cache: LimiterCache::new(plugin.configs().map(|(_, c)| c.cache_size).max().unwrap_or(1)),
+            cache: LimiterCache::new(
+                plugin.configs().map(|(_, c)| c.cache_size).max().unwrap_or(1),
+                [random.u64(..), random.u64(..)],
+            ),
             failure_log: FailureLog::default(),
             random,
             client_id,
             client_id_confirmed: false,
-            flows: HashMap::new(),
-            calls: HashMap::new(),
-            response_headers: HashMap::new(),
+            flows: IdMap::default(),
+            calls: IdMap::default(),
+            response_headers: IdMap::default(),
             ticking: false,
             host_error_logged: false,
+            last_reply: None,
+            name_buffer: String::new(),
             prepared,
             plugin,
             host,
@@ -255,17 +321,12 @@ impl<H: Host> Filter<H> {
             let random = &mut self.random;
             let blocks = SharedBlocks { host: &self.host, table: prepared.blocks };
             let ctx = limiter::Context { config, plan: &prepared.plan, now_ms, blocks: &blocks };
-            limiter::start(&ctx, &HostRequest(&self.host), &mut || {
-                // Letters and digits only (95 bits of randomness): webdis's path form carries them as they are.
-                let mut bytes = [0u8; MEMBER_RANDOM_LEN];
-                bytes.iter_mut().for_each(|b| *b = random.alphanumeric() as u8);
-                bytes
-            })
+            limiter::start(&ctx, &HostRequest(&self.host), &mut || member_random(random), &mut self.name_buffer)
         };
         let (pending, calls) = match start {
             Start::Decided(decision) => {
                 let next = self.finish(entry, decision);
-                return self.end_in_callback(context_id, next);
+                return self.end_in_callback(context_id, entry, next);
             }
             Start::Send(pending, calls) => (pending, calls),
         };
@@ -281,7 +342,7 @@ impl<H: Host> Filter<H> {
             Some(decision) => {
                 self.forget_calls(&flow);
                 let next = self.finish(entry, decision);
-                self.end_in_callback(context_id, next)
+                self.end_in_callback(context_id, entry, next)
             }
             None => {
                 self.pause(context_id, flow);
@@ -292,11 +353,18 @@ impl<H: Host> Filter<H> {
 
     /// `proxy_on_response_headers`: adds the rate limit headers of a request that was allowed.
     pub fn on_response_headers(&mut self, context_id: u32) -> Action {
-        if let Some(headers) = self.response_headers.remove(&context_id) {
-            for (name, value) in headers {
-                if self.host.add_response_header(name, &value).is_err() {
-                    self.host_refused("proxy_add_header_map_value");
-                }
+        if self.response_headers.is_empty() {
+            return Action::Continue;
+        }
+        let Some((entry, report)) = self.response_headers.remove(&context_id) else { return Action::Continue };
+        let (Some(config), Some(prepared)) = (self.plugin.config(entry), self.prepared(entry)) else {
+            return Action::Continue;
+        };
+        let mut headers = Headers::new();
+        report.write_headers(config, &prepared.plan, &mut headers);
+        for (name, value) in headers {
+            if self.host.add_response_header(name, &value).is_err() {
+                self.host_refused("proxy_add_header_map_value");
             }
         }
         Action::Continue
@@ -305,10 +373,14 @@ impl<H: Host> Filter<H> {
     /// `proxy_on_done` / `proxy_on_delete` of an HTTP context: forgets the request (a reply still on its
     /// way is dropped when it arrives).
     pub fn on_done(&mut self, context_id: u32) {
-        if let Some(flow) = self.flows.remove(&context_id) {
-            self.forget_calls(&flow);
+        if !self.flows.is_empty() {
+            if let Some(flow) = self.flows.remove(&context_id) {
+                self.forget_calls(&flow);
+            }
         }
-        self.response_headers.remove(&context_id);
+        if !self.response_headers.is_empty() {
+            self.response_headers.remove(&context_id);
+        }
     }
 
     /// `proxy_on_http_call_response` (delivered to the root context): a reply of the HTTP bridge.
@@ -468,10 +540,7 @@ impl<H: Host> Filter<H> {
         if decision.failures.is_empty() && matches!(decision.outcome, Outcome::Allowed | Outcome::Rejected) {
             self.failure_log.recovered(&self.host);
         }
-        match decision.verdict {
-            Verdict::Continue { response_headers } => Next::Continue(response_headers),
-            Verdict::Respond { status, headers, body } => Next::Respond { status, headers, body },
-        }
+        decision.verdict
     }
 
     /// Keeps a request paused until its replies or its deadline; the tick runs while any is paused.
@@ -486,14 +555,14 @@ impl<H: Host> Filter<H> {
     }
 
     /// Ends a request from its own callback (`proxy_on_request_headers`): the context is effective.
-    fn end_in_callback(&mut self, context_id: u32, next: Next) -> Action {
+    fn end_in_callback(&mut self, context_id: u32, entry: usize, next: Next) -> Action {
         match next {
-            Next::Continue(headers) => {
-                self.remember_headers(context_id, headers);
+            Verdict::Continue { report } => {
+                self.remember_headers(context_id, entry, report);
                 Action::Continue
             }
-            Next::Respond { status, headers, body } => {
-                self.respond(status, headers, &body);
+            respond => {
+                self.respond(entry, &respond);
                 Action::Pause
             }
         }
@@ -509,40 +578,51 @@ impl<H: Host> Filter<H> {
             return;
         }
         match next {
-            Next::Continue(headers) => {
-                self.remember_headers(context_id, headers);
+            Verdict::Continue { report } => {
+                self.remember_headers(context_id, entry, report);
                 if self.host.resume_request().is_err() {
                     self.host_refused("proxy_continue_stream");
                 }
             }
-            Next::Respond { status, headers, body } => self.respond(status, headers, &body),
+            respond => self.respond(entry, &respond),
         }
     }
 
-    fn remember_headers(&mut self, context_id: u32, headers: Headers) {
-        if !headers.is_empty() {
-            self.response_headers.insert(context_id, headers);
+    fn remember_headers(&mut self, context_id: u32, entry: usize, report: Report) {
+        let style = self.plugin.config(entry).map_or(HeaderStyle::None, |c| c.headers);
+        if !report.quotas.is_empty() && style != HeaderStyle::None {
+            self.response_headers.insert(context_id, (entry, report));
         }
     }
 
-    /// Answers the effective context's request locally, as `text/plain`.
-    fn respond(&mut self, status: u16, headers: Headers, body: &str) {
-        const MAX: usize = 12;
-        let mut pairs = [("", ""); MAX];
-        let mut count = 0;
-        for (slot, (name, value)) in pairs.iter_mut().zip(headers.iter().chain(core::iter::once(&CONTENT_TYPE))) {
-            *slot = (*name, &**value);
-            count += 1;
-        }
-        let sent = match pairs.get(..count).filter(|_| headers.len() < MAX) {
-            Some(pairs) => self.host.send_local_reply(status, pairs, body.as_bytes()),
-            None => {
-                let mut pairs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, &**v)).collect();
-                pairs.push(("content-type", "text/plain"));
-                self.host.send_local_reply(status, &pairs, body.as_bytes())
-            }
+    /// Answers the effective context's request locally, as `text/plain`, with the verdict's headers. The
+    /// headers are rendered and serialized once per distinct reply: under an attack on one key, the
+    /// rejections of one second are alike and reuse the last one's ([`LastReply`]).
+    fn respond(&mut self, entry: usize, verdict: &Verdict) {
+        let Verdict::Respond { status, body, .. } = verdict else { return };
+        let key = ReplyKey::of(entry, verdict);
+        let kept = match (&self.last_reply, &key) {
+            (Some(last), Some(key)) => last.key.same(key),
+            _ => false,
         };
-        if sent.is_err() {
+        if !kept {
+            let mut headers = match (self.plugin.config(entry), self.prepared(entry)) {
+                (Some(config), Some(prepared)) => verdict.headers(config, &prepared.plan),
+                _ => Headers::new(),
+            };
+            headers.push(CONTENT_TYPE);
+            let pairs: ArrayVec<(&str, &str), MAX_HEADERS> = headers.iter().map(|(k, v)| (*k, &**v)).collect();
+            let headers = HeaderMap::new(&pairs);
+            let Some(key) = key else {
+                if self.host.send_local_reply(*status, &headers, body.as_bytes()).is_err() {
+                    self.host_refused("proxy_send_local_response");
+                }
+                return;
+            };
+            self.last_reply = Some(LastReply { key, headers });
+        }
+        let Some(last) = &self.last_reply else { return };
+        if self.host.send_local_reply(*status, &last.headers, body.as_bytes()).is_err() {
             self.host_refused("proxy_send_local_response");
         }
     }
@@ -596,6 +676,22 @@ impl<H: Host> RequestView for HostRequest<'_, H> {
     }
 }
 
+/// The random part of a permit member: 16 letters and digits (webdis's path form carries them as they
+/// are), 8 base-62 digits from each of two random u64 (95 bits of randomness; Redisson uses 16 random bytes:
+/// members only need to differ between the acquires of one window).
+fn member_random(random: &mut fastrand::Rng) -> [u8; MEMBER_RANDOM_LEN] {
+    const DIGITS: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+    let mut bytes = [0u8; MEMBER_RANDOM_LEN];
+    for half in bytes.chunks_mut(8) {
+        let mut word = random.u64(..);
+        for byte in half {
+            *byte = DIGITS.get((word % 62) as usize).copied().unwrap_or(b'0');
+            word /= 62;
+        }
+    }
+    bytes
+}
+
 /// This process's Redisson client id: the one in shared data, or a new random UUID (version 4) published
 /// there. Redisson uses its client instance's UUID string the same way (PER_CLIENT keys).
 fn client_id(host: &impl Host, random: &mut fastrand::Rng) -> String {
@@ -620,11 +716,12 @@ fn uuid_v4(mut bytes: [u8; 16]) -> String {
     bytes[6] = (bytes[6] & 0x0f) | 0x40;
     bytes[8] = (bytes[8] & 0x3f) | 0x80;
     let mut out = String::with_capacity(36);
-    for (index, byte) in bytes.iter().enumerate() {
+    for (index, &byte) in bytes.iter().enumerate() {
         if matches!(index, 4 | 6 | 8 | 10) {
             out.push('-');
         }
-        out.push_str(&format!("{byte:02x}"));
+        out.push(char::from(crate::quote::hex_digit(byte >> 4, b'a')));
+        out.push(char::from(crate::quote::hex_digit(byte, b'a')));
     }
     out
 }

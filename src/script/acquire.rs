@@ -235,14 +235,25 @@ fn push_bulk(out: &mut Vec<u8>, bytes: &[u8]) {
 /// Percent-encoded as webdis's path arguments need: everything but ASCII letters and digits, as
 /// `percent_encode(bytes, NON_ALPHANUMERIC)` does (the unit tests compare the two), one byte at a time.
 fn push_encoded(out: &mut Vec<u8>, bytes: &[u8]) {
-    out.reserve(bytes.len() * 3);
+    // Room for the worst case, then each byte written in place and the rest cut off: no capacity check
+    // per byte (README.md, "Lean guest").
+    let start = out.len();
+    out.resize(start + 3 * bytes.len(), 0);
+    let mut at = start;
     for &byte in bytes {
         if byte.is_ascii_alphanumeric() {
-            out.push(byte);
+            if let Some(slot) = out.get_mut(at) {
+                *slot = byte;
+            }
+            at += 1;
         } else {
-            out.extend_from_slice(&[b'%', hex_digit(byte >> 4, b'A'), hex_digit(byte, b'A')]);
+            if let Some(slot) = out.get_mut(at..at + 3) {
+                slot.copy_from_slice(&[b'%', hex_digit(byte >> 4, b'A'), hex_digit(byte, b'A')]);
+            }
+            at += 3;
         }
     }
+    out.truncate(at);
 }
 
 /// A limiter's config as Redis holds it (which may differ from the plugin configuration: Redis wins).
