@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple, TypeVar
 
 import redis as redis_py
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 WASM = Path(os.environ.get("ERL_WASM", REPO / "dist" / "edge-rate-limiter-envoy.wasm"))
@@ -455,6 +456,11 @@ class Redis:
         stats = self.client.info("commandstats")
         return {name.removeprefix("cmdstat_"): int(fields["calls"]) for name, fields in stats.items()}
 
+    def script_calls(self) -> int:
+        """Scripts run for clients (EVALSHA and EVAL): each is one round trip of the filter or erl-admin."""
+        calls = self.command_calls()
+        return calls.get("evalsha", 0) + calls.get("eval", 0)
+
     def log_tail(self, lines: int = 40) -> str:
         return tail(self.workdir / "redis.log", lines)
 
@@ -609,7 +615,7 @@ class Envoy:
     """
 
     def __init__(self, workdir: Path, plugin: dict | str, *, webdis_port: int, upstream_port: int,
-                 wasm: Path | str = WASM, concurrency: int = 2, name: str = "envoy"):
+                 wasm: Path | str = WASM, concurrency: int = 2, name: str = "envoy", reloadable: bool = False):
         self.workdir = workdir
         self.name = name
         self.plugin = plugin
@@ -621,10 +627,56 @@ class Envoy:
         self.yaml_path = workdir / f"{name}.yaml"
         self.log_path = workdir / f"{name}.log"
         self.out_path = workdir / f"{name}.out"
-        self.yaml_path.write_text(render_envoy_yaml(
-            plugin, listen_port=self.port, admin_port=self.admin_port, webdis_port=webdis_port,
-            upstream_port=upstream_port, wasm=self.wasm))
+        self._ports = {"listen_port": self.port, "admin_port": self.admin_port, "webdis_port": webdis_port,
+                       "upstream_port": upstream_port, "wasm": self.wasm}
         self.process: Process | None = None
+        # reloadable: the listener comes from a watched file (LDS), so `reconfigure()` can change the plugin
+        # configuration of the running process, as a control plane would.
+        self.lds_dir = workdir / f"{name}-lds" if reloadable else None
+        self._lds_version = 0
+        text = render_envoy_yaml(plugin, **self._ports)
+        if self.lds_dir is not None:
+            self.lds_dir.mkdir()
+            bootstrap = yaml.safe_load(text)
+            bootstrap["static_resources"].pop("listeners")
+            lds_path = str(self.lds_dir / "lds.json")
+            bootstrap["node"] = {"id": self.name, "cluster": "erl-e2e"}  # LDS needs a node identity
+            bootstrap["dynamic_resources"] = {"lds_config": {
+                "resource_api_version": "V3",
+                "path_config_source": {"path": lds_path, "watched_directory": {"path": str(self.lds_dir)}},
+            }}
+            text = json.dumps(bootstrap, indent=1)
+            self._write_listener(plugin)
+        self.yaml_path.write_text(text)
+
+    def _write_listener(self, plugin: dict | str) -> None:
+        """The LDS file of a reloadable Envoy: the template's listener with this plugin configuration,
+        replaced in one rename (Envoy watches the directory)."""
+        assert self.lds_dir is not None
+        [listener] = yaml.safe_load(render_envoy_yaml(plugin, **self._ports))["static_resources"]["listeners"]
+        self._lds_version += 1
+        resources = [{"@type": "type.googleapis.com/envoy.config.listener.v3.Listener", **listener}]
+        staged = self.lds_dir / "lds.json.new"
+        staged.write_text(json.dumps({"version_info": str(self._lds_version), "resources": resources}))
+        staged.rename(self.lds_dir / "lds.json")
+
+    def reconfigure(self, plugin: dict | str, timeout: float = 20.0) -> None:
+        """A new plugin configuration for the running Envoy (`reloadable=True`): a listener update through
+        LDS; returns once Envoy took it (`listener_manager.lds.update_success`) and no listener is warming."""
+        if self.lds_dir is None:
+            raise HarnessError(f"{self.name} was not started reloadable")
+        counter = "listener_manager.lds.update_success"
+        before = self.stats(filter=counter).get(counter, 0)
+        self.plugin = plugin
+        self._write_listener(plugin)
+        wanted = ("listener_manager.lds.update_success", "listener_manager.total_listeners_warming")
+
+        def taken() -> bool:
+            stats = self.stats(filter="listener_manager")
+            values = [stats.get(name, 0) for name in wanted]
+            return values[0] > before and values[1] == 0
+
+        wait_until(taken, timeout, f"{self.name} to take the new listener")
 
     @property
     def url(self) -> str:
@@ -914,6 +966,11 @@ class Emulator:
         """
         return self._call({"faults": faults}, timeout=10.0)["faults"]
 
+    def shared_data(self, prefix: str = "") -> dict[str, int]:
+        """How many shared data entries have a key starting with `prefix`, and their total size:
+        {"keys": n, "bytes": keys' and values' bytes}."""
+        return self._call({"shared_data": prefix}, timeout=10.0)["shared_data"]
+
     def metrics(self) -> dict[str, int]:
         """The filter's counters by short name ("allowed", "redis_calls", ...), as `Envoy.metrics()`."""
         metrics = self._call({"metrics": True}, timeout=10.0)["metrics"]
@@ -992,11 +1049,12 @@ class Stack(contextlib.AbstractContextManager):
         return self
 
     def envoy(self, plugin: dict | str, *, wait_ready: bool = True, wasm: Path | str = WASM,
-              concurrency: int = 2) -> Envoy:
-        """A new Envoy with this plugin configuration, started (and ready unless wait_ready=False)."""
+              concurrency: int = 2, reloadable: bool = False) -> Envoy:
+        """A new Envoy with this plugin configuration, started (and ready unless wait_ready=False);
+        `reloadable`: its listener from a watched file, for `Envoy.reconfigure()`."""
         self._count += 1
         envoy = Envoy(self.workdir, plugin, webdis_port=self.webdis.port, upstream_port=self.upstream.port,
-                      wasm=wasm, concurrency=concurrency, name=f"envoy-{self._count}")
+                      wasm=wasm, concurrency=concurrency, name=f"envoy-{self._count}", reloadable=reloadable)
         self.envoys.append(envoy)
         return envoy.start(wait_ready=wait_ready)
 

@@ -260,19 +260,14 @@ def test_database_selection_puts_the_keys_in_database_2(stack, closed_gw):
     assert stack.redis.client.keys("*") == [], "nothing in database 0"
 
 
-def script_calls(stack) -> int:
-    calls = stack.redis.command_calls()
-    return calls.get("evalsha", 0) + calls.get("eval", 0)
-
-
 def test_one_redis_round_trip_per_request_once_the_script_is_cached(stack, open_gw):
     for vm in (0, 1):  # after a Redis restart each VM's first EVALSHA may need an EVAL
         assert open_gw.send(headers=user("warm-up"), vm=vm).status == 200
 
-    scripts, metrics, sent = script_calls(stack), open_gw.metrics(), len(open_gw.outcomes)
+    scripts, metrics, sent = stack.redis.script_calls(), open_gw.metrics(), len(open_gw.outcomes)
     statuses = [open_gw.send(headers=user("max")).status for _ in range(5)]
     assert statuses == [200, 200, 200, 429, 429]
     # The second rejection is the local block's, in the other VM too: no Redis call.
     assert [outcome["redis_calls"] for outcome in open_gw.outcomes[sent:]] == [1, 1, 1, 1, 0]
-    assert script_calls(stack) - scripts == 4, "Redis ran one script per request it saw"
+    assert stack.redis.script_calls() - scripts == 4, "Redis ran one script per request it saw"
     assert delta(metrics, open_gw.metrics()) == {"allowed": 3, "rejected": 2, "local_rejected": 1, "redis_calls": 4}

@@ -8,12 +8,6 @@ COUNTERS = ("allowed", "rejected", "local_rejected", "failure_allowed", "failure
             "host_errors")
 
 
-def script_calls(stack) -> int:
-    """Scripts Redis ran for clients: each is one round trip (commands inside a script count separately)."""
-    calls = stack.redis.command_calls()
-    return calls.get("evalsha", 0) + calls.get("eval", 0)
-
-
 def warm_up_every_worker(envoy, headers: dict[str, str], limit: int = 40) -> int:
     """Sends requests (fresh connections) until each worker, one wasm VM each, has served one; returns how
     many were sent."""
@@ -37,9 +31,9 @@ def test_one_redis_round_trip_per_request_once_the_limiter_exists(stack):
     alice = {"x-user-id": "alice"}
     warm = warm_up_every_worker(envoy, alice)
 
-    scripts_before, metrics_before = script_calls(stack), envoy.metrics()
+    scripts_before, metrics_before = stack.redis.script_calls(), envoy.metrics()
     statuses = [envoy.send(headers=alice).status for _ in range(30 - warm + 3)]
-    scripts_after, metrics_after = script_calls(stack), envoy.metrics()
+    scripts_after, metrics_after = stack.redis.script_calls(), envoy.metrics()
 
     assert statuses == [200] * (30 - warm) + [429] * 3
     delta = {name: metrics_after[name] - metrics_before[name] for name in COUNTERS}
@@ -62,7 +56,7 @@ def test_a_new_limiter_is_created_and_decided_in_one_round_trip(stack):
     envoy = stack.envoy(plugin_config(rule(rate=50, interval="1m")))
     warm_up_every_worker(envoy, {"x-user-id": "warm-up"})  # the script is cached in Redis now
 
-    before = script_calls(stack)
+    before = stack.redis.script_calls()
     assert envoy.send(headers={"x-user-id": "newcomer"}).status == 200
-    assert script_calls(stack) - before == 1
+    assert stack.redis.script_calls() - before == 1
     assert stack.redis.client.hget("erl:per-user:newcomer", "rate") == b"50"
