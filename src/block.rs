@@ -61,8 +61,9 @@ pub struct BlockTable {
     pub generation: u32,
 }
 
-/// FNV-1a, 64 bits (a hash for slots, not for security: the entry names its limiter).
-fn fnv1a(bytes: &[u8]) -> u64 {
+/// FNV-1a, 64 bits, of a limiter name: what picks its slot (a hash for slots, not for security: the entry
+/// names its limiter).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |hash, &b| (hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
@@ -75,7 +76,12 @@ pub fn generation_of(configuration: &[u8]) -> u32 {
 impl BlockTable {
     /// The shared-data key of a limiter's slot (built on the stack: the prefix and at most 5 digits).
     pub fn key(&self, name: &str) -> ArrayString<32> {
-        let slot = fnv1a(name.as_bytes()) % u64::from(self.slots.max(1));
+        self.key_of_hash(fnv1a(name.as_bytes()))
+    }
+
+    /// The shared-data key of the slot of a limiter name whose [`fnv1a`] is `hash`.
+    pub fn key_of_hash(&self, hash: u64) -> ArrayString<32> {
+        let slot = hash % u64::from(self.slots.max(1));
         let mut key = ArrayString::new();
         // Both fit: 24 bytes of prefix and a slot below 65536.
         let _ = key.try_push_str(KEY_PREFIX);
@@ -85,7 +91,12 @@ impl BlockTable {
 
     /// The live block of limiter `name` at `now_ms`, if its slot holds one of this configuration.
     pub fn find(&self, host: &impl Host, name: &str, now_ms: u64) -> Option<Block> {
-        let (value, _) = host.get_shared_data(self.key(name).as_str()).ok()?;
+        self.find_hashed(host, name, fnv1a(name.as_bytes()), now_ms)
+    }
+
+    /// [`BlockTable::find`] with the name's [`fnv1a`] already computed.
+    pub fn find_hashed(&self, host: &impl Host, name: &str, hash: u64, now_ms: u64) -> Option<Block> {
+        let (value, _) = host.get_shared_data(self.key_of_hash(hash).as_str()).ok()?;
         let (generation, block, stored) = decode(value.as_deref()?)?;
         (generation == self.generation && now_ms < block.until_ms && same_bytes(stored, name.as_bytes()))
             .then_some(block)
@@ -119,12 +130,12 @@ impl BlockTable {
 
 /// Whether two byte strings are equal, compared 8 bytes at a time (wasi-libc's `memcmp`, which `==` calls,
 /// goes byte by byte: ~15 wasm instructions per byte of a limiter name on every blocked request).
-fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+pub fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }
     let (a_words, b_words) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tails_equal = a_words.remainder() == b_words.remainder();
+    let tails_equal = a_words.remainder().iter().zip(b_words.remainder()).all(|(x, y)| x == y);
     tails_equal
         && a_words.zip(b_words).all(|(x, y)| {
             let word = |bytes: &[u8]| bytes.try_into().map_or(0, u64::from_ne_bytes);

@@ -20,9 +20,11 @@
 
 use crate::prelude::*;
 
+use core::cell::RefCell;
+
 use arrayvec::ArrayVec;
 
-use crate::block::{generation_of, Block, BlockTable};
+use crate::block::{fnv1a, generation_of, same_bytes, Block, BlockTable};
 use crate::cache::LimiterCache;
 use crate::config::{FailureMode, HeaderStyle, Plugin, PluginConfig, TransportKind};
 use crate::host::{HeaderMap, Host, HostError, LogLevel};
@@ -106,11 +108,61 @@ struct Prepared {
 struct SharedBlocks<'a, H: Host> {
     host: &'a H,
     table: BlockTable,
+    /// The blocks this VM saw last ([`RecentBlocks`]).
+    recent: &'a RefCell<RecentBlocks>,
 }
 
 impl<H: Host> Blocks for SharedBlocks<'_, H> {
     fn find(&self, name: &str, now_ms: u64) -> Option<Block> {
-        self.table.find(self.host, name, now_ms)
+        let hash = fnv1a(name.as_bytes());
+        if let Some(block) = self.recent.borrow().find(name, hash, now_ms) {
+            return Some(block);
+        }
+        let block = self.table.find_hashed(self.host, name, hash, now_ms)?;
+        self.recent.borrow_mut().keep(name, hash, block);
+        Some(block)
+    }
+}
+
+/// The live blocks this VM read or recorded last, kept in the VM ([`RecentBlocks::SLOTS`] entries, one per
+/// value of the name's hash modulo that, the newest wins): under an attack on a few keys their requests are
+/// rejected without a shared data read (a hostcall, and a call back into the module to allocate the value).
+/// As exact as the entry it copies: what a block states (no permit leaves before its end, no more than
+/// `available` free) stays true until its end whatever other VMs record meanwhile; a newer block of the same
+/// limiter is read from shared data once this one has ended.
+#[derive(Debug, Default)]
+struct RecentBlocks {
+    slots: [Option<(String, Block)>; RecentBlocks::SLOTS],
+}
+
+impl RecentBlocks {
+    const SLOTS: usize = 8;
+
+    fn slot(hash: u64) -> usize {
+        (hash % RecentBlocks::SLOTS as u64) as usize
+    }
+
+    /// The live block of limiter `name` (whose [`fnv1a`] is `hash`) at `now_ms`, if kept.
+    fn find(&self, name: &str, hash: u64, now_ms: u64) -> Option<Block> {
+        match self.slots.get(Self::slot(hash)) {
+            Some(Some((kept, block))) if now_ms < block.until_ms && same_bytes(kept.as_bytes(), name.as_bytes()) => {
+                Some(*block)
+            }
+            _ => None,
+        }
+    }
+
+    /// Keeps `block` of limiter `name` in its slot (reusing the slot's name buffer).
+    fn keep(&mut self, name: &str, hash: u64, block: Block) {
+        let Some(slot) = self.slots.get_mut(Self::slot(hash)) else { return };
+        match slot {
+            Some((kept, kept_block)) => {
+                kept.clear();
+                kept.push_str(name);
+                *kept_block = block;
+            }
+            None => *slot = Some((name.into(), block)),
+        }
     }
 }
 
@@ -229,6 +281,8 @@ pub struct Filter<H: Host> {
     host_error_logged: bool,
     /// The headers of the last local reply, serialized.
     last_reply: Option<LastReply>,
+    /// The blocks this VM saw last (read from shared data or recorded).
+    recent_blocks: RefCell<RecentBlocks>,
     /// Where a request's limiter names are written (one allocation, reused).
     name_buffer: String,
 }
@@ -297,6 +351,7 @@ impl<H: Host> Filter<H> {
             ticking: false,
             host_error_logged: false,
             last_reply: None,
+            recent_blocks: RefCell::default(),
             name_buffer: String::new(),
             prepared,
             plugin,
@@ -319,7 +374,7 @@ impl<H: Host> Filter<H> {
         let now_ms = self.host.now_ms();
         let start = {
             let random = &mut self.random;
-            let blocks = SharedBlocks { host: &self.host, table: prepared.blocks };
+            let blocks = SharedBlocks { host: &self.host, table: prepared.blocks, recent: &self.recent_blocks };
             let ctx = limiter::Context { config, plan: &prepared.plan, now_ms, blocks: &blocks };
             limiter::start(&ctx, &HostRequest(&self.host), &mut || member_random(random), &mut self.name_buffer)
         };
@@ -515,6 +570,7 @@ impl<H: Host> Filter<H> {
         }
         if let (Some((name, block)), Some(prepared)) = (block, self.prepared(flow.entry)) {
             prepared.blocks.record(&self.host, &name, block, self.host.now_ms());
+            self.recent_blocks.borrow_mut().keep(&name, fnv1a(name.as_bytes()), block);
         }
         progress
     }

@@ -414,3 +414,28 @@ fn profile_rejected_by_redis() {
 fn profile_rejected_locally() {
     profile(&rejected(3_600_000), 2_000);
 }
+
+#[test]
+fn local_rejections_reuse_a_reply_only_while_its_headers_would_be_the_same() {
+    let (host, mut filter) = configure(BRIDGE, PER_USER, "");
+    for (context_id, user, delay_ms) in [(2, "alice", 60_000), (3, "bob", 30_000)] {
+        start(&host, &mut filter, context_id, user);
+        answer_http(&host, &mut filter, last_token(&host), 200, &rejected(delay_ms));
+        assert_eq!(local_reply(&host, context_id).0, 429);
+    }
+    let calls = host.http_calls().len();
+    let mut reply = |context_id: u32, user: &str, advance_ms: u64| {
+        host.advance(advance_ms);
+        start(&host, &mut filter, context_id, user);
+        let (_, headers, _) = local_reply(&host, context_id);
+        [header(&headers, "retry-after").map(str::to_owned), header(&headers, "ratelimit").map(str::to_owned)]
+    };
+    let first = reply(10, "alice", 0);
+    assert_eq!(first, [Some("60".into()), Some("\"per-user\";r=0;t=60".into())]);
+    assert_eq!(reply(11, "alice", 100), first, "the same second: the same headers");
+    assert_eq!(reply(12, "bob", 0)[0].as_deref(), Some("30"), "another limiter's block: its own headers");
+    assert_eq!(reply(13, "alice", 0), first, "back to alice");
+    assert_eq!(reply(14, "alice", 1_000)[0].as_deref(), Some("59"), "a second later: Retry-After counts down");
+    assert_eq!(host.http_calls().len(), calls, "every one answered by the local block");
+    assert_eq!(counters(&host)[7], 5);
+}
