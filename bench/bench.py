@@ -3,16 +3,23 @@
 
 1. Gateway overhead: the same Envoy (envoy/envoy.yaml, the route answering with `direct_response` so no
    Python upstream is measured) without the wasm filter (baseline) and with it: (b) every request allowed,
-   (c) every request rejected, (d) failing open with Redis stopped, (e) a rule that never applies (the
-   filter without a Redis call). Load from wrk on 127.0.0.1; then the same with one connection (latency
-   without queueing), and the CPU time per request of each process (wrk, Envoy, webdis, Redis).
-2. Redis cost per decision: the filter's ACQUIRE script (src/script/lua/acquire.lua) against Redisson's tryAcquire
-   (bench/redisson_tryacquire.lua, the baseline) on the same redis-server from the same client, in the
-   allowed and the rejected regime, with a small and a large window; and the cost of one call that
-   releases a whole window of permits, as the window grows.
+   (c) every request rejected by Redis (local block off), (d) failing open with Redis stopped, (e) a rule
+   that never applies (the filter without a Redis call), (f) every request of a blocked key rejected by the
+   local block, (g) Envoy's native local_ratelimit filter instead, rejecting every request (the in-process
+   floor), (h) an attack: most requests from a few blocked keys, the rest from users who are allowed. Load
+   from wrk on 127.0.0.1; then the same with one connection (latency without queueing), the CPU time per
+   request of each process (wrk, Envoy, webdis, Redis), and the local block's targets.
+2. Redis cost per decision: the filter's ACQUIRE script (src/script/lua/acquire.lua) against Redisson 4.x's
+   tryAcquire (bench/redisson4_tryacquire.lua, the baseline; 3.x's as a reference row) on the same
+   redis-server from the same client, in the allowed and the rejected regime, with a small and a large
+   window, in time and (under valgrind's callgrind, when installed) in instructions; and the cost of one
+   call that releases a whole window of permits, as the window grows.
 3. Redis round trips per allowed and per rejected request, counted by Redis during the runs of 1, next
    to the ideal (1); the checked claim that the benchmarked ACQUIRE is the script the filter runs.
-4. Module size: dist/*.wasm next to the size budget of wasm-tools.toml.
+4. Module size: dist/*.wasm next to the size budget of wasm-tools.toml and the size targets, with and
+   without the name section, and what each crate costs (twiggy).
+5. Guest cost per decision (wasmtime fuel in the host emulator) of both builds: allowed, rejected by Redis,
+   rejected by the local block, each over the no-rule baseline and next to its target.
 
 Every process (redis-server, webdis, Envoys, wrk) is started by tests/e2e/harness.py on 127.0.0.1 with
 free ports and stopped by its PID, also on Ctrl-C or SIGTERM. Figures vary from run to run (the machine,
@@ -22,12 +29,13 @@ Settings (environment variables, defaults in brackets): BENCH_DURATION seconds p
 BENCH_ROUNDS wrk runs per scenario and chunks per script measurement [3], BENCH_CONNECTIONS [8],
 BENCH_THREADS wrk threads [2], BENCH_CONCURRENCY Envoy workers [2], BENCH_USERS distinct x-user-id
 values [64], BENCH_N script calls per script and case [20000], BENCH_ONLY sections to run, e.g. "2,4"
-[1,2,3,4; 3 needs 1].
+[1,2,3,4,5; 3 needs 1].
 """
 
 from __future__ import annotations
 
 import contextlib
+import csv
 import hashlib
 import json
 import os
@@ -37,8 +45,10 @@ import resource
 import signal
 import socket
 import statistics
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from dataclasses import dataclass, field
@@ -49,6 +59,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "e2e"))
 
 import harness as h  # noqa: E402  (tests/e2e/harness.py: processes on free ports, stopped by PID)
+from redisson_client import OVERALL, RateLimiter  # noqa: E402  (tests/e2e: Redisson's scripts, for operators)
 import redis as redis_py  # noqa: E402
 
 
@@ -76,17 +87,28 @@ ONLY = {part.strip() for part in os.environ.get("BENCH_ONLY", "1,2,3,4,5").split
 
 WRK = os.environ.get("WRK_BIN", "wrk")
 WRK_SCRIPT = REPO / "bench" / "users.lua"
-REDISSON_LUA = REPO / "bench" / "redisson_tryacquire.lua"
+REDISSON4_LUA = REPO / "bench" / "redisson4_tryacquire.lua"
+REDISSON3_LUA = REPO / "bench" / "redisson3_tryacquire.lua"
+# Redis instructions per call are counted (callgrind) over this many calls per script and case.
+N_INSTRUCTIONS = _env_int("BENCH_N_INSTRUCTIONS", 300)
 LUA_DIR = REPO / "src" / "script" / "lua"
 WASM_TOOLS = REPO / ".tools" / "bin" / "wasm-tools"
 WARM_UP_S = 1
 BURST_REPEATS = 5
 
-# Redisson's trySetRate of the same generation as the tryAcquire baseline: run once per limiter.
-REDISSON_TRY_SET_RATE = (
+# Redisson's trySetRate of the same generation as each tryAcquire: run once per limiter.
+REDISSON3_TRY_SET_RATE = (
     "redis.call('hsetnx', KEYS[1], 'rate', ARGV[1]);"
     "redis.call('hsetnx', KEYS[1], 'interval', ARGV[2]);"
     "return redis.call('hsetnx', KEYS[1], 'type', ARGV[3]);"
+)
+REDISSON4_TRY_SET_RATE = (
+    "redis.call('hsetnx', KEYS[1], 'rate', ARGV[1]);"
+    "redis.call('hsetnx', KEYS[1], 'interval', ARGV[2]);"
+    "redis.call('hsetnx', KEYS[1], 'keepAliveTime', ARGV[4]);"
+    "local res = redis.call('hsetnx', KEYS[1], 'type', ARGV[3]);"
+    "if res == 1 and tonumber(ARGV[4]) > 0 then redis.call('pexpire', KEYS[1], ARGV[4]); end;"
+    "return res;"
 )
 # The filter's default keepAliveTime (README: "1h", or the interval if longer).
 DEFAULT_KEEP_ALIVE_MS = 3_600_000
@@ -216,16 +238,41 @@ WASM_FILTER_START = "          - name: envoy.filters.http.wasm\n"
 ROUTER_FILTER_START = "          - name: envoy.filters.http.router\n"
 
 
-def bench_envoy_yaml(rendered: str, with_filter: bool) -> str:
-    """envoy/envoy.yaml as the harness renders it, the route answering itself (`direct_response`) and,
-    for the baseline, without the wasm filter: everything else identical."""
+# Envoy's own in-process limiter, rejecting every request once its one token is gone: the floor of what a
+# rejection can cost in this Envoy (envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit).
+NATIVE_LOCAL_RATELIMIT = """\
+          - name: envoy.filters.http.local_ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit
+              stat_prefix: native_local_rate_limit
+              token_bucket: { max_tokens: 1, tokens_per_fill: 1, fill_interval: 3600s }
+              filter_enabled:
+                runtime_key: native_local_rate_limit_enabled
+                default_value: { numerator: 100, denominator: HUNDRED }
+              filter_enforced:
+                runtime_key: native_local_rate_limit_enforced
+                default_value: { numerator: 100, denominator: HUNDRED }
+"""
+
+
+def bench_envoy_yaml(rendered: str, filters: str) -> str:
+    """envoy/envoy.yaml as the harness renders it, the route answering itself (`direct_response`), with
+    `filters` "wasm" (as rendered), "none" (the baseline) or "local_ratelimit" (Envoy's native filter in
+    place of the wasm filter): everything else identical."""
     if rendered.count(ROUTE) != 1 or WASM_FILTER_START not in rendered or ROUTER_FILTER_START not in rendered:
         raise h.HarnessError("envoy/envoy.yaml changed shape: update bench_envoy_yaml() in bench/bench.py")
     text = rendered.replace(ROUTE, DIRECT_RESPONSE)
-    if not with_filter:
+    if filters != "wasm":
         start, end = text.index(WASM_FILTER_START), text.index(ROUTER_FILTER_START)
-        text = text[:start] + text[end:]
+        text = text[:start] + (NATIVE_LOCAL_RATELIMIT if filters == "local_ratelimit" else "") + text[end:]
     return text
+
+
+@dataclass(frozen=True)
+class Attack:
+    """Part of the load from a few attacking keys (x-user-id: attacker<N>), the rest from the users."""
+    keys: int
+    percent: int
 
 
 @dataclass
@@ -247,12 +294,15 @@ class WrkResult:
 
 
 def run_wrk(port: int, seconds: int, workdir: Path, label: str, connections: int = CONNECTIONS,
-            threads: int = THREADS) -> WrkResult:
-    """wrk against 127.0.0.1:port for `seconds`, started and stopped by PID through the harness."""
+            threads: int = THREADS, attack: Attack | None = None) -> WrkResult:
+    """wrk against 127.0.0.1:port for `seconds`, started and stopped by PID through the harness; with
+    `attack`, that share of the requests comes from the attacking keys (bench/users.lua)."""
     output = workdir / f"wrk-{label}.out"
     output.unlink(missing_ok=True)
     argv = [WRK, "-t", str(threads), "-c", str(connections), "-d", f"{seconds}s", "--timeout", "5s",
             "-s", str(WRK_SCRIPT), f"http://{h.HOST}:{port}/"]
+    os.environ["BENCH_ATTACKERS"] = str(attack.keys if attack else 0)  # read by bench/users.lua
+    os.environ["BENCH_ATTACK_PERCENT"] = str(attack.percent if attack else 0)
     process = h.Process("wrk", argv, output)
     code = process.wait(seconds + 30)
     process.stop()
@@ -315,7 +365,8 @@ def _short(name: str) -> str:
 
 
 def measured_run(envoy: h.Envoy, stack: h.Stack, label: str, seconds: int = DURATION,
-                 connections: int = CONNECTIONS, threads: int = THREADS) -> GatewayRun:
+                 connections: int = CONNECTIONS, threads: int = THREADS, attack: Attack | None = None
+                 ) -> GatewayRun:
     redis = stack.redis
     pids = {"Envoy": envoy.process.pid if envoy.process is not None else 0,
             "webdis": stack.webdis.process.pid if stack.webdis.process is not None else 0,
@@ -326,7 +377,7 @@ def measured_run(envoy: h.Envoy, stack: h.Stack, label: str, seconds: int = DURA
     cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     wrk_before, machine_before = children_cpu_seconds(), machine_cpu_seconds()
     # run_wrk reaps wrk: its CPU time is in RUSAGE_CHILDREN then.
-    result = run_wrk(envoy.port, seconds, stack.workdir, label, connections, threads)
+    result = run_wrk(envoy.port, seconds, stack.workdir, label, connections, threads, attack)
     cpu = {"wrk": children_cpu_seconds() - wrk_before, "machine": machine_cpu_seconds() - machine_before}
     cpu.update({name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()})
     after = envoy.stats(filter=ENVOY_STATS)
@@ -343,16 +394,19 @@ class Scenario:
     envoy: h.Envoy | None = None
     runs: list[GatewayRun] = field(default_factory=list)
     unloaded: GatewayRun | None = None  # one connection: latency without queueing
+    filters: str = "wasm"  # bench_envoy_yaml(): "wasm", "none" or "local_ratelimit"
+    attack: Attack | None = None
 
 
 def acquire_source() -> str:
     """The ACQUIRE script exactly as build.rs builds it from src/script/lua/: "-- edge-rate-limiter acquire",
-    the prelude and the body without their full-line comments (checked against the script the filter makes
-    Redis run, by SHA, in section 1)."""
-    def code(name: str) -> str:
-        lines = (LUA_DIR / name).read_text().splitlines()
-        return "".join(f"{line}\n" for line in lines if not line.lstrip().startswith("--"))
-    return "-- edge-rate-limiter acquire\n" + code("prelude.lua") + code("acquire.lua")
+    the body with the prelude at its `--@prelude` line, without comment lines, blank lines and indentation
+    (checked against the script the filter makes Redis run, by SHA, in section 1)."""
+    prelude = (LUA_DIR / "prelude.lua").read_text()
+    body = "\n".join(prelude if line.strip() == "--@prelude" else line
+                     for line in (LUA_DIR / "acquire.lua").read_text().splitlines())
+    lines = (line.strip() for line in body.splitlines())
+    return "-- edge-rate-limiter acquire\n" + "".join(f"{line}\n" for line in lines if line and not line.startswith("--"))
 
 
 def sha1_hex(text: str) -> str:
@@ -362,29 +416,45 @@ def sha1_hex(text: str) -> str:
 UNLOADED_S = 2
 
 
+# (h): 90% of the load from 4 attacking keys, the rest from the users. The rule allows 100,000 per hour per
+# key, which no user comes near; an operator has set the attackers' limiters to 1 per hour beforehand (in
+# Redis, Redisson's trySetRate: Redis's rate wins with the default rate_source), so each is blocked after its
+# first request.
+ATTACK = Attack(keys=4, percent=90)
+
+
 def run_gateway(stack: h.Stack) -> tuple[list[Scenario], str]:
     """Section 1's runs (3 reads them too). Returns the scenarios and a line on the script check."""
     timeout = "500ms"
     configs = {
         "a": None,
         "b": h.plugin_config(h.rule("allowed", rate=1_000_000, interval="1s"), timeout=timeout),
-        "c": h.plugin_config(h.rule("rejected", rate=1, interval="1h"), timeout=timeout),
+        "c": h.plugin_config(h.rule("rejected", rate=1, interval="1h", local_block_max=0), timeout=timeout),
         # The rule's key is a header wrk never sends: the filter runs on every request, calls nothing.
         "e": h.plugin_config(h.rule("skipped", limit_by={"header": "x-absent"}, rate=1, interval="1h"),
                              timeout=timeout),
+        # One limiter for every request, blocked after its one permit (local_block_max at its default).
+        "f": h.plugin_config(h.rule("blocked", limit_by="global", rate=1, interval="1h"), timeout=timeout),
+        "g": None,
+        "h": h.plugin_config(h.rule("per-user", rate=100_000, interval="1h"), timeout=timeout),
     }
     scenarios = {
-        "a": Scenario("a", "baseline: no wasm filter", "2xx"),
+        "a": Scenario("a", "baseline: no wasm filter", "2xx", filters="none"),
         "b": Scenario("b", "filter, every request allowed (1,000,000/1 s)", "2xx"),
-        "c": Scenario("c", "filter, every request rejected (1/1 h)", "4xx"),
+        "c": Scenario("c", "filter, every request rejected by Redis (1/1 h, local block off)", "4xx"),
         "d": Scenario("d", "filter failing open, Redis stopped", "2xx"),
         "e": Scenario("e", "filter, rule skipped: no Redis call", "2xx"),
+        "f": Scenario("f", "filter, every request of a blocked key rejected locally (1/1 h, global)", "4xx"),
+        "g": Scenario("g", "Envoy's native local_ratelimit, every request rejected", "4xx",
+                      filters="local_ratelimit"),
+        "h": Scenario("h", f"attack: {ATTACK.percent}% from {ATTACK.keys} blocked keys, the rest allowed users",
+                      "mix", attack=ATTACK),
     }
     progress(f"starting redis-server, webdis and {len(configs)} Envoys (--concurrency {CONCURRENCY})")
     for key, plugin in configs.items():
         envoy = h.Envoy(stack.workdir, plugin or h.plugin_config(h.rule()), webdis_port=stack.webdis.port,
                         upstream_port=stack.upstream.port, concurrency=CONCURRENCY, name=f"envoy-{key}")
-        envoy.yaml_path.write_text(bench_envoy_yaml(envoy.yaml_path.read_text(), with_filter=plugin is not None))
+        envoy.yaml_path.write_text(bench_envoy_yaml(envoy.yaml_path.read_text(), scenarios[key].filters))
         stack.envoys.append(envoy)  # stopped by Stack.close(), whatever happens
         envoy.start(wait_ready=False)
         scenarios[key].envoy = envoy
@@ -392,29 +462,38 @@ def run_gateway(stack: h.Stack) -> tuple[list[Scenario], str]:
         scenarios[key].envoy.wait_ready()  # type: ignore[union-attr]
     scenarios["d"].envoy = scenarios["b"].envoy
 
-    # (c) rejects from the second request of each user on: one allowed request per user first.
+    # (c) rejects from the second request of each user on: one allowed request per user first; (f) and (g)
+    # from the second request.
     rejecting = scenarios["c"].envoy
     assert rejecting is not None
     for user in range(USERS):
         status = rejecting.send(headers={"x-user-id": f"u{user}"}).status
         if status != 200:
             raise h.HarnessError(f"(c): the first request of u{user} got {status}, not 200")
+    for key in "fg":
+        status = scenarios[key].envoy.send().status  # type: ignore[union-attr]
+        if status != 200:
+            raise h.HarnessError(f"({key}): the first request got {status}, not 200")
+    for attacker in range(ATTACK.keys):
+        RateLimiter(stack.redis.client, f"erl:per-user:attacker{attacker}").try_set_rate(OVERALL, 1, 3_600_000)
     for key in configs:
         progress(f"warming up ({key}) for {WARM_UP_S} s")
-        run_wrk(scenarios[key].envoy.port, WARM_UP_S, stack.workdir, f"warm-{key}")  # type: ignore[union-attr]
+        run_wrk(scenarios[key].envoy.port, WARM_UP_S, stack.workdir, f"warm-{key}",  # type: ignore[union-attr]
+                attack=scenarios[key].attack)
 
     def unloaded(key: str) -> None:
         scenario = scenarios[key]
         assert scenario.envoy is not None
         progress(f"({key}) {scenario.title}: one connection, {UNLOADED_S} s")
-        scenario.unloaded = measured_run(scenario.envoy, stack, f"{key}-unloaded", UNLOADED_S, 1, 1)
+        scenario.unloaded = measured_run(scenario.envoy, stack, f"{key}-unloaded", UNLOADED_S, 1, 1,
+                                         scenario.attack)
 
     for round_index in range(ROUNDS):
         for key in configs:
             scenario = scenarios[key]
             assert scenario.envoy is not None
             progress(f"({key}) {scenario.title}: round {round_index + 1}/{ROUNDS}, {DURATION} s")
-            scenario.runs.append(measured_run(scenario.envoy, stack, f"{key}-{round_index}"))
+            scenario.runs.append(measured_run(scenario.envoy, stack, f"{key}-{round_index}", attack=scenario.attack))
     for key in configs:
         unloaded(key)
 
@@ -433,7 +512,7 @@ def run_gateway(stack: h.Stack) -> tuple[list[Scenario], str]:
         progress(f"(d) {scenarios['d'].title}: round {round_index + 1}/{ROUNDS}, {DURATION} s")
         scenarios["d"].runs.append(measured_run(failing, stack, f"d-{round_index}"))
     unloaded("d")
-    return [scenarios[key] for key in "abcde"], check
+    return [scenarios[key] for key in "abcdefgh"], check
 
 
 def answers(run: GatewayRun) -> tuple[int, dict[str, int]]:
@@ -443,9 +522,13 @@ def answers(run: GatewayRun) -> tuple[int, dict[str, int]]:
 
 def _answers_cell(s: Scenario, runs: list[GatewayRun]) -> str:
     total = sum(answers(r)[0] for r in runs)
-    expected = sum(answers(r)[1][s.expect] for r in runs)
     socket_errors = sum(r.wrk.socket_errors for r in runs)
-    cell = f"{100 * expected / total:.2f}% {s.expect}" if total else "none"
+    if not total:
+        cell = "none"
+    elif s.expect == "mix":
+        cell = ", ".join(f"{100 * sum(answers(r)[1][cls] for r in runs) / total:.1f}% {cls}" for cls in ("2xx", "4xx"))
+    else:
+        cell = f"{100 * sum(answers(r)[1][s.expect] for r in runs) / total:.2f}% {s.expect}"
     return cell + (f", {socket_errors} socket errors" if socket_errors else "")
 
 
@@ -454,8 +537,11 @@ def print_gateway(scenarios: list[Scenario]) -> None:
     heading("1. Gateway overhead: the same Envoy with and without the filter")
     out(f"wrk -t{THREADS} -c{CONNECTIONS} -d{DURATION}s on 127.0.0.1, x-user-id cycling over {USERS} users; Envoy "
         f"--concurrency {CONCURRENCY}; the route answers itself (direct_response 200), so no upstream is measured.")
-    out(f"Medians of {ROUNDS} runs per scenario (a, b, c, e interleaved; d after them, Redis stopped); spread = "
+    out(f"Medians of {ROUNDS} runs per scenario (all but d interleaved; d after them, Redis stopped); spread = "
         "min-max over the runs. Latency in microseconds, closed loop: with every CPU busy it is mostly queueing.")
+    out(f"(f) and (g) reject every request after the first; (h) sends {ATTACK.percent}% of its requests with "
+        f"x-user-id attacker0..{ATTACK.keys - 1}, whose limiters an operator set to 1/1 h, and the rest with the "
+        "users', rule 100,000/1 h per user.")
     rows = []
     for s in scenarios:
         runs = s.runs
@@ -485,8 +571,33 @@ def print_gateway(scenarios: list[Scenario]) -> None:
         return (f"{signed(med(s, 'p50') - med(base, 'p50'))} us at p50 ({100 * med(s, 'rps') / med(base, 'rps'):.0f}% "
                 f"of the baseline's req/s)")
 
-    out(f"Reading: at {CONNECTIONS} connections the filter adds, allowing, {delta('b')}; rejecting, {delta('c')}; "
-        f"failing open, {delta('d')}; with no Redis call (e), {delta('e')}.")
+    out(f"Reading: at {CONNECTIONS} connections the filter adds, allowing, {delta('b')}; rejecting through Redis, "
+        f"{delta('c')}; rejecting a blocked key locally, {delta('f')}; failing open, {delta('d')}; with no Redis "
+        f"call (e), {delta('e')}. Envoy's own local_ratelimit: {delta('g')}.")
+
+    out()
+    out("Targets of the local block (issue \"Shed load at the edge\"), from the runs above:")
+    f, g, c, hh = by_key["f"], by_key["g"], by_key["c"], by_key["h"]
+    f_requests, hh_requests = sum(answers(r)[0] for r in f.runs), sum(answers(r)[0] for r in hh.runs)
+    f_scripts, hh_scripts = scripts_run(f), scripts_run(hh)
+    hh_allowed = sum(r.stat("allowed") for r in hh.runs)
+    hh_rejected = sum(r.stat("rejected") for r in hh.runs)
+    hh_local = sum(r.stat("local_rejected") for r in hh.runs)
+    ratio = med(f, "rps") / med(g, "rps")
+    f_calls = f_scripts / f_requests if f_requests else float("nan")
+    hh_calls = (hh_scripts - hh_allowed) / hh_rejected if hh_rejected else float("nan")
+    rows = [
+        ["(f) / (g) req/s: locally rejected vs Envoy's native local_ratelimit", f"{ratio:.2f}", ">= 0.75",
+         "yes" if ratio >= 0.75 else "NO"],
+        ["(f) Redis calls per locally rejected request (one key under attack)",
+         f"{f_calls:.5f} ({num(f_scripts)} in {num(f_requests)})", "<= 0.01", "yes" if f_calls <= 0.01 else "NO"],
+        ["(f) / (c) req/s: a rejection without vs with a Redis call", f"{med(f, 'rps') / med(c, 'rps'):.1f}x", "-", "-"],
+        ["(h) Redis calls per rejected attack request", f"{hh_calls:.5f} ({num(hh_local)} of {num(hh_rejected)} "
+         "rejected locally)", "<= 0.01", "yes" if hh_calls <= 0.01 else "NO"],
+        ["(h) requests allowed (the users' share of the load)",
+         f"{100 * hh_allowed / hh_requests:.1f}% ({100 - ATTACK.percent}%)" if hh_requests else "-", "-", "-"],
+    ]
+    out(table(["measure", "measured", "target", "met"], rows))
 
     out()
     out(f"The same Envoys with one connection (wrk -t1 -c1 -d{UNLOADED_S}s, one run each): the latency of one "
@@ -532,27 +643,33 @@ def print_gateway(scenarios: list[Scenario]) -> None:
         "saturated, req/s follow the total.")
 
 
+def scripts_run(s: Scenario) -> int:
+    """EVALSHA + EVAL calls Redis counted during a scenario's runs (INFO commandstats)."""
+    return sum(r.commands.get(name, {}).get("calls", 0) for r in s.runs for name in ("cmdstat_evalsha", "cmdstat_eval"))
+
+
 def print_round_trips(scenarios: list[Scenario], check: str) -> None:
     heading("3. Redis round trips per request, counted by Redis through Envoy")
     out("During the runs of section 1: EVALSHA+EVAL calls in Redis's INFO commandstats / requests Envoy "
         "answered; the filter's own redis_calls counter / its decisions.")
     rows = []
-    for s in [x for x in scenarios if x.key in "bce"]:
+    ideal = {"b": "1", "c": "1", "e": "0", "f": "0", "h": f"{(100 - ATTACK.percent) / 100:.1f}"}
+    for s in [x for x in scenarios if x.key in ideal]:
         requests = sum(answers(r)[0] for r in s.runs)
-        scripts = sum(r.commands.get(name, {}).get("calls", 0) for r in s.runs
-                      for name in ("cmdstat_evalsha", "cmdstat_eval"))
+        scripts = scripts_run(s)
         evals = sum(r.commands.get("cmdstat_eval", {}).get("calls", 0) for r in s.runs)
         usec = sum(r.commands.get(name, {}).get("usec", 0) for r in s.runs
                    for name in ("cmdstat_evalsha", "cmdstat_eval"))
         decisions = sum(r.stat("allowed") + r.stat("rejected") for r in s.runs)
         calls = sum(r.stat("redis_calls") for r in s.runs)
-        kind = {"b": "every request allowed", "c": "every request rejected", "e": "rule skipped (no key)"}[s.key]
+        kind = {"b": "every request allowed", "c": "every request rejected by Redis", "e": "rule skipped (no key)",
+                "f": "every request of a blocked key", "h": "attack on 4 keys, users allowed"}[s.key]
         rows.append([
             f"({s.key}) {kind}",
             num(requests),
             num(scripts) + (f" ({evals} EVAL)" if evals else ""),
             f"{scripts / requests:.3f}" if requests else "-",
-            "0" if s.key == "e" else "1",
+            ideal[s.key],
             f"{calls / decisions:.3f}" if decisions else "-",
             f"{usec / scripts:.1f}" if scripts else "-",
         ])
@@ -560,7 +677,8 @@ def print_round_trips(scenarios: list[Scenario], check: str) -> None:
                "Redis us/script"], rows))
     per_request = {row[0][1]: row[3] for row in rows}
     out(f"Reading: {per_request.get('b', '-')} round trips per allowed request and {per_request.get('c', '-')} per "
-        f"rejected request against the ideal 1, {per_request.get('e', '-')} when no rule applies; Redis us/script "
+        f"request rejected by Redis against the ideal 1, {per_request.get('f', '-')} per request of a blocked key, "
+        f"{per_request.get('e', '-')} when no rule applies; Redis us/script "
         f"is under the load of section 1 (compare section 2, alone). Checked: {check}.")
 
 
@@ -569,40 +687,49 @@ def print_round_trips(scenarios: list[Scenario], check: str) -> None:
 
 
 class Contender:
-    """A script under test: how it is called and how its reply says "acquired"."""
+    """A script under test: how it is created, called, and how its reply says "acquired".
 
-    def __init__(self, label: str, slug: str, source: str, redisson: bool = False,
-                 keep_alive_ms: int | None = None):
+    `kind`: "acquire" (the filter's ACQUIRE), "redisson4" (Redisson 4.x tryAcquire, the baseline) or
+    "redisson3" (Redisson 3.x tryAcquire, before keepAliveTime: a reference). `keep_alive_ms`: the
+    limiter's keepAliveTime (None: the filter's default for the case's interval)."""
+
+    def __init__(self, label: str, slug: str, source: str, kind: str, keep_alive_ms: int | None = None):
         self.label = label
         self.slug = slug  # in key names
         self.source = source
-        self.redisson = redisson
-        self.keep_alive_ms = keep_alive_ms  # ACQUIRE's ARGV[7]; None: the filter's default
+        self.kind = kind
+        self.keep_alive_ms = keep_alive_ms
         self.sha = ""
 
     def load(self, client: redis_py.Redis) -> None:
         self.sha = client.script_load(self.source)
 
     def keys(self, name: str) -> list[str]:
-        """Redisson's five keys of a limiter (the same layout for both scripts)."""
+        """Redisson's five keys of a limiter (the same layout for every script)."""
         return [name, f"{{{name}}}:value", f"{{{name}}}:value:{CLIENT_ID}", f"{{{name}}}:permits",
                 f"{{{name}}}:permits:{CLIENT_ID}"]
 
+    def keep_alive(self, interval_ms: int) -> int:
+        return max(interval_ms, DEFAULT_KEEP_ALIVE_MS) if self.keep_alive_ms is None else self.keep_alive_ms
+
     def prepare(self, client: redis_py.Redis, name: str, rate: int, interval_ms: int) -> None:
-        """Redisson: trySetRate once. ACQUIRE needs nothing: its first call creates the limiter, as in Envoy."""
-        if self.redisson:
-            client.eval(REDISSON_TRY_SET_RATE, 1, name, rate, interval_ms, 0)
+        """Redisson: its trySetRate once. ACQUIRE needs nothing: its first call creates the limiter, as in Envoy."""
+        if self.kind == "redisson4":
+            client.eval(REDISSON4_TRY_SET_RATE, 1, name, rate, interval_ms, 0, self.keep_alive(interval_ms))
+        elif self.kind == "redisson3":
+            client.eval(REDISSON3_TRY_SET_RATE, 1, name, rate, interval_ms, 0)
 
     def argv(self, now_ms: int, random: bytes, rate: int, interval_ms: int) -> list[Any]:
-        if self.redisson:
+        if self.kind != "acquire":
             return [1, now_ms, random]
-        keep_alive = max(interval_ms, DEFAULT_KEEP_ALIVE_MS) if self.keep_alive_ms is None else self.keep_alive_ms
-        return [1, now_ms, random, rate, interval_ms, 0, keep_alive, 0]
+        # ACQUIRE's ARGV: now, member bytes, permits, rate, interval, type, keepAliveTime, apply.
+        return [now_ms, random, 1, rate, interval_ms, 0, self.keep_alive(interval_ms), 0]
 
     def acquired(self, reply: Any) -> bool:
-        if self.redisson:
+        if self.kind != "acquire":
             return reply is None
-        return int(reply[0]) == 1
+        # ACQUIRE answers with the permits left (acquired) or minus the delay (rejected), else an array.
+        return reply >= 0 if isinstance(reply, int) else int(reply[0]) == 1
 
 
 @dataclass
@@ -686,10 +813,17 @@ class RespClient:
         self.sock.close()
 
 
+def snapshot(client: redis_py.Redis, keys: list[str]) -> list[tuple[str, int, bytes]]:
+    """The keys as `DUMP` payloads with their TTLs, for `RESTORE` on another server."""
+    return [(key, max(0, client.pttl(key)), client.dump(key)) for key in keys if client.exists(key)]
+
+
 def measure_case(client: redis_py.Redis, raw: RespClient, contenders: list[Contender], case: Case, t0: int,
-                 tag: str) -> dict[str, Measurement]:
-    """The case for each contender on its own limiter, in ROUNDS chunks alternating which goes first."""
+                 tag: str) -> tuple[dict[str, Measurement], dict[str, list]]:
+    """The case for each contender on its own limiter, in ROUNDS chunks alternating which goes first. Also
+    returns each limiter's state after its set-up (`snapshot`), for the instruction counts."""
     state = {}
+    snapshots = {}
     for contender in contenders:
         name = f"bench:{tag}:{contender.slug}"
         keys = contender.keys(name)
@@ -697,6 +831,7 @@ def measure_case(client: redis_py.Redis, raw: RespClient, contenders: list[Conte
         contender.prepare(client, name, case.rate, case.interval_ms)
         fill(client, contender, keys, case, t0)
         state[contender.label] = keys
+        snapshots[contender.label] = snapshot(client, keys)
     results = {contender.label: Measurement() for contender in contenders}
     randoms = [os.urandom(16) for _ in case.times]
     size = -(-len(case.times) // ROUNDS)
@@ -731,38 +866,117 @@ def measure_case(client: redis_py.Redis, raw: RespClient, contenders: list[Conte
         if result.acquired != expected:
             raise h.HarnessError(f"{case.title}: {contender.label} acquired {result.acquired} of {result.calls}, "
                                  f"expected {expected}: the case is not in the regime it claims")
-    return results
+    return results, snapshots
 
 
-def burst_release(client: redis_py.Redis, contender: Contender, window: int, t0: int, tag: str) -> float:
-    """Redis usec of the one acquire that releases a window of `window` permits all taken at t0."""
+class CallgrindRedis:
+    """A redis-server under valgrind's callgrind: instructions it executes, counted between `zero()` and
+    `dump()` (callgrind_control). Unlike time, repeatable whatever else the machine does."""
+
+    def __init__(self, workdir: Path):
+        self.port = h.free_port()
+        self.out = workdir / "redis-callgrind.out"
+        argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.out}", "redis-server", "--port",
+                str(self.port), "--bind", h.HOST, "--save", "", "--appendonly", "no"]
+        self.process = h.Process("redis-server (callgrind)", argv, workdir / "redis-callgrind.log")
+        self.client = redis_py.Redis(host=h.HOST, port=self.port, socket_timeout=120)
+        h.wait_until(lambda: self.client.ping(), 120.0, "redis-server under callgrind to answer PING")
+
+    def _control(self, *args: str) -> None:
+        subprocess.run(["callgrind_control", *args, str(self.process.pid)], capture_output=True, check=True,
+                       timeout=120)
+
+    def zero(self) -> None:
+        self._control("-z")
+
+    def dump(self) -> int:
+        """Instructions since the last `zero()`."""
+        before = set(self.out.parent.glob(self.out.name + ".*"))
+        self._control("-d")
+        newest = sorted(set(self.out.parent.glob(self.out.name + ".*")) - before, key=lambda p: p.stat().st_mtime)
+        for line in newest[-1].read_text().splitlines():
+            if line.startswith("summary:"):
+                return int(line.split()[1])
+        raise h.HarnessError(f"no summary in {newest[-1]}")
+
+    def stop(self) -> None:
+        self.client.close()
+        self.process.stop(timeout=30)
+
+
+def instructions_per_call(cg: CallgrindRedis, contender: Contender, keys: list[str], case: Case, t0: int,
+                          state: list[tuple[str, int, bytes]], calls: int) -> float:
+    """Redis instructions per call of the case's first `calls` acquires, from the limiter's set-up state."""
+    client = cg.client
+    client.delete(*keys)
+    for key, ttl, payload in state:
+        client.restore(key, ttl, payload, replace=True)
+    if not client.script_exists(contender.sha)[0]:
+        client.script_load(contender.source)
+    pipe = client.pipeline(transaction=False)
+    for i in range(calls):
+        pipe.evalsha(contender.sha, 5, *keys, *contender.argv(t0 + case.times[i], os.urandom(16), case.rate,
+                                                              case.interval_ms))
+    cg.zero()
+    replies = pipe.execute()
+    total = cg.dump()
+    if sum(contender.acquired(reply) for reply in replies) != (calls if case.expect_acquired else 0):
+        raise h.HarnessError(f"{case.title}: {contender.label} left its regime under callgrind")
+    return total / calls
+
+
+def burst_state(client: redis_py.Redis, contender: Contender, window: int, t0: int, tag: str) -> list[str]:
+    """Sets up a limiter of rate `window`/1 min whose window is full of permits all taken at t0; its keys."""
     case = Case("burst", window, 60_000, [0] * window, [], True)
-    name = f"bench:{tag}:{contender.slug}"
-    keys = contender.keys(name)
+    keys = contender.keys(f"bench:{tag}:{contender.slug}")
     client.delete(*keys)
-    contender.prepare(client, name, window, case.interval_ms)
+    contender.prepare(client, keys[0], window, case.interval_ms)
     fill(client, contender, keys, case, t0)
-    client.config_resetstat()
-    reply = client.evalsha(contender.sha, 5, *keys, *contender.argv(t0 + 60_000, os.urandom(16), window, 60_000))
-    calls, usec, _ = commandstats(client)
-    if calls != 1 or not contender.acquired(reply):
+    return keys
+
+
+def burst_release(client: redis_py.Redis, contender: Contender, window: int, t0: int, tag: str,
+                  cg: CallgrindRedis | None = None) -> float:
+    """Redis usec of the one acquire that releases a window of `window` permits all taken at t0; with `cg`,
+    the instructions of that call instead, on the callgrind Redis (the state copied there by DUMP/RESTORE)."""
+    keys = burst_state(client, contender, window, t0, tag)
+    target = client
+    if cg is not None:
+        target = cg.client
+        for key, ttl, payload in snapshot(client, keys):
+            target.restore(key, ttl, payload, replace=True)
+        if not target.script_exists(contender.sha)[0]:
+            target.script_load(contender.source)
+        cg.zero()
+    else:
+        client.config_resetstat()
+    reply = target.evalsha(contender.sha, 5, *keys, *contender.argv(t0 + 60_000, os.urandom(16), window, 60_000))
+    cost = float(cg.dump()) if cg is not None else commandstats(client)[1]
+    if (cg is None and commandstats(client)[0] != 1) or not contender.acquired(reply):
         raise h.HarnessError(f"burst release of {window}: {contender.label} did not acquire")
-    if client.zcard(keys[3]) != 1:
-        raise h.HarnessError(f"burst release of {window}: {contender.label} left {client.zcard(keys[3])} permits")
+    if target.zcard(keys[3]) != 1:
+        raise h.HarnessError(f"burst release of {window}: {contender.label} left {target.zcard(keys[3])} permits")
     client.delete(*keys)
-    return usec
+    target.delete(*keys)
+    return cost
 
 
 def run_redis_cost(redis: h.Redis) -> None:
-    heading("2. Redis cost per decision: ACQUIRE vs Redisson's tryAcquire (baseline), same server and client")
+    heading("2. Redis cost per decision: ACQUIRE vs Redisson 4.x's tryAcquire (baseline), same server and client")
     client = redis_py.Redis(host=h.HOST, port=redis.port, socket_timeout=30)  # set-up and INFO
     raw = RespClient(redis.port)  # the measured calls
     client.flushall()
     client.script_flush()
     acquire = acquire_source()
-    contenders = [Contender("ACQUIRE (filter default)", "acquire", acquire),
-                  Contender("ACQUIRE, keep_alive 0", "acquire0", acquire, keep_alive_ms=0),
-                  Contender("Redisson (baseline)", "redisson", REDISSON_LUA.read_text(), redisson=True)]
+    redisson4 = REDISSON4_LUA.read_text()
+    contenders = [Contender("ACQUIRE (filter default, keepAlive 1 h)", "acquire", acquire, "acquire"),
+                  Contender("Redisson 4.x, keepAlive 1 h (baseline)", "redisson4", redisson4, "redisson4"),
+                  Contender("ACQUIRE, keep_alive 0", "acquire0", acquire, "acquire", keep_alive_ms=0),
+                  Contender("Redisson 4.x, keepAlive 0 (baseline)", "redisson40", redisson4, "redisson4",
+                            keep_alive_ms=0),
+                  Contender("Redisson 3.x (no keepAlive; reference)", "redisson3", REDISSON3_LUA.read_text(),
+                            "redisson3")]
+    pairs = [(0, 1), (2, 3)]  # (ACQUIRE, its baseline): the same keepAliveTime
     for contender in contenders:
         contender.load(client)
     n = N_CALLS
@@ -779,66 +993,101 @@ def run_redis_cost(redis: h.Redis) -> None:
     out(f"{num(n)} EVALSHA per script and case, one at a time on one connection, in {ROUNDS} chunks alternating "
         f"the order of the scripts (spread = min-max over the chunks).")
     out("All scripts get the same rate, interval and acquire times (a simulated clock passed as ARGV, so "
-        "every call is in the stated regime; checked). ACQUIRE runs as the filter calls it: by default "
-        "keepAliveTime 1 h (3 PEXPIRE per call), and with keep_alive 0 (no PEXPIRE, as Redisson without "
-        "expire). Redisson's limiter is created by its trySetRate once, before.")
-    out("Redis us/call: INFO commandstats usec_per_call of EVALSHA (the whole script); cmds inside: commands "
-        "the script ran per call. Client us: wall time of one call from a minimal RESP client (command encoded "
-        "beforehand): loopback and Redis.")
+        "every call is in the stated regime; checked). ACQUIRE runs as the filter calls it, with the filter's "
+        "default keepAliveTime (1 h: 3 PEXPIRE per call) and with keep_alive 0; the baseline is Redisson 4.x's "
+        "tryAcquire (bench/redisson4_tryacquire.lua) with the same keepAliveTime, its limiter created by its "
+        "trySetRate once, before. Redisson 3.x's script (before keepAliveTime) is a reference.")
+    out("Redis us/call: INFO commandstats usec_per_call of EVALSHA (the whole script); Redis instr/call: "
+        f"instructions redis-server executes per call, counted by callgrind over {N_INSTRUCTIONS} calls from "
+        "the same state (repeatable, unlike time); cmds inside: commands the script ran per call. Client us: "
+        "wall time of one call from a minimal RESP client: loopback and Redis.")
+    cg = None
+    if shutil.which("valgrind") and shutil.which("callgrind_control"):
+        progress("(2) starting a redis-server under callgrind for the instruction counts")
+        cg = CallgrindRedis(Path(tempfile.mkdtemp(prefix="erl-bench-cg-")))
     rows = []
-    costs: list[tuple[str, list[float]]] = []
+    costs: list[tuple[str, list[float], list[float]]] = []
     client_p50: list[float] = []
-    for index, case in enumerate(cases):
-        progress(f"(2) {case.title}")
-        results = measure_case(client, raw, contenders, case, t0 + index * 10_000_000, f"case{index}")
-        for position, contender in enumerate(contenders):
-            result = results[contender.label]
-            walls = sorted(result.walls_ns)
-            client_p50.append(percentile(walls, 50) / 1000)
-            rows.append([
-                case.title if position == 0 else "",
-                contender.label,
-                f"{result.redis_usec_total / result.calls:.1f}",
-                spread(result.usec, 1),
-                f"{median(result.inner):.1f}",
-                f"{percentile(walls, 50) / 1000:.0f}",
-                f"{percentile(walls, 99) / 1000:.0f}",
-                f"{result.acquired:,}/{result.calls:,} acquired",
-            ])
-        costs.append((case.title.split(":")[0] + (", large window" if case.rate == 10_000 else ""),
-                      [results[c.label].redis_usec_total / results[c.label].calls for c in contenders]))
-    out(table(["case (the same for every script)", "script", "Redis us/call", "spread", "cmds inside",
-               "client us p50", "p99", "decisions"], rows, left=2))
-    out("Reading: Redis us per decision, ACQUIRE / keep_alive 0 / Redisson: "
-        + "; ".join(f"{title} {mine:.1f} / {zero:.1f} / {theirs:.1f} ({mine / theirs:.2f}x)"
-                    for title, (mine, zero, theirs) in costs)
-        + ". ACQUIRE does more in its one call (creates a missing limiter, reads keepAliveTime, returns the "
-          f"reset time, refreshes the TTLs). A call's wall time at the client (p50 {min(client_p50):.0f}-"
-          f"{max(client_p50):.0f} us) is mostly the trip, not the script.")
+    try:
+        for index, case in enumerate(cases):
+            progress(f"(2) {case.title}")
+            case_t0 = t0 + index * 10_000_000
+            results, snapshots = measure_case(client, raw, contenders, case, case_t0, f"case{index}")
+            instructions = []
+            for contender in contenders:
+                if cg is None:
+                    instructions.append(float("nan"))
+                    continue
+                keys = contender.keys(f"bench:case{index}:{contender.slug}")
+                instructions.append(instructions_per_call(cg, contender, keys, case, case_t0,
+                                                          snapshots[contender.label], N_INSTRUCTIONS))
+            for position, contender in enumerate(contenders):
+                result = results[contender.label]
+                walls = sorted(result.walls_ns)
+                client_p50.append(percentile(walls, 50) / 1000)
+                rows.append([
+                    case.title if position == 0 else "",
+                    contender.label,
+                    f"{result.redis_usec_total / result.calls:.1f}",
+                    spread(result.usec, 1),
+                    num(instructions[position]) if instructions[position] == instructions[position] else "-",
+                    f"{median(result.inner):.1f}",
+                    f"{percentile(walls, 50) / 1000:.0f}",
+                    f"{result.acquired:,}/{result.calls:,} acquired",
+                ])
+            title = case.title.split(":")[0] + (", large window" if case.rate == 10_000 else "")
+            costs.append((title, [results[c.label].redis_usec_total / results[c.label].calls for c in contenders],
+                          instructions))
+    except BaseException:
+        if cg is not None:
+            cg.stop()
+        raise
+    out(table(["case (the same for every script)", "script", "Redis us/call", "spread", "Redis instr/call",
+               "cmds inside", "client us p50", "decisions"], rows, left=2))
+
+    def ratio(values: list[float], mine: int, theirs: int) -> str:
+        return f"{values[mine] / values[theirs]:.2f}x" if values[theirs] == values[theirs] else "-"
+
+    summary = []
+    for title, usec, instr in costs:
+        ratios = ", ".join(f"{'keepAlive 1 h' if mine == 0 else 'keep_alive 0'} {ratio(instr, mine, theirs)} "
+                           f"instr ({ratio(usec, mine, theirs)} us)" for mine, theirs in pairs)
+        summary.append(f"{title}: {ratios}; vs Redisson 3.x {ratio(instr, 0, 4)} instr")
+    out("Target: ACQUIRE <= 1.0x Redisson 4.x's tryAcquire in every case. ACQUIRE / baseline: " + "; ".join(summary)
+        + f". ACQUIRE also creates a missing limiter and applies a rule's config in the same call. A call's wall "
+          f"time at the client (p50 {min(client_p50):.0f}-{max(client_p50):.0f} us) is mostly the trip.")
 
     out()
-    burst = [contenders[0], contenders[-1]]
+    burst = [contenders[0], contenders[1]]
     out(f"Growth with the window: one acquire that releases a whole window of W permits, all taken in one "
-        f"burst one interval earlier (rate W/1 min); Redis us of that one call, median of {BURST_REPEATS}.")
+        f"burst one interval earlier (rate W/1 min); Redis us of that one call, median of {BURST_REPEATS}, and "
+        f"the instructions of that call under callgrind (the same state, copied by DUMP/RESTORE).")
     rows = []
     growth = []
-    for window in (100, 1_000, 10_000):
-        progress(f"(2) burst release of {num(window)} permits")
-        timings: dict[str, list[float]] = {c.label: [] for c in burst}
-        for repeat in range(BURST_REPEATS):
-            for contender in burst if repeat % 2 == 0 else list(reversed(burst)):
-                timings[contender.label].append(
-                    burst_release(client, contender, window, t0 + 10**9 + repeat * 10**6, f"burst{window}"))
-        mine, theirs = (median(timings[c.label]) for c in burst)
-        growth.append((window, mine, theirs))
-        rows.append([num(window), num(mine), spread(timings[burst[0].label]), num(theirs),
-                     spread(timings[burst[1].label]), f"{mine / theirs:.2f}x", f"{1000 * mine / window:.0f}",
-                     f"{1000 * theirs / window:.0f}"])
-    out(table(["W (permits released)", "ACQUIRE us", "spread", "Redisson us", "spread", "ratio",
-               "ACQUIRE ns/permit", "Redisson ns/permit"], rows))
+    try:
+        for window in (100, 1_000, 10_000):
+            progress(f"(2) burst release of {num(window)} permits")
+            timings: dict[str, list[float]] = {c.label: [] for c in burst}
+            for repeat in range(BURST_REPEATS):
+                for contender in burst if repeat % 2 == 0 else list(reversed(burst)):
+                    timings[contender.label].append(
+                        burst_release(client, contender, window, t0 + 10**9 + repeat * 10**6, f"burst{window}"))
+            instr = [burst_release(client, c, window, t0 + 2 * 10**9, f"burst{window}", cg) if cg else float("nan")
+                     for c in burst]
+            mine, theirs = (median(timings[c.label]) for c in burst)
+            growth.append((window, mine, theirs))
+            rows.append([num(window), num(mine), spread(timings[burst[0].label]), num(theirs),
+                         spread(timings[burst[1].label]), f"{mine / theirs:.2f}x",
+                         *((num(instr[0]), num(instr[1]), f"{instr[0] / instr[1]:.2f}x") if cg else ("-", "-", "-")),
+                         f"{1000 * mine / window:.0f}", f"{1000 * theirs / window:.0f}"])
+    finally:
+        if cg is not None:
+            cg.stop()
+    out(table(["W (permits released)", "ACQUIRE us", "spread", "Redisson 4.x us", "spread", "ratio (us)",
+               "ACQUIRE instr", "Redisson instr", "ratio (instr)", "ACQUIRE ns/permit", "Redisson ns/permit"], rows))
     (w0, m0, r0), (w1, m1, r1) = growth[0], growth[-1]
     out(f"Reading: from W={num(w0)} to W={num(w1)} that call grows from {num(m0)} to {num(m1)} us (ACQUIRE) and "
-        f"from {num(r0)} to {num(r1)} us (Redisson), about linearly: both scripts read every expired member "
+        f"from {num(r0)} to {num(r1)} us (Redisson 4.x), about linearly: both scripts read every expired member "
         f"into Lua to sum its permits (the Redisson layout), and Redis serves no one else meanwhile.")
     raw.close()
     client.close()
@@ -861,8 +1110,56 @@ def wasm_sections(path: Path) -> dict[str, int]:
     return sections
 
 
-def print_sizes() -> None:
-    heading("4. Module size: dist/*.wasm next to the budget of wasm-tools.toml")
+# The targets of the issue "Shed load at the edge" for the stock build, bytes.
+SIZE_TARGET_NAMED, SIZE_TARGET_STRIPPED = 250_000, 180_000
+
+
+def stripped_size(path: Path, workdir: Path) -> int | None:
+    """The module's size without any custom section (`wasm-tools strip --all`), bytes."""
+    if not WASM_TOOLS.exists():
+        return None
+    out_path = workdir / f"{path.stem}.stripped.wasm"
+    done = subprocess.run([str(WASM_TOOLS), "strip", "--all", str(path), "-o", str(out_path)], capture_output=True,
+                          check=False)
+    return out_path.stat().st_size if done.returncode == 0 else None
+
+
+def crate_of(item: str) -> str:
+    """The crate a twiggy item (a demangled function name or a section) belongs to."""
+    if item.startswith("data segment"):
+        return "data (constants: strings, tables, the Lua source)"
+    if item.startswith('"') or item.startswith("custom section"):
+        return "name section" if "names" in item else item
+    if item.startswith("proxy_on_") or item.startswith("export "):
+        return "edge_rate_limiter"  # the ABI entry points, with the filter code inlined into them
+    match = re.match(r"^[<&(\s]*(?:dyn |mut |impl )?([A-Za-z_][A-Za-z0-9_]*)(?:\[[0-9a-f]+\])?::", item)
+    return match.group(1) if match else "other (compiler intrinsics, glue)"
+
+
+def twiggy_table(path: Path, top: int = 14) -> list[list[str]] | None:
+    """Bytes per crate of the module (twiggy top over every item), largest first."""
+    twiggy = REPO / ".tools" / "bin" / "twiggy"
+    if not twiggy.exists():
+        return None
+    done = subprocess.run([str(twiggy), "top", "-n", "100000", "--format", "csv", str(path)], capture_output=True,
+                          text=True, check=False)
+    if done.returncode != 0:
+        return None
+    by_crate: dict[str, int] = {}
+    for row in csv.DictReader(done.stdout.splitlines()):
+        crate = crate_of(row["Name"])
+        by_crate[crate] = by_crate.get(crate, 0) + int(row["ShallowSize"])
+    total = sum(by_crate.values())
+    ranked = sorted(by_crate.items(), key=lambda item: -item[1])
+    rows = [[crate, num(size), f"{100 * size / total:.1f}%"] for crate, size in ranked[:top]]
+    rest = sum(size for _, size in ranked[top:])
+    if rest:
+        rows.append([f"{len(ranked) - top} more", num(rest), f"{100 * rest / total:.1f}%"])
+    return rows
+
+
+def print_sizes(workdir: Path) -> None:
+    heading("4. Module size: dist/*.wasm next to the budget of wasm-tools.toml and the targets")
     config = tomllib.loads((REPO / "wasm-tools.toml").read_text())
     default_budget = config.get("postbuild", {}).get("size_budget_bytes")
     rows = []
@@ -871,17 +1168,36 @@ def print_sizes() -> None:
         profile = path.stem.removeprefix("edge-rate-limiter-")
         budget = config.get("artifact", {}).get(profile, {}).get("size_budget_bytes", default_budget)
         size = path.stat().st_size
+        stripped = stripped_size(path, workdir)
         sections = wasm_sections(path)
-        rows.append([f"dist/{path.name}", num(size), num(budget) if budget else "none",
-                     f"{100 * size / budget:.0f}%" if budget else "-",
+        rows.append([f"dist/{path.name}", num(size), num(stripped) if stripped else "?",
+                     num(budget) if budget else "none", f"{100 * size / budget:.0f}%" if budget else "-",
                      *(num(sections[name]) if name in sections else "?" for name in ("code", "data", "name"))])
         if budget:
             used.append((path.name, size, budget))
-    out(table(["artifact", "bytes", "budget", "of budget", "code", "data", "name section"], rows))
+        if profile == "envoy":
+            envoy = (size, stripped)
+    out(table(["artifact", "bytes (names kept)", "bytes stripped", "budget", "of budget", "code", "data",
+               "name section"], rows))
     if used:
         name, size, budget = max(used, key=lambda item: item[1] / item[2])
         out(f"Reading: the largest share is {name} at {100 * size / budget:.0f}% of its budget "
             f"({num(budget - size)} bytes of room); the name section (kept for readable traps) is part of it.")
+    if "envoy" in {path.stem.removeprefix("edge-rate-limiter-") for path in (REPO / "dist").glob("*.wasm")}:
+        named, stripped = envoy
+        out()
+        out(table(["target (stock build)", "measured", "target", "met"], [
+            ["with the name section", num(named), f"<= {num(SIZE_TARGET_NAMED)}",
+             "yes" if named <= SIZE_TARGET_NAMED else "NO"],
+            ["stripped (wasm-tools strip --all)", num(stripped) if stripped else "?", f"<= {num(SIZE_TARGET_STRIPPED)}",
+             "yes" if stripped and stripped <= SIZE_TARGET_STRIPPED else "NO"],
+        ]))
+        rows = twiggy_table(REPO / "dist" / "edge-rate-limiter-envoy.wasm")
+        if rows:
+            out()
+            out("What each crate costs in dist/edge-rate-limiter-envoy.wasm (twiggy top, shallow bytes; after "
+                "inlining, a function counts where it was inlined):")
+            out(table(["crate or part", "bytes", "share"], rows))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -902,39 +1218,55 @@ def replay(build: str, config: dict, clusters: dict[str, int], requests: list[di
     return json.loads(done.stdout)
 
 
+# Fuel over the no-rule baseline, per decision (issue "Shed load at the edge").
+FUEL_TARGETS = {"allowed": 15_000, "rejected by Redis": 15_000, "rejected locally": 3_000}
+
+
 def run_guest_cost() -> None:
     """Section 5: guest cost (wasmtime fuel, about one unit per wasm instruction) and round trips per
     request of both builds in the host emulator, next to the same filter when no rule applies (baseline)."""
     heading("5. Guest cost per request in the host emulator: stock build vs Higress build")
     out("wasm-host replay, 2 VMs, one at a time; rule per-user, 50 per minute over 4 users: 400 requests (200 allowed,")
-    out("200 rejected); baseline: the same 400 requests without the key header (the rule is skipped, no Redis call).")
-    out("Fuel: wasmtime fuel consumed by every guest call for the request (callbacks included), about one per")
-    out("wasm instruction: repeatable, unlike time. Round trips: HTTP calls to webdis (stock) or proxy_redis_call")
-    out("(Higress) per request.")
-    rule_ = h.rule(rate=50, interval="1m")
+    out("200 rejected, all but the first of each user by the local block); the same with local_block_max 0 (every")
+    out("rejection by Redis); baseline: the same 400 requests without the key header (the rule is skipped, no Redis")
+    out("call). Fuel: wasmtime fuel consumed by every guest call for the request (callbacks included), about one")
+    out("per wasm instruction: repeatable, unlike time. Round trips: HTTP calls to webdis (stock) or")
+    out("proxy_redis_call (Higress) per request, with the local block.")
     decided = [{"headers": [["x-user-id", f"u{i % 4}"]]} for i in range(400)]
     skipped = [{"headers": [["x-other", "1"]]} for _ in range(400)]
-    rows = []
+    rows, over = [], {}
     with h.Stack() as stack:
         stack.start()
         builds = {
-            "envoy": (h.plugin_config(rule_), {"webdis": stack.webdis.port}, "http_calls_per_request"),
-            "higress": (h.host_plugin_config(rule_), {"redis": stack.redis.port}, "redis_round_trips"),
+            "envoy": (h.plugin_config, {"webdis": stack.webdis.port}, "http_calls_per_request"),
+            "higress": (h.host_plugin_config, {"redis": stack.redis.port}, "redis_round_trips"),
         }
-        for build, (config, clusters, trips_key) in builds.items():
-            stack.redis.client.flushall()
-            stack.redis.client.script_load(acquire_source())  # both builds start with the script cached
-            result = replay(build, config, clusters, decided, stack.workdir)
-            baseline = replay(build, config, clusters, skipped, stack.workdir)
-            trips = result[trips_key]["per_request"] if trips_key == "redis_round_trips" else result[trips_key]
-            rows.append([f"{build} ({h.BUILDS[build].name})", num(baseline["fuel_allowed"]["p50"] if baseline["fuel_allowed"]["count"] else 0),
-                         num(result["fuel_allowed"]["p50"]), num(result["fuel_allowed"]["mean"]),
-                         num(result["fuel_rejected"]["p50"]), num(result["fuel_rejected"]["mean"]),
-                         f"{trips['mean']:.3f}", ", ".join(f"{n} {k}" for k, n in sorted(result["outcomes"].items()))])
-    out(table(["build", "no rule (baseline) p50", "allowed p50", "allowed mean", "rejected p50", "rejected mean",
+        for build, (make_config, clusters, trips_key) in builds.items():
+            def run(requests: list[dict], **fields: Any) -> dict:
+                stack.redis.client.flushall()
+                stack.redis.client.script_load(acquire_source())  # every run starts with the script cached
+                config = make_config(h.rule(rate=50, interval="1m", **fields))
+                return replay(build, config, clusters, requests, stack.workdir)
+
+            blocked, unblocked, baseline = run(decided), run(decided, local_block_max=0), run(skipped)
+            base = baseline["fuel_allowed"]["p50"] if baseline["fuel_allowed"]["count"] else 0
+            over[build] = {"allowed": blocked["fuel_allowed"]["p50"] - base,
+                           "rejected by Redis": unblocked["fuel_rejected"]["p50"] - base,
+                           "rejected locally": blocked["fuel_rejected"]["p50"] - base}
+            trips = blocked[trips_key]["per_request"] if trips_key == "redis_round_trips" else blocked[trips_key]
+            rows.append([f"{build} ({h.BUILDS[build].name})", num(base),
+                         *(f"{num(base + over[build][kind])} ({signed(over[build][kind])})" for kind in FUEL_TARGETS),
+                         f"{trips['mean']:.3f}",
+                         ", ".join(f"{n} {k}" for k, n in sorted(blocked["outcomes"].items()))])
+    out(table(["build", "no rule (baseline) p50", "allowed p50", "rejected by Redis p50", "rejected locally p50",
                "round trips/request", "outcomes"], rows))
-    out("Reading: deciding a request costs the guest the difference between the allowed/rejected and baseline "
-        "columns; the two builds differ only in their transport code.")
+    out()
+    out(table(["fuel over the baseline, p50", *FUEL_TARGETS, ""], [
+        [build, *(f"{signed(over[build][kind])} ({'yes' if over[build][kind] <= FUEL_TARGETS[kind] else 'NO'})"
+                  for kind in FUEL_TARGETS), ""] for build in over
+    ] + [["target", *(f"<= {num(target)}" for target in FUEL_TARGETS.values()), ""]]))
+    out("Reading: deciding a request costs the guest the difference to the baseline column; the two builds differ "
+        "only in their transport code. A local rejection reads one shared data entry and answers.")
 
 
 def _interrupt(signum: int, _frame: Any) -> None:
@@ -964,7 +1296,8 @@ def main() -> int:
             if "3" in ONLY and scenarios:
                 print_round_trips(scenarios, check)
         if "4" in ONLY:
-            print_sizes()
+            with tempfile.TemporaryDirectory(prefix="bench-sizes-") as sizes_dir:
+                print_sizes(Path(sizes_dir))
         if "5" in ONLY:
             run_guest_cost()
     except KeyboardInterrupt:
