@@ -1266,7 +1266,8 @@ def run_guest_cost() -> None:
                   for kind in FUEL_TARGETS), ""] for build in over
     ] + [["target", *(f"<= {num(target)}" for target in FUEL_TARGETS.values()), ""]]))
     out("Reading: deciding a request costs the guest the difference to the baseline column; the two builds differ "
-        "only in their transport code. A local rejection reads one shared data entry and answers.")
+        "only in their transport code. A local rejection finds the block among its VM's recent blocks (or in one "
+        "shared data entry) and answers.")
 
 
 def _interrupt(signum: int, _frame: Any) -> None:

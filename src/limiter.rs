@@ -206,15 +206,16 @@ impl fmt::Display for Notice {
 
 /// Where a request finds the local blocks of its limiters ([`crate::block`]).
 pub trait Blocks {
-    /// The live block of limiter `name` at `now_ms`, if any.
-    fn find(&self, name: &str, now_ms: u64) -> Option<Block>;
+    /// The live block of limiter `name` at `now_ms` that rejects a request for `permits` (fewer than
+    /// `permits` free), if any.
+    fn rejecting(&self, name: &str, now_ms: u64, permits: u64) -> Option<Block>;
 }
 
 /// No local blocks (every request goes to Redis).
 pub struct NoBlocks;
 
 impl Blocks for NoBlocks {
-    fn find(&self, _name: &str, _now_ms: u64) -> Option<Block> {
+    fn rejecting(&self, _name: &str, _now_ms: u64, _permits: u64) -> Option<Block> {
         None
     }
 }
@@ -401,7 +402,7 @@ pub fn start(
             continue;
         }
         if rule.local_block_max_ms > 0 {
-            if let Some(block) = ctx.blocks.find(name, ctx.now_ms).filter(|block| rule.permits > block.available) {
+            if let Some(block) = ctx.blocks.rejecting(name, ctx.now_ms, rule.permits) {
                 // Redisson's delay: 3 ms past the oldest permit's departure.
                 let delay_ms = block.release_ms.saturating_sub(ctx.now_ms).saturating_add(3);
                 let quota = RuleQuota {
@@ -662,8 +663,12 @@ mod tests {
     struct ListedBlocks(Vec<(String, Block)>);
 
     impl Blocks for ListedBlocks {
-        fn find(&self, name: &str, now_ms: u64) -> Option<Block> {
-            self.0.iter().find(|(n, b)| n == name && now_ms < b.until_ms).map(|(_, b)| *b)
+        fn rejecting(&self, name: &str, now_ms: u64, permits: u64) -> Option<Block> {
+            self.0
+                .iter()
+                .find(|(n, b)| n == name && now_ms < b.until_ms)
+                .map(|(_, b)| *b)
+                .filter(|b| permits > b.available)
         }
     }
 

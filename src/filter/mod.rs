@@ -113,14 +113,16 @@ struct SharedBlocks<'a, H: Host> {
 }
 
 impl<H: Host> Blocks for SharedBlocks<'_, H> {
-    fn find(&self, name: &str, now_ms: u64) -> Option<Block> {
+    fn rejecting(&self, name: &str, now_ms: u64, permits: u64) -> Option<Block> {
         let hash = fnv1a(name.as_bytes());
-        if let Some(block) = self.recent.borrow().find(name, hash, now_ms) {
+        // A kept block that still rejects answers; one that would let the request through may be older than
+        // the entry in shared data (another VM's later rejection saw fewer permits free): read that.
+        if let Some(block) = self.recent.borrow().find(name, hash, now_ms).filter(|b| permits > b.available) {
             return Some(block);
         }
         let block = self.table.find_hashed(self.host, name, hash, now_ms)?;
         self.recent.borrow_mut().keep(name, hash, block);
-        Some(block)
+        Some(block).filter(|b| permits > b.available)
     }
 }
 
@@ -128,8 +130,9 @@ impl<H: Host> Blocks for SharedBlocks<'_, H> {
 /// value of the name's hash modulo that, the newest wins): under an attack on a few keys their requests are
 /// rejected without a shared data read (a hostcall, and a call back into the module to allocate the value).
 /// As exact as the entry it copies: what a block states (no permit leaves before its end, no more than
-/// `available` free) stays true until its end whatever other VMs record meanwhile; a newer block of the same
-/// limiter is read from shared data once this one has ended.
+/// `available` free) stays true until its end whatever other VMs record meanwhile. A kept block that would
+/// let a request through is not the last word: another VM may have recorded a newer one (fewer permits
+/// free), so shared data is read then, as it is once the kept one has ended.
 #[derive(Debug, Default)]
 struct RecentBlocks {
     slots: [Option<(String, Block)>; RecentBlocks::SLOTS],

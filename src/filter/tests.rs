@@ -439,3 +439,30 @@ fn local_rejections_reuse_a_reply_only_while_its_headers_would_be_the_same() {
     assert_eq!(host.http_calls().len(), calls, "every one answered by the local block");
     assert_eq!(counters(&host)[7], 5);
 }
+
+#[test]
+fn a_vm_whose_kept_block_would_let_a_request_through_reads_the_newer_one_another_vm_recorded() {
+    let rules = r#"{"name":"heavy","limit_by":{"header":"x-heavy"},"limiter":"erl:acct","rate":4,"interval":"1m","permits":3},
+                   {"name":"light","limit_by":{"header":"x-light"},"limiter":"erl:acct","rate":4,"interval":"1m"}"#;
+    let json = format!(r#"{{{BRIDGE},"rules":[{rules}]}}"#);
+    let first = FakeHost::new();
+    let second = first.sibling();
+    let mut a = Filter::configure(first.clone(), json.as_bytes(), true).unwrap();
+    let mut b = Filter::configure(second.clone(), json.as_bytes(), true).unwrap();
+    let request = |host: &FakeHost, filter: &mut Filter<FakeHost>, context_id: u32, kind: &str| {
+        host.request(context_id, &[(":path", "/"), (kind, "acme")]);
+        filter.on_request_headers(context_id)
+    };
+    // VM a: Redis rejects a heavy request (3 permits): its block says fewer than 3 are free.
+    request(&first, &mut a, 2, "x-heavy");
+    answer_http(&first, &mut a, last_token(&first), 200, &rejected(60_000));
+    // VM b: a light request (1 permit) still goes to Redis, which rejects it: fewer than 1 free.
+    request(&second, &mut b, 2, "x-light");
+    answer_http(&second, &mut b, last_token(&second), 200, &rejected(59_000));
+    // VM a keeps its own block, which would let a light request through; it reads b's newer one instead.
+    let calls = first.http_calls().len();
+    assert_eq!(request(&first, &mut a, 3, "x-light"), Action::Pause);
+    assert_eq!(local_reply(&first, 3).0, 429);
+    assert_eq!(first.http_calls().len(), calls, "rejected by the block b recorded, without a call");
+    assert_eq!(counters(&first)[7], 1);
+}
