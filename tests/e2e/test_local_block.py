@@ -16,7 +16,7 @@ import pytest
 
 from harness import HarnessError, decode_permit, host_plugin_config, limiter_key, plugin_config, rule
 from redisson_client import OVERALL, RateLimiter
-from timing import EmulatorClock
+from timing import EmulatorClock, RealClock
 
 ALICE = {"x-user-id": "alice"}
 BODY = "rate limit exceeded\n"
@@ -83,6 +83,20 @@ def test_a_request_for_no_more_permits_than_are_free_still_goes_to_redis(stack):
     assert step("light") == (429, 1)  # Redis: none free
     assert [step("light"), step("heavy")] == [(429, 0), (429, 0)]  # nothing is free: both blocked
     assert stack.redis.client.zcard(limiter_key("erl:account:acme", "permits")) == 2
+
+
+def test_in_envoy_the_block_ends_when_the_oldest_permit_leaves_the_window(stack):
+    """Real time: the three requests before the release must happen within the 3 s window (they take a few
+    ms; 3 s is the margin), and the wait for the release is a lower bound (a slow machine waits longer)."""
+    envoy = stack.envoy(plugin_config(rule(rate=1, interval="3s", local_block_max="1m")))
+    assert envoy.send(headers=ALICE).status == 200
+    [(_, taken)] = stack.redis.client.zrange(limiter_key("erl:per-user:alice", "permits"), 0, -1, withscores=True)
+    scripts = stack.redis.script_calls()
+    assert [envoy.send(headers=ALICE).status for _ in range(3)] == [429] * 3
+    assert stack.redis.script_calls() == scripts + 1, "Redis rejected once, then the block"
+    RealClock().wait_until_ms(taken + 3_000 + 50)
+    assert envoy.send(headers=ALICE).status == 200, "the permit left: the block ended with it"
+    assert stack.redis.script_calls() == scripts + 2
 
 
 def test_local_block_max_zero_sends_every_request_to_redis(stack):
