@@ -966,6 +966,11 @@ class Emulator:
         """
         return self._call({"faults": faults}, timeout=10.0)["faults"]
 
+    def reconfigure(self, plugin: dict | str) -> None:
+        """A new plugin configuration for the running VMs, as Envoy applies an update (a new root context per
+        VM; shared data stays). Raises HarnessError if the filter refuses it."""
+        self._call({"configure": plugin if isinstance(plugin, str) else json.dumps(plugin)}, timeout=30.0)
+
     def shared_data(self, prefix: str = "") -> dict[str, int]:
         """How many shared data entries have a key starting with `prefix`, and their total size:
         {"keys": n, "bytes": keys' and values' bytes}."""

@@ -151,6 +151,22 @@ def test_a_rejected_key_is_rejected_by_every_vm_in_both_builds(stack, build, tra
     assert delta(metrics, gateway.metrics()) == {"rejected": 10, "local_rejected": 10}
 
 
+@pytest.mark.parametrize("build,transport", [("envoy", "http"), ("higress", "host")])
+def test_a_new_plugin_configuration_forgets_every_block_in_both_builds(stack, build, transport):
+    gateway = stack.emulator(emulator_config(rule(rate=1, interval="1m"), transport=transport), build=build, vms=2)
+    assert [gateway.send(headers=ALICE, vm=vm).status for vm in (0, 1, 0)] == [200, 429, 429]
+    assert [round_trips(outcome) for outcome in gateway.outcomes[-2:]] == [1, 0], "Redis rejected, then the block"
+
+    # The same rule, another body: a new configuration on the same VMs, whose shared data keeps the entry.
+    gateway.reconfigure(emulator_config(rule(rate=1, interval="1m"), transport=transport,
+                                        rejected_body="slow down\n"))
+    assert gateway.shared_data(prefix="edge_rate_limiter.block.")["keys"] == 1
+    for vm in (0, 1):
+        response = gateway.send(headers=ALICE, vm=vm)
+        assert (response.status, response.body) == (429, "slow down\n")
+        assert round_trips(gateway.last_outcome()) == (1 if vm == 0 else 0), "Redis asked again, then blocked again"
+
+
 def test_the_block_ends_when_the_oldest_permit_leaves_or_at_local_block_max(stack):
     gateway = stack.emulator(plugin_config(rule(rate=1, interval="10s", local_block_max="3s")))
     clock = EmulatorClock(gateway)

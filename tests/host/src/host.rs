@@ -663,6 +663,58 @@ impl Host {
         Ok(())
     }
 
+    /// A new plugin configuration for the running VMs, as Envoy applies a control plane's update to a plugin
+    /// whose VM configuration is unchanged: in each VM, a new root context (`proxy_on_context_create`,
+    /// `proxy_on_configure` with the new configuration) takes the new streams and the tick, and the old
+    /// root context is deleted (`proxy_on_done`, `proxy_on_delete`). Shared data stays (it belongs to the
+    /// VMs). `Err` names the VM whose configure answered false or trapped.
+    pub fn reconfigure(&mut self, plugin_config: impl Into<Vec<u8>>) -> Result<(), String> {
+        let mut setup = (*self.setup).clone();
+        setup.plugin_config = plugin_config.into();
+        self.setup = Arc::new(setup);
+        let plugin_config_size = u32::try_from(self.setup.plugin_config.len()).unwrap_or(u32::MAX);
+        for index in 0..self.vms.len() {
+            let setup = Arc::clone(&self.setup);
+            let Some(vm) = self.vms.get_mut(index) else { continue };
+            let state = vm.store.data_mut();
+            state.setup = setup;
+            let old_root = state.root_id;
+            let root = state.allocate_context();
+            state.root_id = root;
+            state.tick_period = None;
+            state.contexts.insert(root, Context::Root);
+            vm.next_tick = None;
+            let exports = &vm.exports;
+            let (create, configure, done, delete) = (
+                exports.on_context_create.clone(),
+                exports.on_configure.clone(),
+                exports.on_done.clone(),
+                exports.on_delete.clone(),
+            );
+            if let Some(f) = create {
+                self.call(index, "proxy_on_context_create", root, None, |s| f.call(s, (root, 0)));
+            }
+            self.with_state(index, |s| s.configuring = true);
+            let configured = match configure {
+                Some(f) => {
+                    self.call(index, "proxy_on_configure", root, None, |s| f.call(s, (root, plugin_config_size)))
+                }
+                None => Called { value: Some(1), trapped: false },
+            };
+            self.with_state(index, |s| s.configuring = false);
+            self.check_start(index, "proxy_on_configure", &configured)?;
+            if let Some(f) = done {
+                self.call(index, "proxy_on_done", old_root, None, |s| f.call(s, old_root));
+            }
+            if let Some(f) = delete {
+                self.call(index, "proxy_on_delete", old_root, None, |s| f.call(s, old_root));
+            }
+            self.with_state(index, |s| s.contexts.remove(&old_root));
+            self.after_call(index);
+        }
+        Ok(())
+    }
+
     fn check_start(&self, index: usize, what: &str, called: &Called<u32>) -> Result<(), String> {
         if let Some(failure) = self.vms.get(index).and_then(|v| v.failed.as_ref()) {
             return Err(format!("VM {index}: {failure}"));

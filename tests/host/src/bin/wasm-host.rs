@@ -274,6 +274,16 @@ fn answer_line(host: &mut Host, value: Value, turn: &mut usize) -> Value {
         let total = host.advance_clock(Duration::from_millis(ms));
         return json!({"clock_offset_ms": u64::try_from(total.as_millis()).unwrap_or(u64::MAX)});
     }
+    if let Some(config) = value.get("configure") {
+        let bytes = match config {
+            Value::String(text) => text.clone().into_bytes(),
+            other => other.to_string().into_bytes(),
+        };
+        return match host.reconfigure(bytes) {
+            Ok(()) => json!({"configured": true}),
+            Err(e) => json!({"error": e}),
+        };
+    }
     if let Some(prefix) = value.get("shared_data").and_then(Value::as_str) {
         return json!({"shared_data": host.shared_data_usage(prefix)});
     }

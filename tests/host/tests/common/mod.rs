@@ -77,11 +77,12 @@ impl PyLikeUpstream {
                                 Ok(n) => got.extend_from_slice(&buf[..n]),
                             }
                         }
+                        // Counted before answering: whoever got the answer sees the hit.
+                        counter.fetch_add(1, Ordering::SeqCst);
                         let _ = s.write_all(
                             b"HTTP/1.0 200 OK\r\nServer: BaseHTTP/0.6 Python/3.11.7\r\nDate: Sun, 22 Nov 2026 00:00:00 GMT\r\n\
                               content-type: text/plain\r\nx-upstream: yes\r\ncontent-length: 12\r\n\r\nupstream ok\n",
                         );
-                        counter.fetch_add(1, Ordering::SeqCst);
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(5)),
                 }
