@@ -651,6 +651,22 @@ mod tests {
 
     const NOW: u64 = 1_000_000;
 
+    #[test]
+    fn the_fullest_reply_leaves_room_for_its_content_type() {
+        // Every header a reply can carry: Retry-After, both styles of rate limit headers for two rules, and
+        // x-envoy-ratelimited; the filter adds content-type. `Headers` holds MAX_HEADERS and would panic past it.
+        let json = r#"{"redis":{"cluster":"webdis"},"rate_limit_headers":"both","rules":[
+            {"name":"a","limit_by":{"header":"x-a"},"rate":5,"interval":"2s"},
+            {"name":"b","limit_by":{"header":"x-b"},"rate":9,"interval":"1m"}]}"#;
+        let config = PluginConfig::from_json(json.as_bytes()).unwrap();
+        let plan = Plan::new(&config, "client");
+        let quota = |rule, limit, window_ms| RuleQuota { rule, limit, window_ms, remaining: 0, reset_ms: 900 };
+        let report =
+            Report { quotas: [quota(0, 5, 2_000), quota(1, 7, 60_000)].into_iter().collect(), retry_ms: Some(900) };
+        let verdict = Verdict::Respond { status: 429, report, rate_limited: true, body: "no".into() };
+        assert_eq!(verdict.headers(&config, &plan).len(), crate::response::MAX_HEADERS - 1);
+    }
+
     fn config(extra_rule: &str, top: &str) -> PluginConfig {
         let json = format!(
             r#"{{"redis":{{"cluster":"webdis"}},"rules":[{{"name":"per-user","limit_by":{{"header":"x-user"}},"rate":5,"interval":"2s"{extra_rule}}}]{top}}}"#

@@ -667,8 +667,14 @@ impl Host {
     /// whose VM configuration is unchanged: in each VM, a new root context (`proxy_on_context_create`,
     /// `proxy_on_configure` with the new configuration) takes the new streams and the tick, and the old
     /// root context is deleted (`proxy_on_done`, `proxy_on_delete`). Shared data stays (it belongs to the
-    /// VMs). `Err` names the VM whose configure answered false or trapped.
+    /// VMs). `Err` names the VM whose configure answered false or trapped, or refuses while a stream is
+    /// still open: Envoy keeps the old root context until its streams end, which is not emulated (their
+    /// replies would reach the new root context).
     pub fn reconfigure(&mut self, plugin_config: impl Into<Vec<u8>>) -> Result<(), String> {
+        let open = self.streams.values().filter(|run| run.outcome.is_none()).count();
+        if open > 0 {
+            return Err(format!("{open} stream(s) still open: reconfigure when no request is in flight"));
+        }
         let mut setup = (*self.setup).clone();
         setup.plugin_config = plugin_config.into();
         self.setup = Arc::new(setup);
