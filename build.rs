@@ -20,6 +20,8 @@ const SCRIPTS: &[(&str, &str, &str)] = &[
     ("UPDATE_RATE", "updateRate", "update_rate.lua"),
     ("AVAILABLE_PERMITS", "availablePermits", "available_permits.lua"),
     ("DELETE", "delete", "delete.lua"),
+    ("ACQUIRE_ALL", "acquireAll", "acquire_all.lua"),
+    ("GIVE_BACK", "giveBack", "give_back.lua"),
 ];
 
 const LUA_DIR: &str = "src/script/lua";

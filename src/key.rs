@@ -175,6 +175,26 @@ pub fn limiter_name(base: &str, value: &KeyValue) -> Option<String> {
     write_limiter_name(base, value, &mut name).then_some(name)
 }
 
+/// The Redis Cluster hash slot of a limiter's keys (0..16384): CRC-16/XMODEM of the hash tag modulo
+/// 16384, as the Redis Cluster specification defines it ("Hash tags": the bytes between the first `{` and
+/// the next `}`, when not empty, else the whole key). Every key of a limiter shares it: the keys are
+/// `{name}:suffix` (tag: the name) and the name itself, or, for a name with a `{`, `name:suffix` whose tag
+/// is the name's own.
+pub fn hash_slot(name: &str) -> u16 {
+    const XMODEM: crc::Crc<u16> = crc::Crc::<u16>::new(&crc::CRC_16_XMODEM);
+    let bytes = name.as_bytes();
+    let tag = bytes
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = bytes.get(open + 1..)?;
+            let close = rest.iter().position(|&b| b == b'}')?;
+            rest.get(..close).filter(|tag| !tag.is_empty())
+        })
+        .unwrap_or(bytes);
+    XMODEM.checksum(tag) % 16_384
+}
+
 /// [`limiter_name`] written into `name` (cleared first; its allocation is reused): `false` when the value
 /// is missing (then `name` is empty).
 pub fn write_limiter_name(base: &str, value: &KeyValue, name: &mut String) -> bool {

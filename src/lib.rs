@@ -46,6 +46,7 @@ pub mod host_redis;
 pub mod http_bridge;
 pub mod id_map;
 pub mod key;
+pub mod lease;
 pub mod limiter;
 pub mod quote;
 pub mod resp;

@@ -18,12 +18,13 @@ use crate::prelude::*;
 
 use crate::block::Block;
 use crate::cache::{LimiterCache, Observation};
-use crate::config::{ClockSource, FailureMode, OnMissing, PluginConfig, RateSource};
-use crate::key::{extract, write_limiter_name, KeyValue, RequestView};
+use crate::config::{ClockSource, FailureMode, OnMissing, PluginConfig, RateSource, Rule};
+use crate::key::{extract, hash_slot, write_limiter_name, KeyValue, RequestView};
 use crate::response::{policy_value, rate_limit_headers, retry_after, HeaderValue, Headers, Quota};
 use crate::script::{
-    decode_acquire_reply, AcquireConfig, AcquireOutcome, AcquireTemplate, Clock, ConfigChange, EffectiveConfig,
-    Encoding, Invocation, ReplyError, MEMBER_RANDOM_LEN,
+    decode_acquire_all_reply, decode_acquire_reply, encode_acquire_all, AcquireConfig, AcquireOutcome, AcquirePart,
+    AcquireReply, AcquireTemplate, Clock, ConfigChange, EffectiveConfig, Encoding, Invocation, LeaseRequest,
+    ReplyError, Settlement, MEMBER_RANDOM_LEN,
 };
 use crate::transport::Failure;
 
@@ -75,13 +76,19 @@ pub struct Report {
     /// The longest delay of a rejecting rule, ms (`Retry-After`); `None` when no wait helps or nothing
     /// rejected.
     pub retry_ms: Option<u64>,
+    /// The first rule (in configuration order) that rejected: named in `x-ratelimited-by`.
+    pub rejected_by: Option<usize>,
 }
 
 impl Report {
-    /// Appends `Retry-After` and the rate limit headers in `config`'s style.
+    /// Appends `Retry-After`, `x-ratelimited-by` (the rule that rejected) and the rate limit headers in
+    /// `config`'s style.
     pub fn write_headers(&self, config: &PluginConfig, plan: &Plan, headers: &mut Headers) {
         if let Some(delay_ms) = self.retry_ms {
             headers.push(retry_after(delay_ms));
+        }
+        if let Some(rule) = self.rejected_by.and_then(|index| plan.rules.get(index)) {
+            headers.push((REJECTED_BY_HEADER, HeaderValue::Shared(Rc::clone(&rule.name))));
         }
         let quotas: SmallVec<[Quota<'_>; 2]> = self
             .quotas
@@ -102,6 +109,9 @@ impl Report {
         rate_limit_headers(config.headers, &quotas, headers);
     }
 }
+
+/// The response header naming the rule that rejected a request (the first in configuration order).
+pub const REJECTED_BY_HEADER: &str = "x-ratelimited-by";
 
 /// What happened, for metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,6 +140,10 @@ pub struct Decision {
     /// Every Redis call of the request that failed, whatever the decision (a request rejected by one rule
     /// can still carry another rule's failure), for `redis_errors` and the failure log.
     pub failures: Vec<Failure>,
+    /// The rules that rejected it (configuration indexes), for the per-rule counters.
+    pub rejecting: SmallVec<[usize; 2]>,
+    /// What it took and gives back, as it does not go upstream.
+    pub give_back: Vec<GiveBack>,
 }
 
 /// Something worth one log line, found while deciding (not per request: the caller logs each once).
@@ -227,6 +241,8 @@ pub struct RulePlan {
     pub template: AcquireTemplate,
     /// Its `RateLimit-Policy` member for the configured limit and window.
     pub policy: Rc<str>,
+    /// Its name (the `x-ratelimited-by` value).
+    pub name: Rc<str>,
 }
 
 /// What a configuration needs on every request: its rules' plans and its response bodies.
@@ -258,6 +274,7 @@ impl Plan {
                 RulePlan {
                     template: AcquireTemplate::new(acquire, client_id),
                     policy: policy_value(&rule.name, rule.rate, rule.interval_ms).into(),
+                    name: rule.name.as_str().into(),
                 }
             })
             .collect();
@@ -279,6 +296,8 @@ pub struct Context<'a> {
     pub now_ms: u64,
     /// The local blocks.
     pub blocks: &'a dyn Blocks,
+    /// This VM's leases.
+    pub leases: &'a dyn Leases,
 }
 
 /// A rule's state in the headers: its rule index and quota numbers.
@@ -299,7 +318,10 @@ pub struct RuleQuota {
 /// How one rule ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum RuleResult {
-    Acquired(RuleQuota),
+    /// Permits taken, from where ([`Taken`]).
+    Acquired(RuleQuota, Taken),
+    /// [`crate::script::ACQUIRE_ALL`]: the limiter had the permits, another rule rejected: none taken.
+    Untaken(RuleQuota),
     /// Rejected by the limiter in Redis or by its local block; `delay_ms` is `None` when no wait can help
     /// (more permits than the rate).
     Rejected {
@@ -312,12 +334,41 @@ enum RuleResult {
     Failed(Failure),
 }
 
+/// Where an acquired rule's permits came from: what giving them back takes when the request does not go on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Taken {
+    /// From this VM's lease (held before, or granted by this call): given back to the lease.
+    Lease,
+    /// A member of their own in Redis (`granted` permits): given back with [`crate::script::GIVE_BACK`].
+    Member { granted: u64 },
+}
+
+/// What a request that does not go upstream gives back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GiveBack {
+    /// Permits taken from this VM's lease of the limiter.
+    Lease {
+        /// The limiter name.
+        name: String,
+        /// Permits.
+        permits: u64,
+    },
+    /// A member the request added in Redis (its call was separate from the rule that rejected: Redis
+    /// Cluster, another hash slot): remove it and restore the value ([`crate::script::GIVE_BACK`]).
+    Redis {
+        /// The rule (its configuration's index).
+        rule: usize,
+        /// The limiter name.
+        name: String,
+        /// The member and what to do with it (`used` 0: remove).
+        settlement: Settlement,
+    },
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum CallState {
-    /// Waiting for the reply to the command sent by sha (`retried` = false) or by source (true).
-    Waiting {
-        retried: bool,
-    },
+    /// Waiting for the reply of its send.
+    Waiting,
     Done(RuleResult),
 }
 
@@ -328,19 +379,32 @@ struct RuleCall {
     /// The limiter name.
     name: String,
     clock: Clock,
-    /// Gateway time the acquire was started, ms (the base of a local block).
+    /// Gateway time the acquire was started, ms (the base of a local block and of a lease's age).
     sent_ms: u64,
     member_random: [u8; MEMBER_RANDOM_LEN],
+    /// The lease it asks for, if any.
+    lease: Option<LeaseRequest>,
     state: CallState,
+}
+
+/// One Redis call of a request: the rule calls it carries (one: [`crate::script::ACQUIRE`]; several:
+/// [`crate::script::ACQUIRE_ALL`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Send {
+    calls: SmallVec<[usize; 2]>,
+    /// Whether it was sent again by source (after `NOSCRIPT`).
+    retried: bool,
+    done: bool,
 }
 
 /// A request waiting for its acquire replies.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingRequest {
+    /// Every rule that applies, in rule order (those served from a lease are done already).
     calls: Vec<RuleCall>,
-    /// A result decided without Redis (a missing key denied, a limiter blocked locally): it decides the
-    /// request, so nothing is sent.
-    settled: Option<RuleResult>,
+    sends: SmallVec<[Send; 1]>,
+    /// A result decided without Redis (a missing key denied): it decides the request, so nothing is sent.
+    settled: Option<(usize, RuleResult)>,
 }
 
 /// The first step of a request.
@@ -348,32 +412,95 @@ pub struct PendingRequest {
 pub enum Start {
     /// Decided without Redis.
     Decided(Decision),
-    /// Send the acquire of each call index (encode it with [`PendingRequest::encode`]) and report its reply.
+    /// Send each send index (encode it with [`PendingRequest::encode`]) and report its reply.
     Send(PendingRequest, usize),
 }
 
 /// The step after a reply.
+// One per reply, moved once: boxing the decision would cost an allocation per request instead.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Progress {
-    /// Send this call's acquire again, by source (after `NOSCRIPT`).
+    /// Send this send index again, by source (after `NOSCRIPT`).
     Resend(usize),
-    /// Other calls are still outstanding.
+    /// Other sends are still outstanding.
     Waiting,
-    /// Every call is done.
+    /// Every send is done.
     Done(Decision),
 }
 
 /// What a reply teaches besides the decision.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Effects {
-    /// A log line, once per limiter.
-    pub notice: Option<Notice>,
-    /// A local block to record for this limiter (Redis rejected it).
-    pub block: Option<(String, Block)>,
+    /// Log lines, once per limiter.
+    pub notices: Vec<Notice>,
+    /// Local blocks to record (Redis rejected these limiters).
+    pub blocks: Vec<(String, Block)>,
+    /// Lease calls that ended, with the lease Redis granted (`None`: none, the call failed or rejected).
+    pub leases: Vec<(String, Option<LeaseGrant>)>,
 }
 
-/// Starts deciding a request: reads each rule's key value, checks its limiter's local block and prepares
-/// its acquire.
+/// A lease Redis granted this VM ([`Leases`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseGrant {
+    /// Its member's random bytes.
+    pub random: [u8; MEMBER_RANDOM_LEN],
+    /// Permits it holds in Redis.
+    pub granted: u64,
+    /// Permits used so far (the request that asked for it took its own).
+    pub used: u64,
+    /// Until when it serves requests, ms since the epoch (gateway clock): its acquire's send time plus the
+    /// rule's `max_age`, never after its member's score.
+    pub expires_ms: u64,
+    /// When it was last used, ms since the epoch (gateway clock).
+    pub last_use_ms: u64,
+    /// Permits Redis had left after granting it (for the headers).
+    pub redis_remaining: u64,
+}
+
+impl LeaseGrant {
+    /// What settling it tells Redis: the permits used, and how early the last use came.
+    pub fn settlement(&self) -> Settlement {
+        Settlement {
+            random: self.random,
+            granted: self.granted,
+            used: self.used,
+            early_ms: self.expires_ms.saturating_sub(self.last_use_ms),
+        }
+    }
+}
+
+/// Where a request finds this VM's permit leases (README.md, "Leases").
+pub trait Leases {
+    /// Takes `permits` from the live lease of limiter `name` at `now_ms` (before its expiry): the permits
+    /// left (the lease's and Redis's at its grant), if taken.
+    fn take(&self, name: &str, now_ms: u64, permits: u64) -> Option<u64>;
+    /// Puts back `permits` taken from the lease of `name` by a request that does not go on.
+    fn put_back(&self, name: &str, permits: u64);
+    /// Starts a lease acquire of `name` at `now_ms` whose reply is due by `due_ms`: `None` if one is on
+    /// its way already (the request asks for its own permits only), else the previous lease to settle in
+    /// the same call (it serves no request any more), if any.
+    fn begin(&self, name: &str, now_ms: u64, due_ms: u64) -> Option<Option<Settlement>>;
+}
+
+/// No leases (every request goes to Redis).
+pub struct NoLeases;
+
+impl Leases for NoLeases {
+    fn take(&self, _name: &str, _now_ms: u64, _permits: u64) -> Option<u64> {
+        None
+    }
+
+    fn put_back(&self, _name: &str, _permits: u64) {}
+
+    fn begin(&self, _name: &str, _now_ms: u64, _due_ms: u64) -> Option<Option<Settlement>> {
+        Some(None)
+    }
+}
+
+/// Starts deciding a request: reads each rule's key value, serves it from a lease or checks its limiter's
+/// local block, and prepares the Redis calls: one for all the request's limiters (all or nothing), or with
+/// `redis.redis_cluster` one per hash slot.
 ///
 /// `random` gives the random bytes of each new permit member (they must differ between acquires: two
 /// equal members in one window would count as one).
@@ -392,7 +519,7 @@ pub fn start(
         let value = match (extract(&rule.source, request), rule.on_missing) {
             (KeyValue::Missing, OnMissing::Skip) => continue,
             (KeyValue::Missing, OnMissing::Deny) => {
-                settled = Some(RuleResult::Denied);
+                settled = Some((index, RuleResult::Denied));
                 break;
             }
             (KeyValue::Missing, OnMissing::Share) => KeyValue::Value(Vec::new()),
@@ -401,195 +528,251 @@ pub fn start(
         if !write_limiter_name(&rule.limiter, &value, name) {
             continue;
         }
-        if rule.local_block_max_ms > 0 {
-            if let Some(block) = ctx.blocks.rejecting(name, ctx.now_ms, rule.permits) {
-                // Redisson's delay: 3 ms past the oldest permit's departure.
-                let delay_ms = block.release_ms.saturating_sub(ctx.now_ms).saturating_add(3);
+        let clock = match ctx.config.clock {
+            ClockSource::Gateway => Clock::Gateway(ctx.now_ms),
+            ClockSource::Redis => Clock::Redis,
+        };
+        if rule.lease.is_some() {
+            if let Some(remaining) = ctx.leases.take(name, ctx.now_ms, rule.permits) {
                 let quota = RuleQuota {
                     rule: index,
-                    limit: block.rate,
-                    window_ms: block.interval_ms,
-                    remaining: 0,
-                    reset_ms: delay_ms,
+                    limit: rule.rate,
+                    window_ms: rule.interval_ms,
+                    remaining,
+                    reset_ms: rule.interval_ms,
                 };
-                // What `decide` makes of this one result, without the generic path: the request costs no
-                // Redis call, and should cost little else (README.md, "Lean guest").
-                let mut report = Report { quotas: SmallVec::new(), retry_ms: Some(delay_ms) };
-                report.quotas.push(quota);
-                return Start::Decided(Decision {
-                    verdict: Verdict::Respond {
-                        status: ctx.config.rejection.status,
-                        report,
-                        rate_limited: true,
-                        body: Rc::clone(&ctx.plan.rejection_body),
-                    },
-                    outcome: Outcome::LocallyRejected,
-                    failures: Vec::new(),
+                calls.push(RuleCall {
+                    rule: index,
+                    name: name.clone(),
+                    clock,
+                    sent_ms: ctx.now_ms,
+                    member_random: [0; MEMBER_RANDOM_LEN],
+                    lease: None,
+                    state: CallState::Done(RuleResult::Acquired(quota, Taken::Lease)),
                 });
+                continue;
+            }
+        }
+        if rule.local_block_max_ms > 0 {
+            if let Some(block) = ctx.blocks.rejecting(name, ctx.now_ms, rule.permits) {
+                give_back_leases(&calls, ctx);
+                return Start::Decided(blocked(ctx, index, &block));
             }
         }
         calls.push(RuleCall {
             rule: index,
             name: name.clone(),
-            clock: match ctx.config.clock {
-                ClockSource::Gateway => Clock::Gateway(ctx.now_ms),
-                ClockSource::Redis => Clock::Redis,
-            },
+            clock,
             sent_ms: ctx.now_ms,
             member_random: random(),
-            state: CallState::Waiting { retried: false },
+            lease: None,
+            state: CallState::Waiting,
         });
     }
-    let pending = PendingRequest { calls, settled };
-    if pending.calls.is_empty() || pending.settled.is_some() {
-        // Nothing to ask Redis, or the answer is already no: decide before spending a round trip.
-        return Start::Decided(pending.decide(ctx.config, ctx.plan, false));
+    let mut pending = PendingRequest { calls, sends: SmallVec::new(), settled };
+    if pending.settled.is_some() {
+        give_back_leases(&pending.calls, ctx);
+        // The answer is already no: decide before spending a round trip.
+        return Start::Decided(pending.decide(ctx.config, ctx.plan));
     }
-    let count = pending.calls.len();
+    let due_ms = ctx.now_ms.saturating_add(ctx.config.redis.timeout_ms);
+    for call in pending.calls.iter_mut().filter(|c| c.state == CallState::Waiting) {
+        let Some(lease) = ctx.config.rules.get(call.rule).and_then(|r| r.lease) else { continue };
+        if let Some(settle) = ctx.leases.begin(&call.name, ctx.now_ms, due_ms) {
+            call.lease = Some(LeaseRequest { max_permits: lease.max_permits, max_age_ms: lease.max_age_ms, settle });
+        }
+    }
+    pending.sends = group(&pending.calls, ctx.config.redis.redis_cluster);
+    if pending.sends.is_empty() {
+        // Nothing to ask Redis (no rule applies, or leases served them all).
+        return Start::Decided(pending.decide(ctx.config, ctx.plan));
+    }
+    let count = pending.sends.len();
     Start::Send(pending, count)
 }
 
+/// The rejection of a limiter's local block: what `decide` makes of this one result, without the generic
+/// path: the request costs no Redis call, and should cost little else (README.md, "Lean guest").
+fn blocked(ctx: &Context<'_>, rule: usize, block: &Block) -> Decision {
+    // Redisson's delay: 3 ms past the oldest permit's departure.
+    let delay_ms = block.release_ms.saturating_sub(ctx.now_ms).saturating_add(3);
+    let quota = RuleQuota { rule, limit: block.rate, window_ms: block.interval_ms, remaining: 0, reset_ms: delay_ms };
+    let mut report = Report { quotas: SmallVec::new(), retry_ms: Some(delay_ms), rejected_by: Some(rule) };
+    report.quotas.push(quota);
+    let mut rejecting = SmallVec::new();
+    rejecting.push(rule);
+    Decision {
+        verdict: Verdict::Respond {
+            status: ctx.config.rejection.status,
+            report,
+            rate_limited: true,
+            body: Rc::clone(&ctx.plan.rejection_body),
+        },
+        outcome: Outcome::LocallyRejected,
+        failures: Vec::new(),
+        rejecting,
+        give_back: Vec::new(),
+    }
+}
+
+/// Puts back what the rules served so far took from leases (the request was decided against at start).
+fn give_back_leases(calls: &[RuleCall], ctx: &Context<'_>) {
+    for call in calls {
+        if let (CallState::Done(RuleResult::Acquired(_, Taken::Lease)), Some(rule)) =
+            (&call.state, ctx.config.rules.get(call.rule))
+        {
+            ctx.leases.put_back(&call.name, rule.permits);
+        }
+    }
+}
+
+/// The Redis calls of a request's waiting rule calls: all in one (all or nothing), or with Redis Cluster one
+/// per hash slot of their limiters (a script's keys must share a slot).
+fn group(calls: &[RuleCall], redis_cluster: bool) -> SmallVec<[Send; 1]> {
+    let mut sends: SmallVec<[Send; 1]> = SmallVec::new();
+    let mut slots: SmallVec<[u16; 2]> = SmallVec::new();
+    for (index, call) in calls.iter().enumerate().filter(|(_, c)| c.state == CallState::Waiting) {
+        let slot = if redis_cluster { hash_slot(&call.name) } else { 0 };
+        match slots.iter().position(|&s| s == slot) {
+            Some(at) => {
+                if let Some(send) = sends.get_mut(at) {
+                    send.calls.push(index);
+                }
+            }
+            None => {
+                slots.push(slot);
+                let mut covered = SmallVec::new();
+                covered.push(index);
+                sends.push(Send { calls: covered, retried: false, done: false });
+            }
+        }
+    }
+    sends
+}
+
 impl PendingRequest {
-    /// The bytes of call `call`'s acquire, by sha or by source, in the transport's wire form; `None` for
-    /// an unknown call.
-    pub fn encode(&self, call: usize, invocation: Invocation, encoding: Encoding, plan: &Plan) -> Option<Vec<u8>> {
-        let call = self.calls.get(call)?;
-        let template = &plan.rules.get(call.rule)?.template;
-        Some(template.encode(&call.name, call.clock, &call.member_random, invocation, encoding))
+    /// The bytes of send `send`, by sha or by source, in the transport's wire form; `None` for an unknown
+    /// send.
+    pub fn encode(&self, send: usize, invocation: Invocation, encoding: Encoding, plan: &Plan) -> Option<Vec<u8>> {
+        let send = self.sends.get(send)?;
+        if let [only] = send.calls.as_slice() {
+            let call = self.calls.get(*only)?;
+            let template = &plan.rules.get(call.rule)?.template;
+            return Some(template.encode(
+                &call.name,
+                call.clock,
+                &call.member_random,
+                call.lease.as_ref(),
+                invocation,
+                encoding,
+            ));
+        }
+        let mut parts: SmallVec<[AcquirePart<'_>; 2]> = SmallVec::new();
+        let mut clock = Clock::Redis;
+        for &index in &send.calls {
+            let call = self.calls.get(index)?;
+            clock = call.clock;
+            parts.push(AcquirePart {
+                template: &plan.rules.get(call.rule)?.template,
+                name: &call.name,
+                random: &call.member_random,
+                lease: call.lease.as_ref(),
+            });
+        }
+        Some(encode_acquire_all(&parts, clock, invocation, encoding))
     }
 
-    /// Records the transport's outcome for call `call`: the raw RESP reply bytes, or a failure.
+    /// Records the transport's outcome for send `send`: the raw RESP reply bytes, or a failure. `now_ms`:
+    /// the gateway time the reply arrived (a lease's first use).
     ///
     /// Updates the cache with the limiter config a reply reports and returns what is worth logging or
-    /// recording. A reply for an unknown or finished call is ignored ([`Progress::Waiting`] or the
+    /// recording. A reply for an unknown or finished send is ignored ([`Progress::Waiting`] or the
     /// decision again).
     pub fn on_reply(
         &mut self,
-        call: usize,
+        send: usize,
         reply: Result<&[u8], Failure>,
-        config: &PluginConfig,
-        plan: &Plan,
+        ctx: &ReplyContext<'_>,
         cache: &mut LimiterCache,
     ) -> (Progress, Effects) {
         let mut effects = Effects::default();
-        let Some(entry) = self.calls.get_mut(call) else {
-            return (self.progress(config, plan), effects);
+        let Some(entry) = self.sends.get_mut(send).filter(|s| !s.done) else {
+            return (self.progress(ctx.config, ctx.plan), effects);
         };
-        let CallState::Waiting { retried } = entry.state else {
-            return (self.progress(config, plan), effects);
-        };
-        let Some(rule) = config.rules.get(entry.rule) else {
-            return (self.progress(config, plan), effects);
-        };
-        let result = match reply.map(decode_acquire_reply) {
-            Err(failure) => RuleResult::Failed(failure),
-            Ok(Err(ReplyError::NoScript)) if !retried => {
-                entry.state = CallState::Waiting { retried: true };
-                return (Progress::Resend(call), effects);
+        let decoded = reply.map(|bytes| match entry.calls.len() {
+            1 => decode_acquire_reply(bytes).map(|reply| vec![reply]),
+            n => decode_acquire_all_reply(bytes, n),
+        });
+        let results: Result<Vec<AcquireReply>, Failure> = match decoded {
+            Err(failure) => Err(failure),
+            Ok(Err(ReplyError::NoScript)) if !entry.retried => {
+                entry.retried = true;
+                return (Progress::Resend(send), effects);
             }
-            Ok(Err(ReplyError::NoScript)) => RuleResult::Failed(Failure::RedisError("NOSCRIPT after EVAL".into())),
-            Ok(Err(ReplyError::Redis(text))) => RuleResult::Failed(Failure::RedisError(text)),
-            Ok(Err(ReplyError::Unexpected(what))) => RuleResult::Failed(Failure::BadReply(what)),
-            Ok(Ok(reply)) => {
-                let configured =
-                    EffectiveConfig { rate: rule.rate, interval_ms: rule.interval_ms, limiter_type: rule.limiter_type };
-                let effective = reply.effective.unwrap_or(configured);
-                if let Some(held) = reply.effective {
-                    // Only replies whose config is not the rule's carry one: the cache says whether it is news.
-                    let noticed =
-                        matches!(cache.observe(&entry.name, held), Observation::New | Observation::Changed(_));
-                    let limiter = || entry.name.clone();
-                    effects.notice = match reply.change {
-                        ConfigChange::Updated => {
-                            Some(Notice::ConfigApplied { rule: rule.name.clone(), limiter: limiter(), effective })
-                        }
-                        _ if !noticed || held == configured => None,
-                        ConfigChange::Kept => {
-                            Some(Notice::ConfigKept { rule: rule.name.clone(), limiter: limiter(), effective })
-                        }
-                        _ if reply.outcome == AcquireOutcome::ExceedsRate => {
-                            Some(Notice::ExceedsRate { rule: rule.name.clone(), limiter: limiter() })
-                        }
-                        _ => Some(Notice::ConfigDiffers { rule: rule.name.clone(), limiter: limiter(), effective }),
-                    };
-                }
-                let quota = |remaining, reset_ms| RuleQuota {
-                    rule: entry.rule,
-                    limit: effective.rate,
-                    window_ms: effective.interval_ms,
-                    remaining,
-                    reset_ms,
-                };
-                match reply.outcome {
-                    // The quota is whole again when every permit now in the window has left it.
-                    AcquireOutcome::Acquired { remaining } => {
-                        RuleResult::Acquired(quota(remaining, effective.interval_ms))
-                    }
-                    AcquireOutcome::Rejected { delay_ms } => {
-                        // The oldest permit leaves 3 ms before Redisson's delay ends (DESIGN.md, tryAcquire).
-                        let leaves = entry.sent_ms.saturating_add(delay_ms).saturating_sub(3);
-                        let until_ms = leaves.min(entry.sent_ms.saturating_add(rule.local_block_max_ms));
-                        if rule.local_block_max_ms > 0 && until_ms > entry.sent_ms {
-                            // Without the count, the rejected request's own need bounds it: fewer than `permits`
-                            // are free, so a request for `permits` or more is what Redis would reject.
-                            let block = Block {
-                                until_ms,
-                                release_ms: leaves,
-                                available: reply.available.unwrap_or(rule.permits.saturating_sub(1)),
-                                rate: effective.rate,
-                                interval_ms: effective.interval_ms,
-                            };
-                            effects.block = Some((entry.name.clone(), block));
-                        }
-                        RuleResult::Rejected { quota: quota(0, delay_ms), delay_ms: Some(delay_ms), local: false }
-                    }
-                    // No wait grants it: report a whole window rather than "retry now" (t=0).
-                    AcquireOutcome::ExceedsRate => {
-                        RuleResult::Rejected { quota: quota(0, effective.interval_ms), delay_ms: None, local: false }
-                    }
-                }
-            }
+            Ok(Err(ReplyError::NoScript)) => Err(Failure::RedisError("NOSCRIPT after EVAL".into())),
+            Ok(Err(ReplyError::Redis(text))) => Err(Failure::RedisError(text)),
+            Ok(Err(ReplyError::Unexpected(what))) => Err(Failure::BadReply(what)),
+            Ok(Ok(replies)) => Ok(replies),
         };
-        entry.state = CallState::Done(result);
-        (self.progress(config, plan), effects)
+        entry.done = true;
+        let covered = entry.calls.clone();
+        for (position, index) in covered.into_iter().enumerate() {
+            let Some(call) = self.calls.get_mut(index) else { continue };
+            let Some(rule) = ctx.config.rules.get(call.rule) else { continue };
+            let result = match &results {
+                Err(failure) => RuleResult::Failed(failure.clone()),
+                Ok(replies) => match replies.get(position) {
+                    Some(reply) => call_result(call, rule, reply, ctx.now_ms, cache, &mut effects),
+                    None => RuleResult::Failed(Failure::BadReply("fewer replies than limiters".into())),
+                },
+            };
+            if call.lease.is_some() && !matches!(effects.leases.last(), Some((name, _)) if *name == call.name) {
+                effects.leases.push((call.name.clone(), None));
+            }
+            call.state = CallState::Done(result);
+        }
+        (self.progress(ctx.config, ctx.plan), effects)
     }
 
     /// Ends every call still waiting with `failure` (the request's deadline passed, see
     /// [`Failure::TimedOut`]) and decides the request.
     pub fn expire(&mut self, failure: &Failure, config: &PluginConfig, plan: &Plan) -> Decision {
         for call in &mut self.calls {
-            if matches!(call.state, CallState::Waiting { .. }) {
+            if call.state == CallState::Waiting {
                 call.state = CallState::Done(RuleResult::Failed(failure.clone()));
             }
         }
-        self.decide(config, plan, true)
+        for send in &mut self.sends {
+            send.done = true;
+        }
+        self.decide(config, plan)
     }
 
     fn progress(&self, config: &PluginConfig, plan: &Plan) -> Progress {
-        if self.calls.iter().any(|c| matches!(c.state, CallState::Waiting { .. })) {
+        if self.sends.iter().any(|s| !s.done) {
             Progress::Waiting
         } else {
-            Progress::Done(self.decide(config, plan, true))
+            Progress::Done(self.decide(config, plan))
         }
     }
 
     /// Combines the rule results: any rejection rejects; otherwise any failure follows the failure mode;
-    /// otherwise the request is allowed. `asked`: whether the calls were sent (at start they were not).
-    fn decide(&self, config: &PluginConfig, plan: &Plan, asked: bool) -> Decision {
-        let done = self.calls.iter().filter_map(move |c| match &c.state {
-            CallState::Done(result) if asked => Some(result),
-            _ => None,
+    /// otherwise the request is allowed. A request that does not go on gives back what it took.
+    fn decide(&self, config: &PluginConfig, plan: &Plan) -> Decision {
+        let done = self.calls.iter().filter_map(|c| match &c.state {
+            CallState::Done(result) => Some((c.rule, result)),
+            CallState::Waiting => None,
         });
-        let results = || self.settled.iter().chain(done.clone());
         let mut report = Report::default();
         let mut failures = Vec::new();
-        let (mut rejected, mut local, mut any) = (false, false, false);
-        for result in results() {
+        let mut rejecting = SmallVec::new();
+        let (mut local, mut any) = (false, false);
+        for (rule, result) in self.settled.iter().map(|(rule, result)| (*rule, result)).chain(done) {
             any = true;
             let quota = match result {
-                RuleResult::Acquired(quota) => quota,
+                RuleResult::Acquired(quota, _) | RuleResult::Untaken(quota) => quota,
                 RuleResult::Rejected { quota, delay_ms, local: by_block } => {
-                    rejected = true;
+                    rejecting.push(rule);
                     local |= *by_block;
                     if let Some(ms) = *delay_ms {
                         report.retry_ms = Some(report.retry_ms.map_or(ms, |d| d.max(ms)));
@@ -597,7 +780,7 @@ impl PendingRequest {
                     quota
                 }
                 RuleResult::Denied => {
-                    rejected = true;
+                    rejecting.push(rule);
                     continue;
                 }
                 RuleResult::Failed(failure) => {
@@ -607,7 +790,8 @@ impl PendingRequest {
             };
             report.quotas.push(*quota);
         }
-        if rejected {
+        report.rejected_by = rejecting.first().copied();
+        if !rejecting.is_empty() {
             return Decision {
                 verdict: Verdict::Respond {
                     status: config.rejection.status,
@@ -617,16 +801,28 @@ impl PendingRequest {
                 },
                 outcome: if local { Outcome::LocallyRejected } else { Outcome::Rejected },
                 failures,
+                rejecting,
+                give_back: self.give_back(config),
             };
         }
         if failures.is_empty() {
             let outcome = if any { Outcome::Allowed } else { Outcome::Unlimited };
-            return Decision { verdict: Verdict::Continue { report }, outcome, failures };
+            return Decision {
+                verdict: Verdict::Continue { report },
+                outcome,
+                failures,
+                rejecting,
+                give_back: Vec::new(),
+            };
         }
         match config.failure_mode {
-            FailureMode::Allow => {
-                Decision { verdict: Verdict::Continue { report }, outcome: Outcome::FailedOpen, failures }
-            }
+            FailureMode::Allow => Decision {
+                verdict: Verdict::Continue { report },
+                outcome: Outcome::FailedOpen,
+                failures,
+                rejecting,
+                give_back: Vec::new(),
+            },
             FailureMode::Deny => Decision {
                 verdict: Verdict::Respond {
                     status: config.failure_status,
@@ -636,7 +832,122 @@ impl PendingRequest {
                 },
                 outcome: Outcome::FailedClosed,
                 failures,
+                rejecting,
+                give_back: self.give_back(config),
             },
+        }
+    }
+
+    /// What the rules that acquired took, to give back.
+    fn give_back(&self, config: &PluginConfig) -> Vec<GiveBack> {
+        self.calls
+            .iter()
+            .filter_map(|call| {
+                let CallState::Done(RuleResult::Acquired(_, taken)) = &call.state else { return None };
+                let permits = config.rules.get(call.rule)?.permits;
+                Some(match *taken {
+                    Taken::Lease => GiveBack::Lease { name: call.name.clone(), permits },
+                    Taken::Member { granted } => GiveBack::Redis {
+                        rule: call.rule,
+                        name: call.name.clone(),
+                        settlement: Settlement { random: call.member_random, granted, used: 0, early_ms: 0 },
+                    },
+                })
+            })
+            .collect()
+    }
+}
+
+/// What a reply arrives with besides its bytes: the configuration, its plan, and the time.
+pub struct ReplyContext<'a> {
+    /// The validated plugin configuration.
+    pub config: &'a PluginConfig,
+    /// The configuration's plan.
+    pub plan: &'a Plan,
+    /// Now, ms since the epoch (gateway clock).
+    pub now_ms: u64,
+}
+
+/// One rule's result from its part of a reply: the notice, block and lease it teaches go to `effects`.
+fn call_result(
+    call: &RuleCall,
+    rule: &Rule,
+    reply: &AcquireReply,
+    now_ms: u64,
+    cache: &mut LimiterCache,
+    effects: &mut Effects,
+) -> RuleResult {
+    let configured =
+        EffectiveConfig { rate: rule.rate, interval_ms: rule.interval_ms, limiter_type: rule.limiter_type };
+    let effective = reply.effective.unwrap_or(configured);
+    if let Some(held) = reply.effective {
+        // Only replies whose config is not the rule's carry one: the cache says whether it is news.
+        let noticed = matches!(cache.observe(&call.name, held), Observation::New | Observation::Changed(_));
+        let limiter = || call.name.clone();
+        let notice = match reply.change {
+            ConfigChange::Updated => {
+                Some(Notice::ConfigApplied { rule: rule.name.clone(), limiter: limiter(), effective })
+            }
+            _ if !noticed || held == configured => None,
+            ConfigChange::Kept => Some(Notice::ConfigKept { rule: rule.name.clone(), limiter: limiter(), effective }),
+            _ if reply.outcome == AcquireOutcome::ExceedsRate => {
+                Some(Notice::ExceedsRate { rule: rule.name.clone(), limiter: limiter() })
+            }
+            _ => Some(Notice::ConfigDiffers { rule: rule.name.clone(), limiter: limiter(), effective }),
+        };
+        effects.notices.extend(notice);
+    }
+    let quota = |remaining, reset_ms| RuleQuota {
+        rule: call.rule,
+        limit: effective.rate,
+        window_ms: effective.interval_ms,
+        remaining,
+        reset_ms,
+    };
+    match reply.outcome {
+        // The quota is whole again when every permit now in the window has left it.
+        AcquireOutcome::Acquired { remaining } => {
+            let granted = reply.granted.unwrap_or(rule.permits);
+            match call.lease {
+                Some(lease) if granted > rule.permits => {
+                    let expires_ms = call.sent_ms.saturating_add(lease.max_age_ms);
+                    let grant = LeaseGrant {
+                        random: call.member_random,
+                        granted,
+                        used: rule.permits,
+                        expires_ms,
+                        last_use_ms: now_ms.min(expires_ms),
+                        redis_remaining: remaining,
+                    };
+                    effects.leases.push((call.name.clone(), Some(grant)));
+                    let left = remaining.saturating_add(granted - rule.permits);
+                    RuleResult::Acquired(quota(left, effective.interval_ms), Taken::Lease)
+                }
+                _ => RuleResult::Acquired(quota(remaining, effective.interval_ms), Taken::Member { granted }),
+            }
+        }
+        AcquireOutcome::Untaken { available } => RuleResult::Untaken(quota(available, effective.interval_ms)),
+        AcquireOutcome::Rejected { delay_ms } => {
+            // The oldest permit leaves 3 ms before Redisson's delay ends (DESIGN.md, tryAcquire).
+            let leaves = call.sent_ms.saturating_add(delay_ms).saturating_sub(3);
+            let until_ms = leaves.min(call.sent_ms.saturating_add(rule.local_block_max_ms));
+            if rule.local_block_max_ms > 0 && until_ms > call.sent_ms {
+                // Without the count, the rejected request's own need bounds it: fewer than `permits` are
+                // free, so a request for `permits` or more is what Redis would reject.
+                let block = Block {
+                    until_ms,
+                    release_ms: leaves,
+                    available: reply.available.unwrap_or(rule.permits.saturating_sub(1)),
+                    rate: effective.rate,
+                    interval_ms: effective.interval_ms,
+                };
+                effects.blocks.push((call.name.clone(), block));
+            }
+            RuleResult::Rejected { quota: quota(0, delay_ms), delay_ms: Some(delay_ms), local: false }
+        }
+        // No wait grants it: report a whole window rather than "retry now" (t=0).
+        AcquireOutcome::ExceedsRate => {
+            RuleResult::Rejected { quota: quota(0, effective.interval_ms), delay_ms: None, local: false }
         }
     }
 }
@@ -646,6 +957,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
     use super::*;
     use crate::key::tests::FakeRequest;
+    use crate::lease::LeaseTable;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -661,8 +973,11 @@ mod tests {
         let config = PluginConfig::from_json(json.as_bytes()).unwrap();
         let plan = Plan::new(&config, "client");
         let quota = |rule, limit, window_ms| RuleQuota { rule, limit, window_ms, remaining: 0, reset_ms: 900 };
-        let report =
-            Report { quotas: [quota(0, 5, 2_000), quota(1, 7, 60_000)].into_iter().collect(), retry_ms: Some(900) };
+        let report = Report {
+            quotas: [quota(0, 5, 2_000), quota(1, 7, 60_000)].into_iter().collect(),
+            retry_ms: Some(900),
+            rejected_by: Some(0),
+        };
         let verdict = Verdict::Respond { status: 429, report, rate_limited: true, body: "no".into() };
         assert_eq!(verdict.headers(&config, &plan).len(), crate::response::MAX_HEADERS - 1);
     }
@@ -693,6 +1008,7 @@ mod tests {
         plan: Plan,
         cache: LimiterCache,
         blocks: ListedBlocks,
+        leases: LeaseTable,
         counter: u8,
         now_ms: u64,
     }
@@ -704,13 +1020,20 @@ mod tests {
                 plan: Plan::new(&config, "cid"),
                 config,
                 blocks: ListedBlocks::default(),
+                leases: LeaseTable::new([5, 6]),
                 counter: 0,
                 now_ms: NOW,
             }
         }
 
         fn start(&mut self, headers: &[(&str, &str)]) -> Start {
-            let ctx = Context { config: &self.config, plan: &self.plan, now_ms: self.now_ms, blocks: &self.blocks };
+            let ctx = Context {
+                config: &self.config,
+                plan: &self.plan,
+                now_ms: self.now_ms,
+                blocks: &self.blocks,
+                leases: &self.leases,
+            };
             let counter = &mut self.counter;
             let mut name = String::new();
             start(
@@ -739,18 +1062,31 @@ mod tests {
                 .collect()
         }
 
+        /// A reply as it comes, and what it teaches (nothing recorded).
+        fn raw(
+            &mut self,
+            pending: &mut PendingRequest,
+            call: usize,
+            reply: Result<&[u8], Failure>,
+        ) -> (Progress, Effects) {
+            let ctx = ReplyContext { config: &self.config, plan: &self.plan, now_ms: self.now_ms };
+            pending.on_reply(call, reply, &ctx, &mut self.cache)
+        }
+
         fn reply(&mut self, pending: &mut PendingRequest, call: usize, reply: Result<&[u8], Failure>) -> Progress {
-            let (progress, effects) = pending.on_reply(call, reply, &self.config, &self.plan, &mut self.cache);
-            if let Some(block) = effects.block {
-                self.blocks.0.push(block);
+            let ctx = ReplyContext { config: &self.config, plan: &self.plan, now_ms: self.now_ms };
+            let (progress, effects) = pending.on_reply(call, reply, &ctx, &mut self.cache);
+            self.blocks.0.extend(effects.blocks);
+            for (name, grant) in effects.leases {
+                self.leases.end(&name, grant);
             }
             progress
         }
     }
 
-    /// `{code, amount, available, rate, interval, type, change}` (the full reply).
+    /// `{code, amount, available, rate, interval, type, change, taken}` (the full reply).
     fn full_reply(code: i64, amount: i64, available: i64, rate: i64, change: i64) -> Vec<u8> {
-        let items = [code, amount, available, rate, 2000, 0, change];
+        let items = [code, amount, available, rate, 2000, 0, change, i64::from(code == 1)];
         let mut out = format!("*{}\r\n", items.len()).into_bytes();
         for item in items {
             out.extend(format!(":{item}\r\n").bytes());
@@ -931,7 +1267,7 @@ mod tests {
     fn more_permits_than_the_rate_are_rejected_without_retry_after_and_asked_again_next_time() {
         let mut h = Harness::new(config(r#","permits":3"#, ""));
         let mut pending = sent(h.start(&[("x-user", "alice")]));
-        let (progress, effects) = pending.on_reply(0, Ok(&full_reply(2, 0, 0, 2, 0)), &h.config, &h.plan, &mut h.cache);
+        let (progress, effects) = h.raw(&mut pending, 0, Ok(&full_reply(2, 0, 0, 2, 0)));
         let decision = done(progress);
         assert_eq!(decision.outcome, Outcome::Rejected);
         assert!(matches!(decision.verdict, Verdict::Respond { .. }));
@@ -939,8 +1275,8 @@ mod tests {
         assert_eq!(header(&headers, "retry-after"), None, "no wait can grant more permits than the rate");
         assert_eq!(header(&headers, "ratelimit-policy"), Some("\"per-user\";q=2;w=2"));
         assert_eq!(header(&headers, "ratelimit"), Some("\"per-user\";r=0;t=2"), "not t=0: retrying now is futile");
-        assert!(matches!(effects.notice, Some(Notice::ExceedsRate { .. })));
-        assert_eq!(effects.block, None, "no block: a rate raised in Redis must be seen at once");
+        assert!(matches!(effects.notices.first(), Some(Notice::ExceedsRate { .. })));
+        assert_eq!(effects.blocks.first(), None, "no block: a rate raised in Redis must be seen at once");
         assert!(matches!(h.start(&[("x-user", "alice")]), Start::Send(..)));
     }
 
@@ -950,13 +1286,12 @@ mod tests {
         let mut notices = Vec::new();
         for _ in 0..3 {
             let mut pending = sent(h.start(&[("x-user", "alice")]));
-            notices
-                .push(pending.on_reply(0, Ok(&full_reply(1, 0, 0, 1, 0)), &h.config, &h.plan, &mut h.cache).1.notice);
+            notices.push(h.raw(&mut pending, 0, Ok(&full_reply(1, 0, 0, 1, 0))).1.notices.first().cloned());
         }
         assert!(matches!(notices[0], Some(Notice::ConfigDiffers { .. })));
         assert_eq!(notices[1..], [None, None]);
         let mut pending = sent(h.start(&[("x-user", "bob")]));
-        assert_eq!(pending.on_reply(0, Ok(&acquired(4)), &h.config, &h.plan, &mut h.cache).1.notice, None);
+        assert_eq!(h.raw(&mut pending, 0, Ok(&acquired(4))).1.notices.first().cloned(), None);
     }
 
     #[test]
@@ -968,20 +1303,21 @@ mod tests {
             "1",
             "the acquire asks Redis to apply the rule's config"
         );
-        let (_, effects) = pending.on_reply(0, Ok(&full_reply(1, 4, 4, 5, 2)), &h.config, &h.plan, &mut h.cache);
-        assert!(matches!(effects.notice, Some(Notice::ConfigApplied { .. })), "{effects:?}");
+        let (_, effects) = h.raw(&mut pending, 0, Ok(&full_reply(1, 4, 4, 5, 2)));
+        assert!(matches!(effects.notices.first(), Some(Notice::ConfigApplied { .. })), "{effects:?}");
         let mut pending = sent(h.start(&[("x-user", "alice")]));
         assert_eq!(h.words(&pending, 0, Invocation::BySha)[15], "1", "again: whether to apply is Redis's record");
-        let (_, effects) = pending.on_reply(0, Ok(&full_reply(1, 4, 4, 9, 3)), &h.config, &h.plan, &mut h.cache);
-        assert!(matches!(effects.notice, Some(Notice::ConfigKept { .. })), "{effects:?}");
+        let (_, effects) = h.raw(&mut pending, 0, Ok(&full_reply(1, 4, 4, 9, 3)));
+        assert!(matches!(effects.notices.first(), Some(Notice::ConfigKept { .. })), "{effects:?}");
         let mut redis_wins = Harness::new(config("", ""));
         let pending = sent(redis_wins.start(&[("x-user", "alice")]));
         assert_eq!(redis_wins.words(&pending, 0, Invocation::BySha)[15], "0");
     }
 
+    /// Two rules whose limiters are in different hash slots of a Redis Cluster: one call each.
     fn two_rules(top: &str) -> PluginConfig {
         let json = format!(
-            r#"{{"redis":{{"cluster":"w"}},"rules":[
+            r#"{{"redis":{{"cluster":"w","redis_cluster":true}},"rules":[
             {{"name":"a","limit_by":"global","rate":5,"interval":1000}},
             {{"name":"b","limit_by":"client_ip","rate":5,"interval":1000}}]{top}}}"#
         );

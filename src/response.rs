@@ -16,9 +16,10 @@ use crate::config::HeaderStyle;
 /// Longest value kept inline in a [`HeaderValue`] (no allocation), bytes.
 pub const INLINE: usize = 38;
 
-/// Most headers a decision carries (`Retry-After`, two draft and three legacy rate limit headers,
-/// `x-envoy-ratelimited`, `content-type`): every header a reply can have, so a [`Headers`] never fills.
-pub const MAX_HEADERS: usize = 8;
+/// Most headers a decision carries (`Retry-After`, `x-ratelimited-by`, two draft and three legacy rate limit
+/// headers, `x-envoy-ratelimited`, `content-type`): every header a reply can have, so a [`Headers`] never
+/// fills.
+pub const MAX_HEADERS: usize = 9;
 
 /// A header value: a constant, a value prepared once and shared, a short one kept inline, or one made for
 /// this response.

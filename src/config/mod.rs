@@ -199,6 +199,10 @@ pub struct RedisConfig {
     pub timeout_ms: u64,
     /// Redis logical database (host transport only; the bridge selects its database itself).
     pub database: u32,
+    /// Whether the Redis behind the transport is a Redis Cluster: the limiters of one request share one
+    /// script call only when their keys are in one hash slot (otherwise one call each, and permits taken
+    /// by a request another rule rejected are given back).
+    pub redis_cluster: bool,
 }
 
 /// One rate limit rule, validated.
@@ -226,6 +230,19 @@ pub struct Rule {
     pub rate_source: RateSource,
     /// Longest local block after a rejection, ms (0: no local block; every request goes to Redis).
     pub local_block_max_ms: u64,
+    /// Permit leases for a hot limiter (README.md, "Leases"); `None`: one acquire per request.
+    pub lease: Option<Lease>,
+}
+
+/// A rule's permit lease: a VM takes up to `max_permits` in one acquire and serves the limiter's requests
+/// from them for at most `max_age_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// Most permits one lease takes (more than the rule's `permits`, at most the rate).
+    pub max_permits: u64,
+    /// How long a lease serves requests, ms (from the gateway time its acquire was sent; below the
+    /// interval): the lease's member in Redis is scored at its acquire time plus this.
+    pub max_age_ms: u64,
 }
 
 /// The response sent for a rejected request.

@@ -92,6 +92,15 @@ impl<'a> Object<'a> {
     }
 
     /// A string.
+    /// A boolean field.
+    pub(super) fn boolean(&mut self, name: &'static str) -> Result<Option<bool>, ConfigError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::Bool(value)) => Ok(Some(*value)),
+            Some(_) => Err(self.error(name, "must be true or false")),
+        }
+    }
+
     pub(super) fn string(&mut self, name: &'static str) -> Result<Option<String>, ConfigError> {
         match self.get(name) {
             None => Ok(None),

@@ -8,8 +8,8 @@ use serde_json::Value;
 
 use super::reader::{DurationMs, Object};
 use super::{
-    ClockSource, ConfigError, FailureMode, HeaderStyle, LimiterType, OnMissing, PluginConfig, RateSource, RedisConfig,
-    Rejection, Rule, Secret, TransportKind,
+    ClockSource, ConfigError, FailureMode, HeaderStyle, Lease, LimiterType, OnMissing, PluginConfig, RateSource,
+    RedisConfig, Rejection, Rule, Secret, TransportKind,
 };
 use crate::key::KeySource;
 use crate::quote::quoted;
@@ -43,6 +43,7 @@ const REDIS_FIELDS: &[&str] = &[
     "timeout",
     "database",
     "authority",
+    "redis_cluster",
 ];
 const RULE_FIELDS: &[&str] = &[
     "name",
@@ -56,7 +57,11 @@ const RULE_FIELDS: &[&str] = &[
     "limiter",
     "rate_source",
     "local_block_max",
+    "lease",
 ];
+const LEASE_FIELDS: &[&str] = &["max_permits", "max_age"];
+/// Largest `lease.max_permits`: one lease is one permit member, and a VM serves it alone.
+const MAX_LEASE_PERMITS: u64 = 65_536;
 /// Default `local_block_max`: long enough to shed an attack on a key, short enough to bound what a rate an
 /// operator raises meanwhile costs (README.md, "Local block").
 const DEFAULT_LOCAL_BLOCK_MAX_MS: u64 = 5_000;
@@ -195,8 +200,19 @@ fn read_redis(mut redis: Object<'_>) -> Result<RedisConfig, ConfigError> {
         Some(authority) => non_empty(&redis.path_of("authority"), authority)?,
         None => cluster.clone(),
     };
+    let redis_cluster = redis.boolean("redis_cluster")?.unwrap_or(false);
     redis.finish(REDIS_FIELDS)?;
-    Ok(RedisConfig { transport, cluster, authority, username, password, basic_auth, timeout_ms, database })
+    Ok(RedisConfig {
+        transport,
+        cluster,
+        authority,
+        username,
+        password,
+        basic_auth,
+        timeout_ms,
+        database,
+        redis_cluster,
+    })
 }
 
 fn non_empty(field: &str, value: String) -> Result<String, ConfigError> {
@@ -267,6 +283,10 @@ fn read_rule(mut rule: Object<'_>) -> Result<Rule, ConfigError> {
     if local_block_max_ms > MAX_INTERVAL_MS {
         return Err(rule.error("local_block_max", format!("must be at most {MAX_INTERVAL_MS} ms")));
     }
+    let lease = match rule.object("lease")? {
+        Some(lease) => Some(read_lease(lease, rate, interval_ms, permits)?),
+        None => None,
+    };
     rule.finish(RULE_FIELDS)?;
     Ok(Rule {
         name,
@@ -280,7 +300,29 @@ fn read_rule(mut rule: Object<'_>) -> Result<Rule, ConfigError> {
         on_missing,
         rate_source,
         local_block_max_ms,
+        lease,
     })
+}
+
+/// `lease`: `max_permits` between `permits` + 1 and the rate, `max_age` from 1 ms to below the interval.
+fn read_lease(mut lease: Object<'_>, rate: u64, interval_ms: u64, permits: u64) -> Result<Lease, ConfigError> {
+    let max_permits = lease.required("max_permits", Object::u64)?;
+    let most = rate.min(MAX_LEASE_PERMITS);
+    if max_permits <= permits || max_permits > most {
+        return Err(lease.error(
+            "max_permits",
+            format!("{max_permits} must be more than the rule's permits ({permits}) and at most {most} (the rate, at most {MAX_LEASE_PERMITS})"),
+        ));
+    }
+    let DurationMs(max_age_ms) = lease.required("max_age", Object::duration)?;
+    if max_age_ms == 0 || max_age_ms >= interval_ms {
+        return Err(lease.error(
+            "max_age",
+            format!("{max_age_ms} ms must be at least 1 ms and shorter than the interval ({interval_ms} ms)"),
+        ));
+    }
+    lease.finish(LEASE_FIELDS)?;
+    Ok(Lease { max_permits, max_age_ms })
 }
 
 /// `limit_by`: `"client_ip"`, `"path"`, `"global"`, or one of `{"header": name}`, `{"query": name}`,

@@ -2,7 +2,7 @@
 
 use crate::prelude::*;
 
-use crate::config::FailureMode;
+use crate::config::{FailureMode, Plugin};
 use crate::host::{Host, LogLevel};
 use crate::limiter::Outcome;
 use crate::transport::Failure;
@@ -20,12 +20,23 @@ pub(super) struct Metrics {
     redis_calls: Option<u32>,
     redis_errors: Option<u32>,
     host_errors: Option<u32>,
+    leases: Option<u32>,
+    compensations: Option<u32>,
+    /// `rule.<name>.rejected`, by configuration index, then rule index.
+    rule_rejected: Vec<(usize, Vec<Option<u32>>)>,
 }
 
 impl Metrics {
-    /// Defines every counter as `edge_rate_limiter.<name>`.
-    pub(super) fn define(host: &impl Host) -> Self {
+    /// Defines every counter as `edge_rate_limiter.<name>`, and `edge_rate_limiter.rule.<rule>.rejected`
+    /// for each rule of `plugin` (a rule name shared by several configurations shares its counter).
+    pub(super) fn define(host: &impl Host, plugin: &Plugin) -> Self {
         let counter = |name: &str| host.define_counter(&format!("{NAME}.{name}")).ok();
+        let rule_rejected = plugin
+            .configs()
+            .map(|(index, config)| {
+                (index, config.rules.iter().map(|rule| counter(&format!("rule.{}.rejected", rule.name))).collect())
+            })
+            .collect();
         Metrics {
             allowed: counter("allowed"),
             rejected: counter("rejected"),
@@ -35,6 +46,9 @@ impl Metrics {
             redis_calls: counter("redis_calls"),
             redis_errors: counter("redis_errors"),
             host_errors: counter("host_errors"),
+            leases: counter("leases"),
+            compensations: counter("compensations"),
+            rule_rejected,
         }
     }
 
@@ -66,6 +80,27 @@ impl Metrics {
     /// One Redis call sent.
     pub(super) fn redis_call(&self, host: &impl Host) {
         Self::add(host, self.redis_calls, 1);
+    }
+
+    /// One lease granted by Redis.
+    pub(super) fn lease(&self, host: &impl Host) {
+        Self::add(host, self.leases, 1);
+    }
+
+    /// One give-back call sent (a request rejected after a limiter in another hash slot admitted it).
+    pub(super) fn compensation(&self, host: &impl Host) {
+        Self::add(host, self.compensations, 1);
+    }
+
+    /// A give-back call failed: its permits stay taken until they leave the window.
+    pub(super) fn give_back_failed(&self, host: &impl Host) {
+        Self::add(host, self.redis_errors, 1);
+    }
+
+    /// Rule `rule` of configuration `entry` rejected a request.
+    pub(super) fn rule_rejected(&self, host: &impl Host, entry: usize, rule: usize) {
+        let id = self.rule_rejected.iter().find(|(index, _)| *index == entry).and_then(|(_, ids)| ids.get(rule));
+        Self::add(host, id.copied().flatten(), 1);
     }
 
     /// One hostcall on a request's path that the host refused (a context switch, a resume, a local reply).

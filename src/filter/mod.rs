@@ -32,12 +32,14 @@ use crate::host_redis::{self, HostRedis};
 use crate::http_bridge::{self, HttpBridge};
 use crate::id_map::IdMap;
 use crate::key::RequestView;
+use crate::lease::LeaseTable;
 use crate::limiter::{
-    self, Blocks, Decision, Effects, Outcome, PendingRequest, Plan, Progress, Report, Start, Verdict,
+    self, Blocks, Decision, Effects, GiveBack, Leases, Outcome, PendingRequest, Plan, Progress, ReplyContext, Report,
+    Start, Verdict,
 };
 use crate::quote::quoted;
 use crate::response::{seconds_ceil, HeaderValue, Headers, MAX_HEADERS};
-use crate::script::{Encoding, Invocation, MEMBER_RANDOM_LEN};
+use crate::script::{Encoding, Invocation, Settlement, MEMBER_RANDOM_LEN};
 use crate::transport::Failure;
 
 mod metrics;
@@ -169,6 +171,15 @@ impl RecentBlocks {
     }
 }
 
+/// A give-back call on its way ([`GiveBack::Redis`]).
+#[derive(Debug)]
+struct GiveBackCall {
+    entry: usize,
+    name: String,
+    settlement: Settlement,
+    retried: bool,
+}
+
 /// How a decided request ends: its verdict (headers are rendered when handed to the host).
 type Next = Verdict;
 
@@ -214,6 +225,7 @@ struct ReplyKey {
     entry: usize,
     rate_limited: bool,
     retry_s: Option<u64>,
+    rejected_by: Option<usize>,
     count: usize,
     /// Rule, limit, window (ms: whether it is the configured one decides the policy's form), remaining,
     /// reset (s).
@@ -233,6 +245,7 @@ impl ReplyKey {
             entry,
             rate_limited,
             retry_s: report.retry_ms.map(seconds_ceil),
+            rejected_by: report.rejected_by,
             count: report.quotas.len(),
             quotas: [(0, 0, 0, 0, 0); ReplyKey::QUOTAS],
         };
@@ -250,6 +263,7 @@ impl ReplyKey {
         self.entry == other.entry
             && self.rate_limited == other.rate_limited
             && self.retry_s == other.retry_s
+            && self.rejected_by == other.rejected_by
             && self.count == other.count
             && self
                 .quotas
@@ -286,6 +300,11 @@ pub struct Filter<H: Host> {
     last_reply: Option<LastReply>,
     /// The blocks this VM saw last (read from shared data or recorded).
     recent_blocks: RefCell<RecentBlocks>,
+    /// This VM's permit leases.
+    leases: LeaseTable,
+    /// Outstanding give-back calls, by token: the configuration, rule, limiter and member (sent again by
+    /// source after `NOSCRIPT`).
+    give_backs: IdMap<GiveBackCall>,
     /// Where a request's limiter names are written (one allocation, reused).
     name_buffer: String,
 }
@@ -338,8 +357,9 @@ impl<H: Host> Filter<H> {
             LogLevel::Info,
             &format!("configured {global}, {} route/domain override(s)", plugin.overrides.len()),
         );
+        let lease_seed = [random.u64(..), random.u64(..)];
         Ok(Filter {
-            metrics: Metrics::define(&host),
+            metrics: Metrics::define(&host, &plugin),
             cache: LimiterCache::new(
                 plugin.configs().map(|(_, c)| c.cache_size).max().unwrap_or(1),
                 [random.u64(..), random.u64(..)],
@@ -355,6 +375,8 @@ impl<H: Host> Filter<H> {
             host_error_logged: false,
             last_reply: None,
             recent_blocks: RefCell::default(),
+            leases: LeaseTable::new(lease_seed),
+            give_backs: IdMap::default(),
             name_buffer: String::new(),
             prepared,
             plugin,
@@ -378,19 +400,19 @@ impl<H: Host> Filter<H> {
         let start = {
             let random = &mut self.random;
             let blocks = SharedBlocks { host: &self.host, table: prepared.blocks, recent: &self.recent_blocks };
-            let ctx = limiter::Context { config, plan: &prepared.plan, now_ms, blocks: &blocks };
+            let ctx = limiter::Context { config, plan: &prepared.plan, now_ms, blocks: &blocks, leases: &self.leases };
             limiter::start(&ctx, &HostRequest(&self.host), &mut || member_random(random), &mut self.name_buffer)
         };
-        let (pending, calls) = match start {
+        let (pending, sends) = match start {
             Start::Decided(decision) => {
                 let next = self.finish(entry, decision);
                 return self.end_in_callback(context_id, entry, next);
             }
-            Start::Send(pending, calls) => (pending, calls),
+            Start::Send(pending, sends) => (pending, sends),
         };
         let mut flow = Flow { entry, stage: Stage::Waiting(pending), tokens: Vec::new(), deadline_ms: now_ms };
         let mut decided = None;
-        for call in 0..calls {
+        for call in 0..sends {
             let progress = self.send(context_id, &mut flow, call, Invocation::BySha);
             if let Some(decision) = self.drive(context_id, &mut flow, progress) {
                 decided = Some(decision);
@@ -486,6 +508,12 @@ impl<H: Host> Filter<H> {
 
     /// A reply (or failure) for the call with this token.
     fn on_reply(&mut self, token: u32, reply: Result<Vec<u8>, Failure>) {
+        if !self.give_backs.is_empty() {
+            if let Some(call) = self.give_backs.remove(&token) {
+                self.on_give_back_reply(call, reply);
+                return;
+            }
+        }
         let Some(Call { context_id, call }) = self.calls.remove(&token) else {
             log(&self.host, LogLevel::Debug, &format!("a reply for unknown call {token} was dropped"));
             return;
@@ -566,14 +594,21 @@ impl<H: Host> Filter<H> {
         else {
             return Progress::Waiting;
         };
-        let (progress, Effects { notice, block }) =
-            pending.on_reply(call, reply, config, &prepared.plan, &mut self.cache);
-        if let Some(notice) = notice {
+        let now_ms = self.host.now_ms();
+        let ctx = ReplyContext { config, plan: &prepared.plan, now_ms };
+        let (progress, Effects { notices, blocks, leases }) = pending.on_reply(call, reply, &ctx, &mut self.cache);
+        for notice in notices {
             log(&self.host, LogLevel::Warn, &notice.to_string());
         }
-        if let (Some((name, block)), Some(prepared)) = (block, self.prepared(flow.entry)) {
-            prepared.blocks.record(&self.host, &name, block, self.host.now_ms());
+        for (name, block) in blocks {
+            prepared.blocks.record(&self.host, &name, block, now_ms);
             self.recent_blocks.borrow_mut().keep(&name, fnv1a(name.as_bytes()), block);
+        }
+        for (name, grant) in leases {
+            if grant.is_some() {
+                self.metrics.lease(&self.host);
+            }
+            self.leases.end(&name, grant);
         }
         progress
     }
@@ -589,9 +624,22 @@ impl<H: Host> Filter<H> {
         }
     }
 
-    /// Counts and logs a decision and says how the request ends.
+    /// Counts and logs a decision, gives back what a request that does not go on took, and says how the
+    /// request ends.
     fn finish(&mut self, entry: usize, decision: Decision) -> Next {
         self.metrics.decided(&self.host, decision.outcome, decision.failures.len());
+        for &rule in &decision.rejecting {
+            self.metrics.rule_rejected(&self.host, entry, rule);
+        }
+        for give_back in decision.give_back {
+            match give_back {
+                GiveBack::Lease { name, permits } => self.leases.put_back(&name, permits),
+                GiveBack::Redis { name, settlement, .. } => {
+                    let call = GiveBackCall { entry, name, settlement, retried: false };
+                    self.send_give_back(call);
+                }
+            }
+        }
         let mode = self.plugin.config(entry).map_or(FailureMode::Allow, |c| c.failure_mode);
         for failure in &decision.failures {
             self.failure_log.failed(&self.host, failure, mode);
@@ -684,6 +732,46 @@ impl<H: Host> Filter<H> {
         if self.host.send_local_reply(*status, &last.headers, body.as_bytes()).is_err() {
             self.host_refused("proxy_send_local_response");
         }
+    }
+
+    /// Sends a give-back call (by sha, or by source after `NOSCRIPT`); counted in `compensations`. Nobody
+    /// waits for it: a failure is counted in `redis_errors` and logged once as other failures are.
+    fn send_give_back(&mut self, call: GiveBackCall) {
+        let Some(prepared) = self.prepared(call.entry) else { return };
+        let invocation = if call.retried { Invocation::BySource } else { Invocation::BySha };
+        let command = call.settlement.command(&call.name, &self.client_id, invocation);
+        let bytes = match prepared.transport.encoding() {
+            Encoding::Resp => command.to_resp(),
+            Encoding::WebdisPath => command.to_webdis_path(),
+        };
+        match prepared.transport.send(&self.host, &bytes) {
+            Ok(token) => {
+                self.metrics.redis_call(&self.host);
+                self.metrics.compensation(&self.host);
+                self.give_backs.insert(token, call);
+            }
+            Err(failure) => self.give_back_failed(call.entry, &failure),
+        }
+    }
+
+    fn on_give_back_reply(&mut self, mut call: GiveBackCall, reply: Result<Vec<u8>, Failure>) {
+        let failure = match reply {
+            Err(failure) => failure,
+            Ok(bytes) if bytes.first() == Some(&b':') => return,
+            Ok(bytes) if bytes.starts_with(b"-NOSCRIPT") && !call.retried => {
+                call.retried = true;
+                self.send_give_back(call);
+                return;
+            }
+            Ok(bytes) => Failure::BadReply(quoted(&bytes)),
+        };
+        self.give_back_failed(call.entry, &failure);
+    }
+
+    fn give_back_failed(&mut self, entry: usize, failure: &Failure) {
+        self.metrics.give_back_failed(&self.host);
+        let mode = self.plugin.config(entry).map_or(FailureMode::Allow, |c| c.failure_mode);
+        self.failure_log.failed(&self.host, failure, mode);
     }
 
     fn forget_calls(&mut self, flow: &Flow) {

@@ -9,6 +9,8 @@ use crate::testing::{End, FakeHost, ROOT};
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
 const BRIDGE: &str = r#""redis":{"cluster":"webdis","timeout":200}"#;
+/// The bridge to a Redis Cluster: the limiters of one request are acquired in one call per hash slot.
+const BRIDGE_TO_CLUSTER: &str = r#""redis":{"cluster":"webdis","timeout":200,"redis_cluster":true}"#;
 const HOST_REDIS: &str = r#""redis":{"transport":"host","cluster":"redis","timeout":200,"password":"s3cret"}"#;
 const PER_USER: &str = r#"{"name":"per-user","limit_by":{"header":"x-user"},"rate":2,"interval":"1s"}"#;
 
@@ -174,7 +176,7 @@ fn noscript_is_sent_again_by_source_in_the_same_request() {
 #[test]
 fn a_rejection_still_counts_and_logs_the_other_rules_failures() {
     let rules = format!(r#"{PER_USER},{{"name":"per-ip","limit_by":"client_ip","rate":5,"interval":1000}}"#);
-    let (host, mut filter) = configure(BRIDGE, &rules, "");
+    let (host, mut filter) = configure(BRIDGE_TO_CLUSTER, &rules, "");
     start(&host, &mut filter, 2, "alice");
     let calls = host.http_calls();
     assert_eq!(calls.len(), 2);
@@ -362,7 +364,7 @@ fn match_rules_choose_the_route_configuration() {
 #[test]
 fn a_decision_made_while_starting_ends_the_request_at_once_even_with_several_rules() {
     let rules = format!(r#"{PER_USER},{{"name":"per-ip","limit_by":"client_ip","rate":5,"interval":1000}}"#);
-    let (host, mut filter) = configure(BRIDGE, &rules, "");
+    let (host, mut filter) = configure(BRIDGE_TO_CLUSTER, &rules, "");
     host.refuse_calls(Some(HostError::InternalFailure));
     assert_eq!(start(&host, &mut filter, 2, "alice"), Action::Continue, "both calls refused: fail open now");
     assert_eq!(counters(&host), [0, 0, 1, 0, 0, 2, 0, 0]);

@@ -14,7 +14,7 @@ use crate::key::LimiterKeys;
 use crate::quote::{hex_digit, quoted};
 use crate::resp::{decode_integers, decode_reply, Command, Integers, Reply};
 
-use super::{Invocation, ACQUIRE};
+use super::{Invocation, ACQUIRE, ACQUIRE_ALL, GIVE_BACK};
 
 /// The hash field where [`super::ACQUIRE`] records the config a rule wrote (`rate_source: config`):
 /// `rate:interval:type:keepAliveTime`, next to Redisson's four fields.
@@ -73,7 +73,7 @@ pub struct AcquireTemplate {
     tail: [Vec<u8>; 6],
     /// ARGV 3-8 as RESP bulk strings.
     resp_tail: Vec<u8>,
-    /// ARGV 3-8 in webdis's path form, with the `.raw` suffix.
+    /// ARGV 3-8 in webdis's path form (each with its leading `/`).
     webdis_tail: Vec<u8>,
 }
 
@@ -95,7 +95,6 @@ impl AcquireTemplate {
             webdis_tail.push(b'/');
             push_encoded(&mut webdis_tail, arg);
         }
-        webdis_tail.extend_from_slice(b".raw");
         let raw = format!(":{client_id}").into_bytes();
         let mut encoded = Vec::new();
         push_encoded(&mut encoded, &raw);
@@ -107,12 +106,14 @@ impl AcquireTemplate {
         &self.config
     }
 
-    /// The command's bytes for limiter `name` at `clock` with the member's `random` bytes.
+    /// The command's bytes for limiter `name` at `clock` with the member's `random` bytes, and the lease
+    /// it asks for (ARGV 9-14; `None`: an acquire of the rule's permits).
     pub fn encode(
         &self,
         name: &str,
         clock: Clock,
         random: &[u8; MEMBER_RANDOM_LEN],
+        lease: Option<&LeaseRequest>,
         invocation: Invocation,
         encoding: Encoding,
     ) -> Vec<u8> {
@@ -125,7 +126,7 @@ impl AcquireTemplate {
         match encoding {
             Encoding::Resp => {
                 let mut out = Vec::with_capacity(5 * name.len() + self.resp_tail.len() + 256);
-                out.extend_from_slice(b"*16\r\n");
+                out.extend_from_slice(if lease.is_some() { b"*22\r\n" } else { b"*16\r\n" });
                 match invocation {
                     Invocation::BySha => {
                         push_bulk(&mut out, b"EVALSHA");
@@ -160,6 +161,9 @@ impl AcquireTemplate {
                 push_bulk(&mut out, now);
                 push_bulk(&mut out, random);
                 out.extend_from_slice(&self.resp_tail);
+                if let Some(lease) = lease {
+                    lease.push_args(&mut out, encoding);
+                }
                 out
             }
             Encoding::WebdisPath => {
@@ -198,6 +202,10 @@ impl AcquireTemplate {
                 out.push(b'/');
                 push_encoded(&mut out, random);
                 out.extend_from_slice(&self.webdis_tail);
+                if let Some(lease) = lease {
+                    lease.push_args(&mut out, encoding);
+                }
+                out.extend_from_slice(b".raw");
                 out
             }
         }
@@ -205,16 +213,186 @@ impl AcquireTemplate {
 
     /// The same command as a generic [`Command`] (for tools and tests; the filter uses
     /// [`AcquireTemplate::encode`]).
-    pub fn command(&self, name: &str, clock: Clock, random: &[u8], invocation: Invocation) -> Command {
-        let client_id = String::from_utf8_lossy(self.client_suffix.0.get(1..).unwrap_or_default()).into_owned();
-        let keys = LimiterKeys::new(name, &client_id);
-        let now = match clock {
-            Clock::Gateway(ms) => ms.to_string().into_bytes(),
-            Clock::Redis => Vec::new(),
-        };
+    pub fn command(
+        &self,
+        name: &str,
+        clock: Clock,
+        random: &[u8],
+        lease: Option<&LeaseRequest>,
+        invocation: Invocation,
+    ) -> Command {
+        let keys = LimiterKeys::new(name, &self.client_id());
+        let now = clock_arg(clock);
+        let lease_args = lease.map(LeaseRequest::args);
         let mut args: Vec<&[u8]> = vec![&now, random];
         args.extend(self.tail.iter().map(Vec::as_slice));
+        args.extend(lease_args.iter().flatten().map(Vec::as_slice));
         ACQUIRE.command(invocation, &keys, &args)
+    }
+
+    /// This template's Redisson client id.
+    fn client_id(&self) -> String {
+        String::from_utf8_lossy(self.client_suffix.0.get(1..).unwrap_or_default()).into_owned()
+    }
+}
+
+/// ARGV 1 of the scripts that take a time: ms since the epoch, or empty for Redis's `TIME`.
+fn clock_arg(clock: Clock) -> Vec<u8> {
+    match clock {
+        Clock::Gateway(ms) => ms.to_string().into_bytes(),
+        Clock::Redis => Vec::new(),
+    }
+}
+
+/// A lease an acquire asks for (README.md, "Leases"): ARGV 9-14 of [`super::ACQUIRE`], 8-13 of a limiter
+/// in [`super::ACQUIRE_ALL`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseRequest {
+    /// Most permits to take (Redis takes at most a quarter of those free, and at least the rule's permits).
+    pub max_permits: u64,
+    /// The lease's age, ms: its member is scored at the acquire's time plus this.
+    pub max_age_ms: u64,
+    /// The previous lease of this VM on the limiter, settled in the same call.
+    pub settle: Option<Settlement>,
+}
+
+/// What a lease (or a rejected request's permits) leaves in Redis: the member `(random, granted)` becomes
+/// `(random, used)` scored `early_ms` earlier, and the `granted - used` permits go back to the value
+/// (prelude `giveBack`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settlement {
+    /// The member's random bytes.
+    pub random: [u8; MEMBER_RANDOM_LEN],
+    /// Permits the member holds.
+    pub granted: u64,
+    /// Permits really used (0: the member goes).
+    pub used: u64,
+    /// How long before the member's score the last use was, ms.
+    pub early_ms: u64,
+}
+
+impl Settlement {
+    /// The four arguments: random, granted, used, early (ms).
+    fn args(&self) -> [Vec<u8>; 4] {
+        [
+            self.random.to_vec(),
+            self.granted.to_string().into_bytes(),
+            self.used.to_string().into_bytes(),
+            self.early_ms.to_string().into_bytes(),
+        ]
+    }
+
+    /// The [`super::GIVE_BACK`] command for limiter `name` (with this gateway's Redisson `client_id`).
+    pub fn command(&self, name: &str, client_id: &str, invocation: Invocation) -> Command {
+        let args = self.args();
+        let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+        GIVE_BACK.command(invocation, &LimiterKeys::new(name, client_id), &args)
+    }
+}
+
+impl LeaseRequest {
+    /// The six arguments: most permits, age (ms), and the settlement's four (empty random: none).
+    fn args(&self) -> [Vec<u8>; 6] {
+        let [random, granted, used, early] = match &self.settle {
+            Some(settle) => settle.args(),
+            None => [Vec::new(), b"0".to_vec(), b"0".to_vec(), b"0".to_vec()],
+        };
+        [
+            self.max_permits.to_string().into_bytes(),
+            self.max_age_ms.to_string().into_bytes(),
+            random,
+            granted,
+            used,
+            early,
+        ]
+    }
+
+    fn push_args(&self, out: &mut Vec<u8>, encoding: Encoding) {
+        for arg in self.args() {
+            push_arg(out, encoding, &arg);
+        }
+    }
+}
+
+/// No lease: the six lease arguments of a limiter in [`super::ACQUIRE_ALL`] that asks for none.
+const NO_LEASE: LeaseRequest = LeaseRequest { max_permits: 0, max_age_ms: 0, settle: None };
+
+/// One limiter's part of an [`super::ACQUIRE_ALL`] call.
+#[derive(Debug, Clone, Copy)]
+pub struct AcquirePart<'a> {
+    /// Its rule's template.
+    pub template: &'a AcquireTemplate,
+    /// The limiter name.
+    pub name: &'a str,
+    /// The new member's random bytes.
+    pub random: &'a [u8; MEMBER_RANDOM_LEN],
+    /// The lease it asks for, if any.
+    pub lease: Option<&'a LeaseRequest>,
+}
+
+/// The bytes of one [`super::ACQUIRE_ALL`] call over `parts` (all with one client id) at `clock`.
+pub fn encode_acquire_all(
+    parts: &[AcquirePart<'_>],
+    clock: Clock,
+    invocation: Invocation,
+    encoding: Encoding,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(512 * parts.len());
+    let count = 3 + parts.len() * (5 + 13) + 1;
+    match encoding {
+        Encoding::Resp => push_length(&mut out, b'*', count),
+        Encoding::WebdisPath => {}
+    }
+    let mut first = true;
+    let mut arg = |out: &mut Vec<u8>, bytes: &[u8]| {
+        if encoding == Encoding::WebdisPath && first {
+            first = false;
+            out.extend_from_slice(bytes);
+        } else {
+            push_arg(out, encoding, bytes);
+        }
+    };
+    match invocation {
+        Invocation::BySha => {
+            arg(&mut out, b"EVALSHA");
+            arg(&mut out, ACQUIRE_ALL.sha().as_bytes());
+        }
+        Invocation::BySource => {
+            arg(&mut out, b"EVAL");
+            arg(&mut out, ACQUIRE_ALL.source.as_bytes());
+        }
+    }
+    arg(&mut out, itoa::Buffer::new().format(5 * parts.len()).as_bytes());
+    for part in parts {
+        let keys = LimiterKeys::new(part.name, &part.template.client_id());
+        for key in [&keys.config, &keys.value, &keys.client_value, &keys.permits, &keys.client_permits] {
+            arg(&mut out, key.as_bytes());
+        }
+    }
+    arg(&mut out, &clock_arg(clock));
+    for part in parts {
+        arg(&mut out, part.random);
+        for tail in &part.template.tail {
+            arg(&mut out, tail);
+        }
+        for lease in part.lease.unwrap_or(&NO_LEASE).args() {
+            arg(&mut out, &lease);
+        }
+    }
+    if encoding == Encoding::WebdisPath {
+        out.extend_from_slice(b".raw");
+    }
+    out
+}
+
+/// One argument in the wire form: a RESP bulk string, or `/` and the percent-encoded bytes.
+fn push_arg(out: &mut Vec<u8>, encoding: Encoding, bytes: &[u8]) {
+    match encoding {
+        Encoding::Resp => push_bulk(out, bytes),
+        Encoding::WebdisPath => {
+            out.push(b'/');
+            push_encoded(out, bytes);
+        }
     }
 }
 
@@ -282,6 +460,12 @@ pub enum AcquireOutcome {
     },
     /// More permits requested than the limiter's rate: no wait will ever grant them.
     ExceedsRate,
+    /// [`super::ACQUIRE_ALL`] only: this limiter had the permits, but another limiter of the call rejected,
+    /// so none were taken.
+    Untaken {
+        /// Permits free.
+        available: u64,
+    },
 }
 
 /// The decoded reply of the acquire script.
@@ -296,6 +480,8 @@ pub struct AcquireReply {
     pub effective: Option<EffectiveConfig>,
     /// Whether this call wrote the limiter's config.
     pub change: ConfigChange,
+    /// Permits the acquire took, when the reply says (a lease's size; `None`: the permits asked).
+    pub granted: Option<u64>,
 }
 
 /// What an acquire did to the limiter's config.
@@ -352,56 +538,101 @@ fn describe(reply: &Reply) -> String {
 /// ```text
 /// :4                                          acquired, 4 permits left (config as sent)
 /// :-1503                                      rejected: Redisson's delay 1503 ms (config as sent)
-/// *7 code amount available rate interval type change
+/// *2 remaining taken                          a lease call acquired `taken` permits (config as sent)
+/// *8 code amount available rate interval type change taken
 ///                                             the config in Redis differs from the one sent, or was written
 /// ```
 ///
 /// `code` 1 = acquired (`amount` = permits left), 0 = rejected (`amount` = Redisson's delay in ms), 2 =
-/// more permits than the rate. `change`: 0 none, 1 created, 2 updated, 3 kept.
+/// more permits than the rate. `change`: 0 none, 1 created, 2 updated, 3 kept. `taken`: permits taken.
 ///
 /// # Errors
 /// [`ReplyError::NoScript`] for `-NOSCRIPT`, [`ReplyError::Redis`] for other error replies,
 /// [`ReplyError::Unexpected`] for anything else (not RESP, another shape or values).
 pub fn decode_acquire_reply(bytes: &[u8]) -> Result<AcquireReply, ReplyError> {
-    let mut numbers = [0i64; 7];
-    let shape = match decode_integers(bytes, &mut numbers) {
-        Some(shape) => shape,
-        None => {
-            return Err(match decode_reply(bytes) {
-                Ok(reply @ Reply::Error(_)) if reply.error_code() == Some("NOSCRIPT") => ReplyError::NoScript,
-                Ok(Reply::Error(text)) => ReplyError::Redis(text),
-                Ok(other) => ReplyError::Unexpected(describe(&other)),
-                Err(error) => ReplyError::Unexpected(error.to_string()),
+    let mut numbers = [0i64; FULL_REPLY];
+    match decode_integers(bytes, &mut numbers) {
+        // A bare integer, the config as sent: the permits left, or minus the delay.
+        Some(Integers::Bare) => {
+            let [value, ..] = numbers;
+            let (outcome, available) = if value >= 0 {
+                (AcquireOutcome::Acquired { remaining: value.unsigned_abs() }, Some(value.unsigned_abs()))
+            } else {
+                (AcquireOutcome::Rejected { delay_ms: value.unsigned_abs() }, None)
+            };
+            Ok(AcquireReply { outcome, available, effective: None, change: ConfigChange::None, granted: None })
+        }
+        // A lease call, the config as sent: the permits left and those taken.
+        Some(Integers::Array(2)) => {
+            let [remaining, taken, ..] = numbers;
+            let remaining = non_negative(remaining, "remaining permits")?;
+            Ok(AcquireReply {
+                outcome: AcquireOutcome::Acquired { remaining },
+                available: Some(remaining),
+                effective: None,
+                change: ConfigChange::None,
+                granted: Some(non_negative(taken, "permits taken")?),
             })
         }
+        Some(Integers::Array(FULL_REPLY)) => decode_full(&numbers),
+        Some(Integers::Array(other)) => Err(ReplyError::Unexpected(format!("an array of {other} elements"))),
+        None => Err(error_of(bytes)),
+    }
+}
+
+/// Decodes the reply of [`super::ACQUIRE_ALL`] over `limiters` limiters: the full form of
+/// [`decode_acquire_reply`] for each (8 integers), in order, `code` 3 = had the permits but took none
+/// ([`AcquireOutcome::Untaken`]).
+///
+/// # Errors
+/// As [`decode_acquire_reply`]; an array of another length is [`ReplyError::Unexpected`].
+pub fn decode_acquire_all_reply(bytes: &[u8], limiters: usize) -> Result<Vec<AcquireReply>, ReplyError> {
+    let mut numbers = vec![0i64; FULL_REPLY * limiters];
+    match decode_integers(bytes, &mut numbers) {
+        Some(Integers::Array(count)) if count == numbers.len() => {
+            numbers.chunks_exact(FULL_REPLY).map(decode_full).collect()
+        }
+        Some(_) => Err(ReplyError::Unexpected(format!("not {} integers", numbers.len()))),
+        None => Err(error_of(bytes)),
+    }
+}
+
+/// Integers in a full reply: code, amount, available, rate, interval, type, change, taken.
+const FULL_REPLY: usize = 8;
+
+/// Why a reply that is not made of integers is no decision.
+fn error_of(bytes: &[u8]) -> ReplyError {
+    match decode_reply(bytes) {
+        Ok(reply @ Reply::Error(_)) if reply.error_code() == Some("NOSCRIPT") => ReplyError::NoScript,
+        Ok(Reply::Error(text)) => ReplyError::Redis(text),
+        Ok(other) => ReplyError::Unexpected(describe(&other)),
+        Err(error) => ReplyError::Unexpected(error.to_string()),
+    }
+}
+
+fn non_negative(value: i64, what: &str) -> Result<u64, ReplyError> {
+    u64::try_from(value).map_err(|_| ReplyError::Unexpected(format!("negative {what}: {value}")))
+}
+
+/// One full reply: `code amount available rate interval type change taken`.
+fn decode_full(numbers: &[i64]) -> Result<AcquireReply, ReplyError> {
+    let &[code, amount, available, rate, interval, limiter_type, change, taken] = numbers else {
+        return Err(ReplyError::Unexpected(format!("{} integers", numbers.len())));
     };
-    let non_negative = |value: i64, what: &str| {
-        u64::try_from(value).map_err(|_| ReplyError::Unexpected(format!("negative {what}: {value}")))
-    };
-    let [code, amount, available, rate, interval, limiter_type, change] = numbers;
-    let (code, amount, available, full) = match shape {
-        // A bare integer, the config as sent: the permits left, or minus the delay.
-        Integers::Bare if code >= 0 => (1, code, Some(code), false),
-        Integers::Bare => (0, code.checked_neg().unwrap_or(i64::MAX), None, false),
-        Integers::Array(7) => (code, amount, Some(available), true),
-        Integers::Array(other) => return Err(ReplyError::Unexpected(format!("an array of {other} elements"))),
-    };
+    // A value below zero (a rate lowered under the permits in the window) is no permit available.
+    let available = u64::try_from(available).unwrap_or(0);
     let outcome = match code {
         1 => AcquireOutcome::Acquired { remaining: non_negative(amount, "remaining permits")? },
         0 => AcquireOutcome::Rejected { delay_ms: non_negative(amount, "delay")? },
         2 => AcquireOutcome::ExceedsRate,
+        3 => AcquireOutcome::Untaken { available },
         other => return Err(ReplyError::Unexpected(format!("outcome code {other}"))),
     };
-    // A value below zero (a rate lowered under the permits in the window) is no permit available.
-    let available = available.map(|a| u64::try_from(a).unwrap_or(0));
-    if !full {
-        return Ok(AcquireReply { outcome, available, effective: None, change: ConfigChange::None });
-    }
     let limiter_type = LimiterType::from_redisson_ordinal(limiter_type)
         .ok_or_else(|| ReplyError::Unexpected(format!("limiter type {limiter_type}")))?;
     Ok(AcquireReply {
         outcome,
-        available,
+        available: Some(available),
         effective: Some(EffectiveConfig {
             rate: non_negative(rate, "rate")?,
             interval_ms: non_negative(interval, "interval")?,
@@ -414,6 +645,7 @@ pub fn decode_acquire_reply(bytes: &[u8]) -> Result<AcquireReply, ReplyError> {
             3 => ConfigChange::Kept,
             other => return Err(ReplyError::Unexpected(format!("config change code {other}"))),
         },
+        granted: (code == 1).then(|| non_negative(taken, "permits taken")).transpose()?,
     })
 }
 
@@ -441,7 +673,7 @@ mod tests {
 
     #[test]
     fn the_command_carries_keys_then_arguments_in_script_order() {
-        let command = template().command("erl:r:alice", NOW, &RANDOM, Invocation::BySha);
+        let command = template().command("erl:r:alice", NOW, &RANDOM, None, Invocation::BySha);
         let args: Vec<&[u8]> = command.args().iter().map(Vec::as_slice).collect();
         assert_eq!(args[0], b"EVALSHA");
         assert_eq!(args[1], ACQUIRE.sha().as_bytes());
@@ -462,19 +694,31 @@ mod tests {
     #[test]
     fn the_template_encodes_exactly_what_the_generic_command_does() {
         let template = template();
+        let settle = Settlement { random: [b'z'; MEMBER_RANDOM_LEN], granted: 64, used: 9, early_ms: 31 };
+        let leases = [
+            None,
+            Some(LeaseRequest { max_permits: 64, max_age_ms: 50, settle: None }),
+            Some(LeaseRequest { max_permits: 64, max_age_ms: 50, settle: Some(settle) }),
+        ];
         for name in ["erl:r:alice", "{tagged}:r:~AP8", "erl:g"] {
             for clock in [NOW, Clock::Redis] {
                 for invocation in [Invocation::BySha, Invocation::BySource] {
-                    let command = template.command(name, clock, &RANDOM, invocation);
-                    assert_eq!(template.encode(name, clock, &RANDOM, invocation, Encoding::Resp), command.to_resp());
-                    assert_eq!(
-                        template.encode(name, clock, &RANDOM, invocation, Encoding::WebdisPath),
-                        command.to_webdis_path()
-                    );
+                    for lease in &leases {
+                        let command = template.command(name, clock, &RANDOM, lease.as_ref(), invocation);
+                        let resp = template.encode(name, clock, &RANDOM, lease.as_ref(), invocation, Encoding::Resp);
+                        assert_eq!(resp, command.to_resp());
+                        assert_eq!(
+                            template.encode(name, clock, &RANDOM, lease.as_ref(), invocation, Encoding::WebdisPath),
+                            command.to_webdis_path()
+                        );
+                    }
                 }
             }
         }
-        let redis_clock = template.command("n", Clock::Redis, &RANDOM, Invocation::BySha);
+        let leased = template.command("n", NOW, &RANDOM, leases[2].as_ref(), Invocation::BySha);
+        let tail: Vec<&[u8]> = leased.args()[16..].iter().map(Vec::as_slice).collect();
+        assert_eq!(tail, [&b"64"[..], b"50", b"zzzzzzzzzzzzzzzz", b"64", b"9", b"31"]);
+        let redis_clock = template.command("n", Clock::Redis, &RANDOM, None, Invocation::BySha);
         assert_eq!(redis_clock.args()[8], b"", "an empty time makes the script read Redis TIME");
     }
 
@@ -495,12 +739,12 @@ mod tests {
         let rejected = decode_acquire_reply(b":-1503\r\n").unwrap();
         assert_eq!((rejected.outcome, rejected.available), (AcquireOutcome::Rejected { delay_ms: 1503 }, None));
         let webdis = decode_acquire_reply(
-            b"*7\r\n$1\r\n0\r\n$4\r\n1503\r\n$2\r\n-1\r\n$1\r\n3\r\n$4\r\n2000\r\n$1\r\n0\r\n$1\r\n3\r\n",
+            b"*8\r\n$1\r\n0\r\n$4\r\n1503\r\n$2\r\n-1\r\n$1\r\n3\r\n$4\r\n2000\r\n$1\r\n0\r\n$1\r\n3\r\n$1\r\n0\r\n",
         )
         .unwrap();
         assert_eq!((webdis.outcome, webdis.available), (AcquireOutcome::Rejected { delay_ms: 1503 }, Some(0)));
         assert_eq!(webdis.change, ConfigChange::Kept);
-        let full = decode_acquire_reply(b"*7\r\n:1\r\n:8\r\n:8\r\n:10\r\n:60000\r\n:1\r\n:1\r\n").unwrap();
+        let full = decode_acquire_reply(b"*8\r\n:1\r\n:8\r\n:8\r\n:10\r\n:60000\r\n:1\r\n:1\r\n:1\r\n").unwrap();
         assert_eq!(
             full,
             AcquireReply {
@@ -512,9 +756,10 @@ mod tests {
                     limiter_type: LimiterType::PerClient
                 }),
                 change: ConfigChange::Created,
+                granted: Some(1),
             }
         );
-        let exceeds = decode_acquire_reply(b"*7\r\n:2\r\n:0\r\n:0\r\n:1\r\n:60000\r\n:0\r\n:0\r\n").unwrap();
+        let exceeds = decode_acquire_reply(b"*8\r\n:2\r\n:0\r\n:0\r\n:1\r\n:60000\r\n:0\r\n:0\r\n:0\r\n").unwrap();
         assert_eq!(exceeds.outcome, AcquireOutcome::ExceedsRate);
     }
 
@@ -532,9 +777,11 @@ mod tests {
             &b"$-1\r\n"[..],
             b"*6\r\n:1\r\n:1\r\n:1\r\n:1\r\n:1\r\n:1\r\n",
             b"*3\r\n:0\r\n:1\r\n:1\r\n",
-            b"*7\r\n:5\r\n:1\r\n:1\r\n:1\r\n:1\r\n:0\r\n:0\r\n",
-            b"*7\r\n:1\r\n:-1\r\n:1\r\n:1\r\n:1\r\n:0\r\n:0\r\n",
-            b"*7\r\n:1\r\n:1\r\n:1\r\n:1\r\n:1\r\n:7\r\n:0\r\n",
+            b"*7\r\n:1\r\n:1\r\n:1\r\n:1\r\n:1\r\n:0\r\n:0\r\n",
+            b"*8\r\n:5\r\n:1\r\n:1\r\n:1\r\n:1\r\n:0\r\n:0\r\n:0\r\n",
+            b"*8\r\n:1\r\n:-1\r\n:1\r\n:1\r\n:1\r\n:0\r\n:0\r\n:1\r\n",
+            b"*8\r\n:1\r\n:1\r\n:1\r\n:1\r\n:1\r\n:7\r\n:0\r\n:1\r\n",
+            b"*2\r\n:4\r\n:-1\r\n",
             b"<html>",
             b"*3\r\n$1\r\nx\r\n:1\r\n:1\r\n",
         ] {

@@ -689,8 +689,9 @@ impl Limiter {
             Some(_) => 0,
         };
         let Some(held) = self.config() else {
-            return GatewayReply::Array(vec![-1; 7]);
+            return GatewayReply::Array(vec![-1; 8]);
         };
+        // The 8th integer: the permits taken (a plain acquire takes what it asked, a rejection none).
         let full = |code, amount, available| {
             GatewayReply::Array(vec![
                 code,
@@ -700,6 +701,7 @@ impl Limiter {
                 held.interval_ms,
                 held.rate_type.ordinal(),
                 change,
+                if code == 1 { i64::try_from(permits).unwrap_or(i64::MAX) } else { 0 },
             ])
         };
         let as_sent = change == 0
@@ -713,7 +715,7 @@ impl Limiter {
             AcquireResult::Rejected { delay_ms } if as_sent => GatewayReply::Integer(-delay_ms),
             AcquireResult::Rejected { delay_ms } => full(0, delay_ms, self.value(scope).unwrap_or(0)),
             AcquireResult::Error(LimiterError::ExceedsRate) => full(2, 0, 0),
-            AcquireResult::Error(LimiterError::NotInitialized) => GatewayReply::Array(vec![-1; 7]),
+            AcquireResult::Error(LimiterError::NotInitialized) => GatewayReply::Array(vec![-1; 8]),
         }
     }
 

@@ -570,8 +570,9 @@ impl Run<'_> {
                             },
                             CLIENT_IDS[client],
                         );
-                        let command =
-                            |invocation| acquire.command(&keys.config, Clock::Gateway(now as u64), bytes, invocation);
+                        let command = |invocation| {
+                            acquire.command(&keys.config, Clock::Gateway(now as u64), bytes, None, invocation)
+                        };
                         self.scripts.run_command(&command(Invocation::BySha), || command(Invocation::BySource))
                     }
                     Random::Legacy(bytes) => {

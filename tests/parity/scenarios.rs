@@ -96,9 +96,9 @@ impl Gateway {
             self.keys.client_value.strip_prefix(&format!("{}:", self.keys.value)).unwrap(),
         );
         let random = fresh_random();
-        let by_sha = acquire.encode(&self.keys.config, clock, &random, Invocation::BySha, Encoding::Resp);
+        let by_sha = acquire.encode(&self.keys.config, clock, &random, None, Invocation::BySha, Encoding::Resp);
         let reply = self.scripts.run_raw(&by_sha, || {
-            acquire.encode(&self.keys.config, clock, &random, Invocation::BySource, Encoding::Resp)
+            acquire.encode(&self.keys.config, clock, &random, None, Invocation::BySource, Encoding::Resp)
         });
         (decode_acquire_reply(&reply).unwrap_or_else(|e| panic!("{e}")), random)
     }

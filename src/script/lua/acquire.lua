@@ -9,7 +9,13 @@
 -- the one sent: the permits left (acquired) or minus the delay (rejected; the delay is always >= 4).
 --
 -- ARGV: 1 now (ms; empty = Redis TIME), 2 the member's random bytes, 3 permits, 4 rate, 5 interval (ms),
--- 6 type, 7 keepAliveTime (ms), 8 '1' = apply 4-7 as rate_source: config.
+-- 6 type, 7 keepAliveTime (ms), 8 '1' = apply 4-7 as rate_source: config; for a lease (rules with
+-- `lease` only): 9 the most permits to lease, 10 the lease's age (ms), 11-14 the previous lease to settle
+-- first (random, granted, used, ms its last use came before its expiry; 11 empty = none).
+--
+-- A lease takes up to ARGV[9] permits but never more than a quarter of those free (so one holder cannot
+-- take the tail of a window others need), in one member scored now + age: every use of the lease happens
+-- at or before that score, so the window covers each use for at least the interval.
 local config = redis.call('hmget', KEYS[1], 'rate', 'interval', 'type', 'keepAliveTime')
 local nowArg = ARGV[1]
 local now
@@ -27,7 +33,7 @@ if config[1] == false or config[2] == false or config[3] == false
 --@prelude
   local wanted = ARGV[4] .. ':' .. ARGV[5] .. ':' .. ARGV[6] .. ':' .. ARGV[7]
   if not isInitialized(config) then
-    change = trySetRate(ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+    change = trySetRate(KEYS, ARGV[4], ARGV[5], ARGV[6], ARGV[7])
     if change == 1 and ARGV[8] == '1' then
       redis.call('hset', KEYS[1], 'erlRuleConfig', wanted)
     end
@@ -35,7 +41,7 @@ if config[1] == false or config[2] == false or config[3] == false
     local held = config[1] .. ':' .. config[2] .. ':' .. config[3] .. ':' .. (config[4] or '0')
     local record = redis.call('hget', KEYS[1], 'erlRuleConfig')
     if record == false or record == held then
-      updateRate(ARGV[4], ARGV[5], ARGV[6], ARGV[7], now)
+      updateRate(KEYS, ARGV[4], ARGV[5], ARGV[6], ARGV[7], now)
       redis.call('hset', KEYS[1], 'erlRuleConfig', wanted)
       change = 2
     else
@@ -54,7 +60,12 @@ if config[3] == '1' then
 end
 local requested = tonumber(ARGV[3])
 if requested > rate then
-  return {2, 0, 0, rate, interval, tonumber(config[3]), change}
+  return {2, 0, 0, rate, interval, tonumber(config[3]), change, 0}
+end
+local lease = tonumber(ARGV[9] or '0')
+if lease > 0 and ARGV[11] ~= '' then
+--@prelude
+  giveBack(valueName, permitsName, ARGV[11], ARGV[12], ARGV[13], ARGV[14], rate)
 end
 local value = redis.call('get', valueName)
 if value == false then
@@ -81,13 +92,21 @@ else
     redis.call('set', valueName, string.format('%d', value))
   end
 end
-local code, amount
+local code, amount, taken = 0, 0, 0
 if value < requested then
   local oldest = redis.call('zrange', permitsName, 0, 0, 'withscores')[2]
   code, amount = 0, 3 + interval - (now - (tonumber(oldest) or now))
 else
-  redis.call('zadd', permitsName, nowArg, struct.pack('Bc0I', string.len(ARGV[2]), ARGV[2], requested))
-  value = redis.call('decrby', valueName, ARGV[3])
+  taken = requested
+  local score = nowArg
+  if lease > requested then
+    taken = math.min(lease, math.max(requested, math.floor(value / 4)))
+    if taken > requested then
+      score = string.format('%d', now + tonumber(ARGV[10]))
+    end
+  end
+  redis.call('zadd', permitsName, score, struct.pack('Bc0I', string.len(ARGV[2]), ARGV[2], taken))
+  value = redis.call('decrby', valueName, taken)
   code, amount = 1, value
 end
 local keepAlive = config[4]
@@ -103,9 +122,11 @@ else
   end
 end
 if change == 0 and config[1] == ARGV[4] and config[2] == ARGV[5] and config[3] == ARGV[6] then
-  if code == 1 then
-    return amount
+  if code == 0 then
+    return -amount
+  elseif lease > 0 then
+    return {amount, taken}
   end
-  return -amount
+  return amount
 end
-return {code, amount, value, rate, interval, tonumber(config[3]), change}
+return {code, amount, value, rate, interval, tonumber(config[3]), change, taken}

@@ -1,10 +1,10 @@
 local config = redis.call('hmget', KEYS[1], 'rate', 'interval', 'type')
 if not isInitialized(config) then return redis.error_reply('RateLimiter is not initialized') end
-local valueName, permitsName = names(config[3])
+local valueName, permitsName = names(KEYS, config[3])
 local value = redis.call('get', valueName)
 if value == false then
   redis.call('set', valueName, config[1])
-  syncTtl(config[3])
+  syncTtl(KEYS, config[3])
   return tonumber(config[1])
 end
 local now = nowMs(ARGV[1])
@@ -13,6 +13,6 @@ if released > 0 then
   redis.call('zremrangebyscore', permitsName, 0, now - tonumber(config[2]))
   value = tonumber(value) + released
   redis.call('set', valueName, value)
-  syncTtl(config[3])
+  syncTtl(KEYS, config[3])
 end
 return tonumber(value)

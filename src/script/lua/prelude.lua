@@ -1,5 +1,6 @@
 -- Lua shared by every script (Lua 5.1 as embedded in Redis 7, with the `struct` library). Every script
--- takes the same five KEYS: config hash, value, client value, permits, client permits (one hash slot).
+-- takes the same five KEYS per limiter: config hash, value, client value, permits, client permits (one
+-- hash slot); the functions take them as `keys` (ACQUIRE_ALL passes each limiter's five in turn).
 --
 -- nowMs(arg): arg as ms since the epoch, or Redis's own TIME when arg is empty.
 -- sumPermits(members): permits carried by permit members, struct.pack('Bc0I', #random, random, permits)
@@ -16,6 +17,12 @@
 -- updateRate(...): HSET of the config keeping state: a type change deletes all state; otherwise permits
 --   outside the new window are dropped and value = max(0, rate - permits still in the window); then the
 --   keep-alive is applied to every key.
+-- giveBack(valueName, permitsName, random, granted, used, early, rate): replaces the permit member
+--   (random, granted) by (random, used) scored `early` ms before it, and returns the granted - used
+--   permits nobody used to the value (never above `rate`): how a lease is settled and a rejected
+--   all-or-nothing request returns what it took. Exact even if the window moved meanwhile: a member
+--   already released (it left the window, its permits went back to the value) is not found and nothing
+--   is done. Returns 1 if the member was found.
 -- (Full-line comments are stripped by build.rs: they are not sent to Redis.)
 local function nowMs(arg)
   if arg ~= nil and arg ~= '' then return tonumber(arg) end
@@ -30,20 +37,20 @@ local function sumPermits(members)
   end
   return total
 end
-local function names(limiterType)
-  if limiterType == '1' then return KEYS[3], KEYS[5] end
-  return KEYS[2], KEYS[4]
+local function names(keys, limiterType)
+  if limiterType == '1' then return keys[3], keys[5] end
+  return keys[2], keys[4]
 end
-local function keepAliveOrPersist(keepAlive)
+local function keepAliveOrPersist(keys, keepAlive)
   if tonumber(keepAlive) > 0 then
-    redis.call('pexpire', KEYS[1], keepAlive)
+    redis.call('pexpire', keys[1], keepAlive)
   else
-    redis.call('persist', KEYS[1])
+    redis.call('persist', keys[1])
   end
 end
-local function syncTtl(limiterType)
-  local valueName, permitsName = names(limiterType)
-  local ttl = redis.call('pttl', KEYS[1])
+local function syncTtl(keys, limiterType)
+  local valueName, permitsName = names(keys, limiterType)
+  local ttl = redis.call('pttl', keys[1])
   if ttl > 0 then
     redis.call('pexpire', valueName, ttl)
     redis.call('pexpire', permitsName, ttl)
@@ -52,33 +59,49 @@ local function syncTtl(limiterType)
     redis.call('persist', permitsName)
   end
 end
-local function trySetRate(rate, interval, limiterType, keepAlive)
-  redis.call('hsetnx', KEYS[1], 'rate', rate)
-  redis.call('hsetnx', KEYS[1], 'interval', interval)
-  redis.call('hsetnx', KEYS[1], 'keepAliveTime', keepAlive)
-  local created = redis.call('hsetnx', KEYS[1], 'type', limiterType)
+local function trySetRate(keys, rate, interval, limiterType, keepAlive)
+  redis.call('hsetnx', keys[1], 'rate', rate)
+  redis.call('hsetnx', keys[1], 'interval', interval)
+  redis.call('hsetnx', keys[1], 'keepAliveTime', keepAlive)
+  local created = redis.call('hsetnx', keys[1], 'type', limiterType)
   if created == 1 then
     if tonumber(keepAlive) > 0 then
-      redis.call('pexpire', KEYS[1], keepAlive)
+      redis.call('pexpire', keys[1], keepAlive)
     end
-    redis.call('del', KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+    redis.call('del', keys[2], keys[3], keys[4], keys[5])
   end
   return created
 end
-local function updateRate(rate, interval, limiterType, keepAlive, now)
-  local oldType = redis.call('hget', KEYS[1], 'type')
-  redis.call('hset', KEYS[1], 'rate', rate, 'interval', interval, 'type', limiterType, 'keepAliveTime', keepAlive)
+local function updateRate(keys, rate, interval, limiterType, keepAlive, now)
+  local oldType = redis.call('hget', keys[1], 'type')
+  redis.call('hset', keys[1], 'rate', rate, 'interval', interval, 'type', limiterType, 'keepAliveTime', keepAlive)
   if oldType ~= limiterType then
-    redis.call('del', KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+    redis.call('del', keys[2], keys[3], keys[4], keys[5])
   else
-    local valueName, permitsName = names(limiterType)
+    local valueName, permitsName = names(keys, limiterType)
     redis.call('zremrangebyscore', permitsName, 0, now - tonumber(interval))
     local used = sumPermits(redis.call('zrange', permitsName, 0, -1))
     redis.call('set', valueName, math.max(0, tonumber(rate) - used))
   end
-  keepAliveOrPersist(keepAlive)
-  syncTtl(limiterType)
+  keepAliveOrPersist(keys, keepAlive)
+  syncTtl(keys, limiterType)
 end
 local function isInitialized(config)
   return config[1] ~= false and config[2] ~= false and config[3] ~= false
+end
+local function giveBack(valueName, permitsName, random, granted, used, early, rate)
+  local member = struct.pack('Bc0I', string.len(random), random, tonumber(granted))
+  local score = redis.call('zscore', permitsName, member)
+  if score == false then return 0 end
+  redis.call('zrem', permitsName, member)
+  local unused = tonumber(granted) - tonumber(used)
+  if tonumber(used) > 0 then
+    local moved = string.format('%d', tonumber(score) - tonumber(early))
+    redis.call('zadd', permitsName, moved, struct.pack('Bc0I', string.len(random), random, tonumber(used)))
+  end
+  local value = redis.call('get', valueName)
+  if unused > 0 and value ~= false then
+    redis.call('set', valueName, string.format('%d', math.min(tonumber(rate), tonumber(value) + unused)), 'keepttl')
+  end
+  return 1
 end

@@ -1,1 +1,1 @@
-return trySetRate(ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+return trySetRate(KEYS, ARGV[1], ARGV[2], ARGV[3], ARGV[4])

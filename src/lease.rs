@@ -1,0 +1,156 @@
+//! This VM's permit leases (README.md, "Leases"): per limiter name, the lease Redis granted and whether a
+//! lease acquire is on its way.
+//!
+//! A lease serves the limiter's requests from its permits until `expires_ms` (its acquire's send time plus
+//! the rule's `max_age`: never after its member's score in Redis, so every use falls inside the window
+//! that member covers). When it is used up or expired, the next request's acquire asks for a new lease and
+//! settles the old one in the same call: the member keeps the permits used, scored at the last use, and
+//! the rest return to the limiter.
+//!
+//! Per VM, not shared between the VMs of a process: a shared lease would cost two shared-data hostcalls and
+//! a compare-and-swap per request, and saves round trips only where one VM's traffic cannot use a lease
+//! within `max_age` (README.md, "Leases", measured in `make bench`).
+//!
+//! Memory: at most [`LeaseTable::CAPACITY`] limiters, least recently used first out (a lease evicted
+//! unsettled keeps its unused permits from others until its member leaves the window).
+
+use crate::prelude::*;
+
+use core::cell::RefCell;
+use core::num::NonZeroUsize;
+
+use lru::LruCache;
+
+use crate::cache::KeyedSip;
+use crate::limiter::{LeaseGrant, Leases};
+use crate::script::Settlement;
+
+/// One limiter's lease state.
+#[derive(Debug, Clone, Copy, Default)]
+struct Entry {
+    /// The lease held, if any (live or waiting to be settled).
+    grant: Option<LeaseGrant>,
+    /// Until when a lease acquire counts as on its way, ms (its reply's deadline).
+    in_flight_until_ms: u64,
+}
+
+/// The leases of one VM, by limiter name.
+#[derive(Debug)]
+pub struct LeaseTable {
+    entries: RefCell<LruCache<String, Entry, KeyedSip>>,
+}
+
+impl LeaseTable {
+    /// Most limiters whose leases a VM keeps.
+    pub const CAPACITY: usize = 1024;
+
+    /// An empty table, names hashed with keys from `seed` (names come from requests).
+    pub fn new(seed: [u64; 2]) -> Self {
+        let capacity = NonZeroUsize::new(Self::CAPACITY).unwrap_or(NonZeroUsize::MIN);
+        LeaseTable { entries: RefCell::new(LruCache::with_hasher(capacity, KeyedSip(seed[0], seed[1]))) }
+    }
+
+    /// A lease acquire of `name` ended: records the lease Redis granted, if any.
+    pub fn end(&self, name: &str, grant: Option<LeaseGrant>) {
+        let mut entries = self.entries.borrow_mut();
+        if let Some(entry) = entries.get_mut(name) {
+            entry.in_flight_until_ms = 0;
+            if grant.is_some() {
+                entry.grant = grant;
+            }
+        } else if grant.is_some() {
+            entries.put(name.into(), Entry { grant, in_flight_until_ms: 0 });
+        }
+    }
+
+    /// How many limiters the table holds.
+    pub fn len(&self) -> usize {
+        self.entries.borrow().len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Leases for LeaseTable {
+    fn take(&self, name: &str, now_ms: u64, permits: u64) -> Option<u64> {
+        let mut entries = self.entries.borrow_mut();
+        let grant = entries.get_mut(name)?.grant.as_mut()?;
+        let left = grant.granted.checked_sub(grant.used)?;
+        if now_ms >= grant.expires_ms || left < permits {
+            return None;
+        }
+        grant.used += permits;
+        grant.last_use_ms = grant.last_use_ms.max(now_ms);
+        Some(grant.redis_remaining.saturating_add(left - permits))
+    }
+
+    fn put_back(&self, name: &str, permits: u64) {
+        if let Some(grant) = self.entries.borrow_mut().get_mut(name).and_then(|e| e.grant.as_mut()) {
+            grant.used = grant.used.saturating_sub(permits);
+        }
+    }
+
+    fn begin(&self, name: &str, now_ms: u64, due_ms: u64) -> Option<Option<Settlement>> {
+        let mut entries = self.entries.borrow_mut();
+        let entry = match entries.get_mut(name) {
+            Some(entry) => entry,
+            None => {
+                entries.put(name.into(), Entry::default());
+                entries.get_mut(name)?
+            }
+        };
+        if entry.in_flight_until_ms > now_ms {
+            return None;
+        }
+        entry.in_flight_until_ms = due_ms;
+        // A lease used whole up to its expiry leaves Redis as it is: nothing to settle.
+        let settle = entry.grant.take().map(|g| g.settlement()).filter(|s| s.used < s.granted || s.early_ms > 0);
+        Some(settle)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn grant(granted: u64, expires_ms: u64) -> LeaseGrant {
+        LeaseGrant { random: [b'a'; 16], granted, used: 1, expires_ms, last_use_ms: 1_000, redis_remaining: 10 }
+    }
+
+    #[test]
+    fn a_lease_serves_until_it_is_used_up_or_expires_then_is_settled_by_the_next_acquire() {
+        let table = LeaseTable::new([1, 2]);
+        assert_eq!(table.begin("hot", 1_000, 1_500), Some(None), "no lease yet: ask for one, nothing to settle");
+        assert_eq!(table.begin("hot", 1_001, 1_500), None, "one lease acquire at a time");
+        table.end("hot", Some(grant(4, 1_050)));
+        assert_eq!(table.take("hot", 1_010, 1), Some(12), "2 left in the lease + 10 in Redis");
+        assert_eq!(table.take("hot", 1_020, 2), Some(10));
+        assert_eq!(table.take("hot", 1_030, 1), None, "used up");
+        table.put_back("hot", 1);
+        assert_eq!(table.take("hot", 1_030, 1), Some(10), "a permit put back serves again");
+        assert_eq!(table.take("hot", 1_050, 1), None);
+        assert_eq!(
+            table.begin("hot", 1_060, 1_600),
+            Some(Some(Settlement { random: [b'a'; 16], granted: 4, used: 4, early_ms: 20 })),
+            "all used, the last 20 ms before the expiry: the member moves 20 ms earlier"
+        );
+        table.end("hot", Some(grant(8, 2_000)));
+        assert_eq!(table.take("hot", 2_000, 1), None, "expired");
+        let settled = table.begin("hot", 2_001, 2_500).unwrap().unwrap();
+        assert_eq!((settled.granted, settled.used, settled.early_ms), (8, 1, 1_000), "7 permits go back");
+    }
+
+    #[test]
+    fn a_lease_acquire_that_never_ended_stops_counting_at_its_deadline() {
+        let table = LeaseTable::new([1, 2]);
+        assert!(table.begin("hot", 1_000, 1_500).is_some());
+        assert!(table.begin("hot", 1_499, 2_000).is_none());
+        assert!(table.begin("hot", 1_500, 2_000).is_some());
+    }
+}

@@ -1,0 +1,155 @@
+-- ACQUIRE_ALL: the acquires of several rules of one request, all or nothing: every limiter is checked
+-- first (creating or updating its config as ACQUIRE does, settling a previous lease, releasing what left
+-- the window), and permits are taken only if every one admits. A request rejected by one rule takes no
+-- permit from the others. Documented in src/script/mod.rs (ACQUIRE_ALL): arguments, replies.
+--
+-- KEYS: five per limiter, as every script takes them (config hash, value, client value, permits, client
+-- permits). ARGV: 1 now (ms; empty = Redis TIME), then 13 per limiter: the member's random bytes,
+-- permits, rate, interval (ms), type, keepAliveTime (ms), '1' = apply as rate_source: config, the most
+-- permits to lease (0 = no lease), the lease's age (ms), and the previous lease to settle (random, granted,
+-- used, ms before its expiry of its last use; random empty = none).
+--
+-- Written for clarity over speed (a request of one rule runs ACQUIRE, which inlines the same steps: its
+-- release, keep-alive and trySetRate code is repeated here as functions on purpose): one function per step.
+local PER_LIMITER = 13
+local nowArg = ARGV[1]
+local now
+if nowArg == '' then
+  local t = redis.call('time')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  nowArg = string.format('%d', now)
+else
+  now = tonumber(nowArg)
+end
+
+-- The limiter's config after trySetRate / updateRate as ACQUIRE applies them, and the change code.
+local function resolveConfig(keys, a)
+  local config = redis.call('hmget', keys[1], 'rate', 'interval', 'type', 'keepAliveTime')
+  local rate, interval, limiterType, keepAlive = ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6]
+  local wanted = rate .. ':' .. interval .. ':' .. limiterType .. ':' .. keepAlive
+  local change = 0
+  if not isInitialized(config) then
+    change = trySetRate(keys, rate, interval, limiterType, keepAlive)
+    if change == 1 and ARGV[a + 7] == '1' then
+      redis.call('hset', keys[1], 'erlRuleConfig', wanted)
+    end
+  elseif ARGV[a + 7] == '1' and (config[1] ~= rate or config[2] ~= interval or config[3] ~= limiterType
+      or (config[4] or '0') ~= keepAlive) then
+    local held = config[1] .. ':' .. config[2] .. ':' .. config[3] .. ':' .. (config[4] or '0')
+    local record = redis.call('hget', keys[1], 'erlRuleConfig')
+    if record == false or record == held then
+      updateRate(keys, rate, interval, limiterType, keepAlive, now)
+      redis.call('hset', keys[1], 'erlRuleConfig', wanted)
+      change = 2
+    else
+      change = 3
+    end
+  end
+  if change == 1 or change == 2 then
+    config = redis.call('hmget', keys[1], 'rate', 'interval', 'type', 'keepAliveTime')
+  end
+  return config, change
+end
+
+-- The permits free now: the value after releasing the permits that left the window (Redisson tryAcquire).
+local function freePermits(valueName, permitsName, rate, interval, rateText)
+  local value = redis.call('get', valueName)
+  if value == false then
+    redis.call('set', valueName, rateText)
+    return rate
+  end
+  value = tonumber(value)
+  local cutoff = string.format('%d', now - interval)
+  local released = sumPermits(redis.call('zrangebyscore', permitsName, 0, cutoff))
+  if released > 0 then
+    redis.call('zremrangebyscore', permitsName, 0, cutoff)
+    value = value + released
+    if value > rate then
+      value = rate - sumPermits(redis.call('zrange', permitsName, 0, -1))
+    end
+    redis.call('set', valueName, string.format('%d', value))
+  end
+  return value
+end
+
+-- Keep-alive as ACQUIRE refreshes it: the limiter's keys take keepAliveTime, or the hash's TTL.
+local function refreshTtl(keys, keepAlive, valueName, permitsName)
+  if keepAlive and (tonumber(keepAlive) or 0) > 0 then
+    redis.call('pexpire', keys[1], keepAlive)
+    redis.call('pexpire', valueName, keepAlive)
+    redis.call('pexpire', permitsName, keepAlive)
+  else
+    local ttl = redis.call('pttl', keys[1])
+    if ttl > 0 then
+      redis.call('pexpire', valueName, ttl)
+      redis.call('pexpire', permitsName, ttl)
+    end
+  end
+end
+
+-- Check: every limiter, in order. Permits asked of one limiter by two rules are counted together.
+local limiters = {}
+local asked = {}
+local everyOneAdmits = true
+for i = 1, #KEYS / 5 do
+  local keys = {KEYS[5 * i - 4], KEYS[5 * i - 3], KEYS[5 * i - 2], KEYS[5 * i - 1], KEYS[5 * i]}
+  local a = 1 + PER_LIMITER * (i - 1)
+  local config, change = resolveConfig(keys, a)
+  local rate, interval = tonumber(config[1]), tonumber(config[2])
+  local valueName, permitsName = names(keys, config[3])
+  local requested = tonumber(ARGV[a + 2])
+  local limiter = {keys = keys, a = a, config = config, change = change, rate = rate, interval = interval,
+                   valueName = valueName, permitsName = permitsName, requested = requested, code = 1,
+                   amount = 0, value = 0, taken = 0}
+  if requested > rate then
+    limiter.code = 2
+    everyOneAdmits = false
+  else
+    local lease = tonumber(ARGV[a + 8])
+    if lease > 0 and ARGV[a + 10] ~= '' then
+      giveBack(valueName, permitsName, ARGV[a + 10], ARGV[a + 11], ARGV[a + 12], ARGV[a + 13], rate)
+    end
+    local value = freePermits(valueName, permitsName, rate, interval, config[1]) - (asked[valueName] or 0)
+    limiter.value = value
+    if value < requested then
+      local oldest = redis.call('zrange', permitsName, 0, 0, 'withscores')[2]
+      limiter.code, limiter.amount = 0, 3 + interval - (now - (tonumber(oldest) or now))
+      everyOneAdmits = false
+    else
+      asked[valueName] = (asked[valueName] or 0) + requested
+    end
+  end
+  limiters[i] = limiter
+end
+
+-- Charge every limiter only if all admit; reply 8 integers per limiter.
+local reply = {}
+for _, limiter in ipairs(limiters) do
+  local a = limiter.a
+  if limiter.code == 1 then
+    if everyOneAdmits then
+      local value = tonumber(redis.call('get', limiter.valueName))
+      local taken, score = limiter.requested, nowArg
+      local lease = tonumber(ARGV[a + 8])
+      if lease > taken then
+        taken = math.min(lease, math.max(taken, math.floor(value / 4)))
+        if taken > limiter.requested then
+          score = string.format('%d', now + tonumber(ARGV[a + 9]))
+        end
+      end
+      redis.call('zadd', limiter.permitsName, score, struct.pack('Bc0I', string.len(ARGV[a + 1]), ARGV[a + 1], taken))
+      limiter.value = redis.call('decrby', limiter.valueName, taken)
+      limiter.amount, limiter.taken = limiter.value, taken
+    else
+      limiter.code, limiter.amount = 3, limiter.value
+    end
+  elseif limiter.code == 0 then
+    limiter.value = math.max(0, limiter.value)
+  end
+  refreshTtl(limiter.keys, limiter.config[4], limiter.valueName, limiter.permitsName)
+  for _, number in ipairs({limiter.code, limiter.amount, limiter.value, limiter.rate, limiter.interval,
+                           tonumber(limiter.config[3]), limiter.change, limiter.taken}) do
+    reply[#reply + 1] = number
+  end
+end
+return reply
