@@ -38,7 +38,7 @@ pub struct LimiterCache {
 /// choosing names that collide). core's `SipHasher`, deprecated only in favour of std's `DefaultHasher`
 /// (the same hash, which a `no_std` module cannot use); ~3 KB less code than hashbrown's foldhash.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct KeyedSip(pub(crate) u64, pub(crate) u64);
+struct KeyedSip(u64, u64);
 
 impl core::hash::BuildHasher for KeyedSip {
     #[allow(deprecated)]

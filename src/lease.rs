@@ -11,17 +11,15 @@
 //! a compare-and-swap per request, and saves round trips only where one VM's traffic cannot use a lease
 //! within `max_age` (README.md, "Leases", measured in `make bench`).
 //!
-//! Memory: at most [`LeaseTable::CAPACITY`] limiters, least recently used first out (a lease evicted
-//! unsettled keeps its unused permits from others until its member leaves the window).
+//! Memory: [`LeaseTable::SLOTS`] slots, one per value of the name's FNV-1a hash modulo that; a limiter
+//! takes its slot from another (leases are for a few hot limiters): a lease dropped unsettled keeps its
+//! unused permits from others until its member leaves the window.
 
 use crate::prelude::*;
 
 use core::cell::RefCell;
-use core::num::NonZeroUsize;
 
-use lru::LruCache;
-
-use crate::cache::KeyedSip;
+use crate::block::{fnv1a, same_bytes};
 use crate::limiter::{LeaseGrant, Leases};
 use crate::script::Settlement;
 
@@ -37,78 +35,95 @@ struct Entry {
 /// The leases of one VM, by limiter name.
 #[derive(Debug)]
 pub struct LeaseTable {
-    entries: RefCell<LruCache<String, Entry, KeyedSip>>,
+    slots: RefCell<Vec<Option<(String, Entry)>>>,
+}
+
+impl Default for LeaseTable {
+    fn default() -> Self {
+        LeaseTable { slots: RefCell::new(vec![None; Self::SLOTS]) }
+    }
 }
 
 impl LeaseTable {
-    /// Most limiters whose leases a VM keeps.
-    pub const CAPACITY: usize = 1024;
+    /// Slots: how many limiters' leases a VM keeps at most.
+    pub const SLOTS: usize = 64;
 
-    /// An empty table, names hashed with keys from `seed` (names come from requests).
-    pub fn new(seed: [u64; 2]) -> Self {
-        let capacity = NonZeroUsize::new(Self::CAPACITY).unwrap_or(NonZeroUsize::MIN);
-        LeaseTable { entries: RefCell::new(LruCache::with_hasher(capacity, KeyedSip(seed[0], seed[1]))) }
+    fn slot(name: &str) -> usize {
+        (fnv1a(name.as_bytes()) % Self::SLOTS as u64) as usize
+    }
+
+    /// The entry of `name`, if its slot holds it.
+    fn with<T>(&self, name: &str, f: impl FnOnce(&mut Entry) -> T) -> Option<T> {
+        let mut slots = self.slots.borrow_mut();
+        match slots.get_mut(Self::slot(name)) {
+            Some(Some((held, entry))) if same_bytes(held.as_bytes(), name.as_bytes()) => Some(f(entry)),
+            _ => None,
+        }
+    }
+
+    /// The entry of `name`, taking its slot from another limiter if needed.
+    fn claim<T>(&self, name: &str, f: impl FnOnce(&mut Entry) -> T) -> Option<T> {
+        let mut slots = self.slots.borrow_mut();
+        let slot = slots.get_mut(Self::slot(name))?;
+        match slot {
+            Some((held, entry)) if same_bytes(held.as_bytes(), name.as_bytes()) => Some(f(entry)),
+            _ => {
+                let (_, entry) = slot.insert((name.into(), Entry::default()));
+                Some(f(entry))
+            }
+        }
     }
 
     /// A lease acquire of `name` ended: records the lease Redis granted, if any.
     pub fn end(&self, name: &str, grant: Option<LeaseGrant>) {
-        let mut entries = self.entries.borrow_mut();
-        if let Some(entry) = entries.get_mut(name) {
+        let record = |entry: &mut Entry| {
             entry.in_flight_until_ms = 0;
             if grant.is_some() {
                 entry.grant = grant;
             }
-        } else if grant.is_some() {
-            entries.put(name.into(), Entry { grant, in_flight_until_ms: 0 });
+        };
+        if grant.is_some() {
+            self.claim(name, record);
+        } else {
+            self.with(name, record);
         }
-    }
-
-    /// How many limiters the table holds.
-    pub fn len(&self) -> usize {
-        self.entries.borrow().len()
-    }
-
-    /// Whether it holds none.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
 impl Leases for LeaseTable {
     fn take(&self, name: &str, now_ms: u64, permits: u64) -> Option<u64> {
-        let mut entries = self.entries.borrow_mut();
-        let grant = entries.get_mut(name)?.grant.as_mut()?;
-        let left = grant.granted.checked_sub(grant.used)?;
-        if now_ms >= grant.expires_ms || left < permits {
-            return None;
-        }
-        grant.used += permits;
-        grant.last_use_ms = grant.last_use_ms.max(now_ms);
-        Some(grant.redis_remaining.saturating_add(left - permits))
+        self.with(name, |entry| {
+            let grant = entry.grant.as_mut()?;
+            let left = grant.granted.checked_sub(grant.used)?;
+            if now_ms >= grant.expires_ms || left < permits {
+                return None;
+            }
+            grant.used += permits;
+            grant.last_use_ms = grant.last_use_ms.max(now_ms);
+            Some(grant.redis_remaining.saturating_add(left - permits))
+        })
+        .flatten()
     }
 
     fn put_back(&self, name: &str, permits: u64) {
-        if let Some(grant) = self.entries.borrow_mut().get_mut(name).and_then(|e| e.grant.as_mut()) {
-            grant.used = grant.used.saturating_sub(permits);
-        }
+        self.with(name, |entry| {
+            if let Some(grant) = entry.grant.as_mut() {
+                grant.used = grant.used.saturating_sub(permits);
+            }
+        });
     }
 
     fn begin(&self, name: &str, now_ms: u64, due_ms: u64) -> Option<Option<Settlement>> {
-        let mut entries = self.entries.borrow_mut();
-        let entry = match entries.get_mut(name) {
-            Some(entry) => entry,
-            None => {
-                entries.put(name.into(), Entry::default());
-                entries.get_mut(name)?
+        self.claim(name, |entry| {
+            if entry.in_flight_until_ms > now_ms {
+                return None;
             }
-        };
-        if entry.in_flight_until_ms > now_ms {
-            return None;
-        }
-        entry.in_flight_until_ms = due_ms;
-        // A lease used whole up to its expiry leaves Redis as it is: nothing to settle.
-        let settle = entry.grant.take().map(|g| g.settlement()).filter(|s| s.used < s.granted || s.early_ms > 0);
-        Some(settle)
+            entry.in_flight_until_ms = due_ms;
+            // A lease used whole up to its expiry leaves Redis as it is: nothing to settle.
+            let settle = entry.grant.take().map(|g| g.settlement()).filter(|s| s.used < s.granted || s.early_ms > 0);
+            Some(settle)
+        })
+        .flatten()
     }
 }
 
@@ -125,7 +140,7 @@ mod tests {
 
     #[test]
     fn a_lease_serves_until_it_is_used_up_or_expires_then_is_settled_by_the_next_acquire() {
-        let table = LeaseTable::new([1, 2]);
+        let table = LeaseTable::default();
         assert_eq!(table.begin("hot", 1_000, 1_500), Some(None), "no lease yet: ask for one, nothing to settle");
         assert_eq!(table.begin("hot", 1_001, 1_500), None, "one lease acquire at a time");
         table.end("hot", Some(grant(4, 1_050)));
@@ -148,7 +163,7 @@ mod tests {
 
     #[test]
     fn a_lease_acquire_that_never_ended_stops_counting_at_its_deadline() {
-        let table = LeaseTable::new([1, 2]);
+        let table = LeaseTable::default();
         assert!(table.begin("hot", 1_000, 1_500).is_some());
         assert!(table.begin("hot", 1_499, 2_000).is_none());
         assert!(table.begin("hot", 1_500, 2_000).is_some());

@@ -1020,7 +1020,7 @@ mod tests {
                 plan: Plan::new(&config, "cid"),
                 config,
                 blocks: ListedBlocks::default(),
-                leases: LeaseTable::new([5, 6]),
+                leases: LeaseTable::default(),
                 counter: 0,
                 now_ms: NOW,
             }

@@ -357,7 +357,6 @@ impl<H: Host> Filter<H> {
             LogLevel::Info,
             &format!("configured {global}, {} route/domain override(s)", plugin.overrides.len()),
         );
-        let lease_seed = [random.u64(..), random.u64(..)];
         Ok(Filter {
             metrics: Metrics::define(&host, &plugin),
             cache: LimiterCache::new(
@@ -375,7 +374,7 @@ impl<H: Host> Filter<H> {
             host_error_logged: false,
             last_reply: None,
             recent_blocks: RefCell::default(),
-            leases: LeaseTable::new(lease_seed),
+            leases: LeaseTable::default(),
             give_backs: IdMap::default(),
             name_buffer: String::new(),
             prepared,
@@ -739,11 +738,8 @@ impl<H: Host> Filter<H> {
     fn send_give_back(&mut self, call: GiveBackCall) {
         let Some(prepared) = self.prepared(call.entry) else { return };
         let invocation = if call.retried { Invocation::BySource } else { Invocation::BySha };
-        let command = call.settlement.command(&call.name, &self.client_id, invocation);
-        let bytes = match prepared.transport.encoding() {
-            Encoding::Resp => command.to_resp(),
-            Encoding::WebdisPath => command.to_webdis_path(),
-        };
+        let Some(template) = prepared.plan.rules.first().map(|rule| &rule.template) else { return };
+        let bytes = call.settlement.encode(&call.name, template, invocation, prepared.transport.encoding());
         match prepared.transport.send(&self.host, &bytes) {
             Ok(token) => {
                 self.metrics.redis_call(&self.host);

@@ -14,7 +14,7 @@ use crate::key::LimiterKeys;
 use crate::quote::{hex_digit, quoted};
 use crate::resp::{decode_integers, decode_reply, Command, Integers, Reply};
 
-use super::{Invocation, ACQUIRE, ACQUIRE_ALL, GIVE_BACK};
+use super::{Invocation, Script, ACQUIRE, ACQUIRE_ALL, GIVE_BACK};
 
 /// The hash field where [`super::ACQUIRE`] records the config a rule wrote (`rate_source: config`):
 /// `rate:interval:type:keepAliveTime`, next to Redisson's four fields.
@@ -282,11 +282,25 @@ impl Settlement {
         ]
     }
 
-    /// The [`super::GIVE_BACK`] command for limiter `name` (with this gateway's Redisson `client_id`).
-    pub fn command(&self, name: &str, client_id: &str, invocation: Invocation) -> Command {
+    /// The bytes of the [`super::GIVE_BACK`] command for limiter `name` (with this gateway's Redisson
+    /// client id, as `template` has it).
+    pub fn encode(
+        &self,
+        name: &str,
+        template: &AcquireTemplate,
+        invocation: Invocation,
+        encoding: Encoding,
+    ) -> Vec<u8> {
         let args = self.args();
-        let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
-        GIVE_BACK.command(invocation, &LimiterKeys::new(name, client_id), &args)
+        let mut out = Vec::with_capacity(256);
+        let mut writer = ArgWriter::new(&mut out, encoding, 2 + 1 + 5 + args.len());
+        writer.script(&GIVE_BACK, invocation, 1);
+        writer.keys(name, template);
+        for arg in &args {
+            writer.arg(arg);
+        }
+        writer.finish();
+        out
     }
 }
 
@@ -338,51 +352,90 @@ pub fn encode_acquire_all(
     encoding: Encoding,
 ) -> Vec<u8> {
     let mut out = Vec::with_capacity(512 * parts.len());
-    let count = 3 + parts.len() * (5 + 13) + 1;
-    match encoding {
-        Encoding::Resp => push_length(&mut out, b'*', count),
-        Encoding::WebdisPath => {}
-    }
-    let mut first = true;
-    let mut arg = |out: &mut Vec<u8>, bytes: &[u8]| {
-        if encoding == Encoding::WebdisPath && first {
-            first = false;
-            out.extend_from_slice(bytes);
-        } else {
-            push_arg(out, encoding, bytes);
-        }
-    };
-    match invocation {
-        Invocation::BySha => {
-            arg(&mut out, b"EVALSHA");
-            arg(&mut out, ACQUIRE_ALL.sha().as_bytes());
-        }
-        Invocation::BySource => {
-            arg(&mut out, b"EVAL");
-            arg(&mut out, ACQUIRE_ALL.source.as_bytes());
-        }
-    }
-    arg(&mut out, itoa::Buffer::new().format(5 * parts.len()).as_bytes());
+    let mut writer = ArgWriter::new(&mut out, encoding, 3 + parts.len() * (5 + 13) + 1);
+    writer.script(&ACQUIRE_ALL, invocation, parts.len());
     for part in parts {
-        let keys = LimiterKeys::new(part.name, &part.template.client_id());
-        for key in [&keys.config, &keys.value, &keys.client_value, &keys.permits, &keys.client_permits] {
-            arg(&mut out, key.as_bytes());
-        }
+        writer.keys(part.name, part.template);
     }
-    arg(&mut out, &clock_arg(clock));
+    writer.arg(&clock_arg(clock));
     for part in parts {
-        arg(&mut out, part.random);
+        writer.arg(part.random);
         for tail in &part.template.tail {
-            arg(&mut out, tail);
+            writer.arg(tail);
         }
         for lease in part.lease.unwrap_or(&NO_LEASE).args() {
-            arg(&mut out, &lease);
+            writer.arg(&lease);
         }
     }
-    if encoding == Encoding::WebdisPath {
-        out.extend_from_slice(b".raw");
-    }
+    writer.finish();
     out
+}
+
+/// Writes a script call argument by argument in either wire form.
+struct ArgWriter<'a> {
+    out: &'a mut Vec<u8>,
+    encoding: Encoding,
+    first: bool,
+}
+
+impl<'a> ArgWriter<'a> {
+    /// A call of `count` words (the RESP array header is written now).
+    fn new(out: &'a mut Vec<u8>, encoding: Encoding, count: usize) -> Self {
+        if encoding == Encoding::Resp {
+            push_length(out, b'*', count);
+        }
+        ArgWriter { out, encoding, first: true }
+    }
+
+    fn arg(&mut self, bytes: &[u8]) {
+        if self.encoding == Encoding::WebdisPath && self.first {
+            // webdis's path starts with the command, without a `/`.
+            self.out.extend_from_slice(bytes);
+        } else {
+            push_arg(self.out, self.encoding, bytes);
+        }
+        self.first = false;
+    }
+
+    /// `EVALSHA <sha>` or `EVAL <source>`, and the number of keys of `limiters` limiters.
+    fn script(&mut self, script: &Script, invocation: Invocation, limiters: usize) {
+        match invocation {
+            Invocation::BySha => {
+                self.arg(b"EVALSHA");
+                self.arg(script.sha().as_bytes());
+            }
+            Invocation::BySource => {
+                self.arg(b"EVAL");
+                self.arg(script.source.as_bytes());
+            }
+        }
+        self.arg(itoa::Buffer::new().format(5 * limiters).as_bytes());
+    }
+
+    /// The five keys of limiter `name` ([`LimiterKeys`]) with `template`'s client id.
+    fn keys(&mut self, name: &str, template: &AcquireTemplate) {
+        let (open, close) = if name.contains('{') { ("", "") } else { ("{", "}") };
+        self.arg(name.as_bytes());
+        let mut key = String::with_capacity(name.len() + 64);
+        for (suffix, per_client) in [(":value", false), (":value", true), (":permits", false), (":permits", true)] {
+            key.clear();
+            key.push_str(open);
+            key.push_str(name);
+            key.push_str(close);
+            key.push_str(suffix);
+            let mut bytes = key.clone().into_bytes();
+            if per_client {
+                bytes.extend_from_slice(&template.client_suffix.0);
+            }
+            self.arg(&bytes);
+        }
+    }
+
+    fn finish(self) {
+        if self.encoding == Encoding::WebdisPath {
+            self.out.extend_from_slice(b".raw");
+        }
+    }
 }
 
 /// One argument in the wire form: a RESP bulk string, or `/` and the percent-encoded bytes.
@@ -720,6 +773,58 @@ mod tests {
         assert_eq!(tail, [&b"64"[..], b"50", b"zzzzzzzzzzzzzzzz", b"64", b"9", b"31"]);
         let redis_clock = template.command("n", Clock::Redis, &RANDOM, None, Invocation::BySha);
         assert_eq!(redis_clock.args()[8], b"", "an empty time makes the script read Redis TIME");
+    }
+
+    #[test]
+    fn give_back_and_acquire_all_encode_as_the_generic_command_does() {
+        let template = template();
+        let settle = Settlement { random: [b'q'; MEMBER_RANDOM_LEN], granted: 7, used: 0, early_ms: 0 };
+        for name in ["erl:r:alice", "{tagged}:r:~AP8"] {
+            let keys = LimiterKeys::new(name, "client-1");
+            for invocation in [Invocation::BySha, Invocation::BySource] {
+                let args = settle.args();
+                let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+                let command = GIVE_BACK.command(invocation, &keys, &args);
+                assert_eq!(settle.encode(name, &template, invocation, Encoding::Resp), command.to_resp());
+                assert_eq!(settle.encode(name, &template, invocation, Encoding::WebdisPath), command.to_webdis_path());
+            }
+        }
+        // Two limiters: 5 keys each, now, then 13 arguments each (the rule's 7 and the lease's 6).
+        let lease = LeaseRequest { max_permits: 64, max_age_ms: 50, settle: Some(settle) };
+        let parts = [
+            AcquirePart { template: &template, name: "erl:a", random: &RANDOM, lease: None },
+            AcquirePart { template: &template, name: "erl:b", random: &[b'r'; MEMBER_RANDOM_LEN], lease: Some(&lease) },
+        ];
+        let resp = encode_acquire_all(&parts, NOW, Invocation::BySha, Encoding::Resp);
+        let words = match crate::resp::decode_reply(&resp).unwrap() {
+            Reply::Array(items) => items,
+            other => panic!("{other:?}"),
+        };
+        let words: Vec<Vec<u8>> = words
+            .into_iter()
+            .map(|w| match w {
+                Reply::Bulk(bytes) => bytes,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(words.len(), 3 + 10 + 1 + 26);
+        assert_eq!(
+            (&words[0][..], &words[1][..], &words[2][..]),
+            (&b"EVALSHA"[..], ACQUIRE_ALL.sha().as_bytes(), &b"10"[..])
+        );
+        assert_eq!(words[9], b"{erl:b}:value".to_vec());
+        assert_eq!(words[13], b"1700000000123".to_vec());
+        assert_eq!(words[14], RANDOM.to_vec());
+        assert_eq!(words[21..27], [b"0".to_vec(), b"0".to_vec(), vec![], b"0".to_vec(), b"0".to_vec(), b"0".to_vec()]);
+        assert_eq!(
+            words[34..40],
+            [b"64".to_vec(), b"50".to_vec(), vec![b'q'; 16], b"7".to_vec(), b"0".to_vec(), b"0".to_vec()]
+        );
+        let path = String::from_utf8(encode_acquire_all(&parts, NOW, Invocation::BySha, Encoding::WebdisPath)).unwrap();
+        assert!(
+            path.starts_with(&format!("EVALSHA/{}/10/erl%3Aa/", ACQUIRE_ALL.sha())) && path.ends_with("/0/0.raw"),
+            "{path}"
+        );
     }
 
     #[test]

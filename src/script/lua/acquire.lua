@@ -64,7 +64,7 @@ if requested > rate then
 end
 local lease = tonumber(ARGV[9] or '0')
 if lease > 0 and ARGV[11] ~= '' then
---@prelude
+--@function giveBack
   giveBack(valueName, permitsName, ARGV[11], ARGV[12], ARGV[13], ARGV[14], rate)
 end
 local value = redis.call('get', valueName)

@@ -1,6 +1,8 @@
 -- GIVE_BACK: returns permits a request took and did not use (a request an all-or-nothing rule set rejected
 -- after this limiter admitted it, keys in another hash slot): giveBack of the member. Documented in
 -- src/script/mod.rs (GIVE_BACK).
+--@function names
+--@function giveBack
 local config = redis.call('hmget', KEYS[1], 'rate', 'type')
 if config[1] == false or config[2] == false then
   return 0
