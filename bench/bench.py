@@ -20,6 +20,14 @@
    without the name section, and what each crate costs (twiggy).
 5. Guest cost per decision (wasmtime fuel in the host emulator) of both builds: allowed, rejected by Redis,
    rejected by the local block, each over the no-rule baseline and next to its target.
+6. Leases: a rule with `lease: {max_permits: 64, max_age: 50ms}` against the same rule without one (the
+   baseline), in stock Envoy. (a) A hot global limiter below its rate (1,000,000/1 s), one Envoy under wrk
+   as in 1: req/s and Redis calls per allowed request (target: at most 1/16 of the baseline's). (b)
+   Saturation: 2 Envoys x 2 VMs on one Redis, one global limiter of BENCH_LEASE_RATE per 1 s, both loaded at
+   once, far beyond the rate: every admitted request's time (Envoy's access log), admitted per fixed 1-s
+   window against the rate (target >= 95% with the lease), the most admitted in any sliding 1-s window
+   (at most the rate, within a few ms), Redis calls per allowed request (target: at most 1/16 of the
+   baseline's), leases granted and the permits a lease uses, window by window.
 
 Every process (redis-server, webdis, Envoys, wrk) is started by tests/e2e/harness.py on 127.0.0.1 with
 free ports and stopped by its PID, also on Ctrl-C or SIGTERM. Figures vary from run to run (the machine,
@@ -28,8 +36,9 @@ other load); repeated measurements print their spread (min-max).
 Settings (environment variables, defaults in brackets): BENCH_DURATION seconds per wrk run [4],
 BENCH_ROUNDS wrk runs per scenario and chunks per script measurement [3], BENCH_CONNECTIONS [8],
 BENCH_THREADS wrk threads [2], BENCH_CONCURRENCY Envoy workers [2], BENCH_USERS distinct x-user-id
-values [64], BENCH_N script calls per script and case [20000], BENCH_ONLY sections to run, e.g. "2,4"
-[1,2,3,4,5; 3 needs 1].
+values [64], BENCH_N script calls per script and case [20000], BENCH_LEASE_RATE the saturated limiter's
+permits per second in 6 [1000], BENCH_LEASE_SECONDS its load [7], BENCH_ONLY sections to run, e.g. "2,4"
+[1,2,3,4,5,6; 3 needs 1].
 """
 
 from __future__ import annotations
@@ -49,6 +58,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tomllib
 from dataclasses import dataclass, field
@@ -83,7 +93,7 @@ THREADS = min(_env_int("BENCH_THREADS", 2), CONNECTIONS)
 CONCURRENCY = _env_int("BENCH_CONCURRENCY", 2)
 USERS = _env_int("BENCH_USERS", 64)
 N_CALLS = _env_int("BENCH_N", 20_000)
-ONLY = {part.strip() for part in os.environ.get("BENCH_ONLY", "1,2,3,4,5").split(",") if part.strip()}
+ONLY = {part.strip() for part in os.environ.get("BENCH_ONLY", "1,2,3,4,5,6").split(",") if part.strip()}
 
 WRK = os.environ.get("WRK_BIN", "wrk")
 WRK_SCRIPT = REPO / "bench" / "users.lua"
@@ -297,13 +307,23 @@ def run_wrk(port: int, seconds: int, workdir: Path, label: str, connections: int
             threads: int = THREADS, attack: Attack | None = None) -> WrkResult:
     """wrk against 127.0.0.1:port for `seconds`, started and stopped by PID through the harness; with
     `attack`, that share of the requests comes from the attacking keys (bench/users.lua)."""
+    return finish_wrk(start_wrk(port, seconds, workdir, label, connections, threads, attack), seconds)
+
+
+def start_wrk(port: int, seconds: int, workdir: Path, label: str, connections: int = CONNECTIONS,
+              threads: int = THREADS, attack: Attack | None = None) -> tuple[h.Process, Path]:
+    """Starts wrk (see `run_wrk`) without waiting for it: `finish_wrk` waits and reads its result."""
     output = workdir / f"wrk-{label}.out"
     output.unlink(missing_ok=True)
     argv = [WRK, "-t", str(threads), "-c", str(connections), "-d", f"{seconds}s", "--timeout", "5s",
             "-s", str(WRK_SCRIPT), f"http://{h.HOST}:{port}/"]
     os.environ["BENCH_ATTACKERS"] = str(attack.keys if attack else 0)  # read by bench/users.lua
     os.environ["BENCH_ATTACK_PERCENT"] = str(attack.percent if attack else 0)
-    process = h.Process("wrk", argv, output)
+    return h.Process("wrk", argv, output), output
+
+
+def finish_wrk(started: tuple[h.Process, Path], seconds: int) -> WrkResult:
+    process, output = started
     code = process.wait(seconds + 30)
     process.stop()
     text = output.read_text(errors="replace")
@@ -398,14 +418,38 @@ class Scenario:
     attack: Attack | None = None
 
 
+PRELUDE_MARK, FUNCTION_MARK = "--@prelude", "--@function "  # build.rs's markers
+
+
+def prelude_function(prelude: str, name: str) -> str:
+    """Prelude function `name` as build.rs's `prelude_function` cuts it: from its `local function name(`
+    line up to the first `end` at column 0 (ending "\\nend")."""
+    start = prelude.find(f"local function {name}(")
+    end = prelude.find("\nend\n", start) if start >= 0 else -1
+    if end < 0:
+        raise h.HarnessError(f"src/script/lua/prelude.lua has no function {name} (build.rs would fail too)")
+    return prelude[start:end + 4]
+
+
 def acquire_source() -> str:
     """The ACQUIRE script exactly as build.rs builds it from src/script/lua/: "-- edge-rate-limiter acquire",
-    the body with the prelude at its `--@prelude` line, without comment lines, blank lines and indentation
-    (checked against the script the filter makes Redis run, by SHA, in section 1)."""
+    the body with the prelude at its `--@prelude` line and one prelude function at each `--@function <name>`
+    line (or the prelude before a body with neither), without comment lines, blank lines and indentation
+    (checked against the script the filter makes Redis run, by SHA, in sections 1 and 6)."""
     prelude = (LUA_DIR / "prelude.lua").read_text()
-    body = "\n".join(prelude if line.strip() == "--@prelude" else line
-                     for line in (LUA_DIR / "acquire.lua").read_text().splitlines())
-    lines = (line.strip() for line in body.splitlines())
+    body = (LUA_DIR / "acquire.lua").read_text()
+
+    def expand(line: str) -> str:
+        mark = line.strip()
+        if mark == PRELUDE_MARK:
+            return prelude
+        if mark.startswith(FUNCTION_MARK):
+            return prelude_function(prelude, mark.removeprefix(FUNCTION_MARK).strip())
+        return line
+
+    marked = any(line.strip() == PRELUDE_MARK or line.strip().startswith(FUNCTION_MARK) for line in body.splitlines())
+    text = "\n".join(expand(line) for line in body.splitlines()) if marked else f"{prelude}\n{body}"
+    lines = (line.strip() for line in text.splitlines())
     return "-- edge-rate-limiter acquire\n" + "".join(f"{line}\n" for line in lines if line and not line.startswith("--"))
 
 
@@ -1270,6 +1314,405 @@ def run_guest_cost() -> None:
         "shared data entry) and answers.")
 
 
+# ---------------------------------------------------------------------------------------------------------
+# 6: leases
+
+
+LEASE = {"max_permits": 64, "max_age": "50ms"}
+LEASE_HOT_RATE = 1_000_000  # (a): a hot limiter that never rejects
+# (b): one global limiter under saturation, 2 gateways x 2 VMs, SATURATION_RATE per SATURATION_INTERVAL_MS:
+# about half of what the two gateways admit through Redis without a lease here (2,000-2,500/s in all while
+# both are loaded), so the baseline is limited by the rate, not by its round trips.
+SATURATION_RATE = _env_int("BENCH_LEASE_RATE", 1000)
+SATURATION_INTERVAL_MS = 1000
+SATURATION_S = _env_int("BENCH_LEASE_SECONDS", 7)
+SATURATION_GATEWAYS, SATURATION_VMS = 2, 2
+# Redisson's guarantee (at most the rate in any window of the interval) holds for permits in the order Redis
+# runs the acquires; with the gateways' clocks (clock: gateway, as Redisson's clients) acquires stamped a
+# few ms apart can reach Redis in the other order, so a window may hold a few more (the baseline too). The
+# check allows this margin: at most the rate in every window of the interval minus TIMING_MARGIN_MS.
+TIMING_MARGIN_MS = 5
+ADMITTED_TARGET = 0.95  # of the rate, in every fixed window, with the lease
+CALLS_TARGET = 1 / 16  # Redis calls per allowed request with the lease / without
+
+# Every admitted request (status 200, the route's direct_response) logged with its start time in epoch ms.
+ADMITTED_LOG = """\
+          access_log:
+          - name: envoy.access_loggers.file
+            filter:
+              status_code_filter:
+                comparison:
+                  op: EQ
+                  value: {{ default_value: 200, runtime_key: erl_bench_admitted_log }}
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog
+              path: {path}
+              log_format:
+                text_format_source:
+                  inline_string: "%START_TIME(%s%3f)%\\n"
+"""
+HCM_STAT_PREFIX = "          stat_prefix: ingress_http\n"
+
+
+def with_admitted_log(text: str, path: Path) -> str:
+    """The Envoy yaml with an access log of the admitted requests' start times (epoch ms) at `path`."""
+    if text.count(HCM_STAT_PREFIX) != 1:
+        raise h.HarnessError("envoy/envoy.yaml changed shape: update with_admitted_log() in bench/bench.py")
+    return text.replace(HCM_STAT_PREFIX, HCM_STAT_PREFIX + ADMITTED_LOG.format(path=json.dumps(str(path))))
+
+
+def read_admitted(path: Path, since_ms: int) -> list[int]:
+    """Start times (epoch ms) of the admitted requests logged at `path` from `since_ms` on."""
+    with contextlib.suppress(FileNotFoundError):
+        return [t for t in (int(line) for line in path.read_text().split() if line.isdigit()) if t >= since_ms]
+    return []
+
+
+def max_in_sliding_window(times: list[int], width_ms: int) -> tuple[int, int]:
+    """The most of the sorted `times` in any window [t, t + width_ms), and where that window starts."""
+    best, at, first = 0, 0, 0
+    for last, t in enumerate(times):
+        while t - times[first] >= width_ms:
+            first += 1
+        if last - first + 1 > best:
+            best, at = last - first + 1, times[first]
+    return best, at
+
+
+def margin_needed(times: list[int], most: int, width_ms: int) -> int | None:
+    """The least m (ms) such that no window of `width_ms` - m holds more than `most` of `times`."""
+    for margin in range(0, 51):
+        if max_in_sliding_window(times, width_ms - margin)[0] <= most:
+            return margin
+    return None
+
+
+def lease_gateway(stack: h.Stack, name: str, plugin: dict, concurrency: int, admitted_log: Path | None) -> h.Envoy:
+    """An Envoy as in section 1 (the route answering itself), started without waiting; with `admitted_log`,
+    logging every admitted request's start time there."""
+    envoy = h.Envoy(stack.workdir, plugin, webdis_port=stack.webdis.port, upstream_port=stack.upstream.port,
+                    concurrency=concurrency, name=name)
+    text = bench_envoy_yaml(envoy.yaml_path.read_text(), "wasm")
+    envoy.yaml_path.write_text(with_admitted_log(text, admitted_log) if admitted_log else text)
+    stack.envoys.append(envoy)  # stopped by Stack.close(), whatever happens
+    envoy.start(wait_ready=False)
+    return envoy
+
+
+@dataclass
+class SaturationRun:
+    admitted: list[int]  # start times of the admitted requests, epoch ms, sorted
+    start_ms: int
+    end_ms: int
+    stats: dict[str, int]  # deltas of ENVOY_STATS, both gateways, short names
+    scripts: int  # EVALSHA + EVAL Redis ran
+    wrk: list[WrkResult]
+    vm_connections: list[list[int]]  # per gateway, per VM
+    samples: list[tuple[int, int, int]]  # (ms, allowed, redis_calls) of both gateways at the window edges
+    members: dict[bytes, tuple[int, int]]  # the limiter's permit members seen in Redis: random -> (score, permits)
+
+    def stat(self, name: str) -> int:
+        return self.stats.get(name, 0)
+
+    def windows(self) -> list[tuple[int, int]]:
+        """(start ms, admitted) of every whole fixed window of the interval, on the clock's grid, inside
+        the load (the partial first and last windows left out; the load counts as started WRK_START_MS late)."""
+        interval = SATURATION_INTERVAL_MS
+        first = -(-(self.start_ms + WRK_START_MS) // interval)
+        last = self.end_ms // interval  # exclusive
+        counts = {k: 0 for k in range(first, last)}
+        for t in self.admitted:
+            if t // interval in counts:
+                counts[t // interval] += 1
+        return [(k * interval, n) for k, n in sorted(counts.items())]
+
+    def counts(self) -> list[int]:
+        return [n for _, n in self.windows()]
+
+    def calls_per_window(self) -> list[float]:
+        """Redis calls per allowed request in each fixed window (the filter's counters, read at the edges)."""
+        edges = {ms: (allowed, calls) for ms, allowed, calls in self.samples}
+        result = []
+        for start, _ in self.windows():
+            if start in edges and start + SATURATION_INTERVAL_MS in edges:
+                (a0, c0), (a1, c1) = edges[start], edges[start + SATURATION_INTERVAL_MS]
+                result.append((c1 - c0) / (a1 - a0) if a1 > a0 else float("nan"))
+        return result
+
+    def calls_per_allowed(self) -> float:
+        return self.stat("redis_calls") / self.stat("allowed") if self.stat("allowed") else float("nan")
+
+    def permits_per_member(self) -> list[float]:
+        """Mean permits per member Redis held, by the fixed window of the member's score: one per acquire
+        without a lease, the permits a lease used (once settled) with one."""
+        by_window: dict[int, list[int]] = {}
+        for score, permits in self.members.values():
+            by_window.setdefault(score // SATURATION_INTERVAL_MS * SATURATION_INTERVAL_MS, []).append(permits)
+        return [statistics.mean(by_window[start]) if by_window.get(start) else float("nan")
+                for start, _ in self.windows()]
+
+
+MEMBER_POLL_S = 0.1  # a member stays at least the interval in Redis: every one is seen
+WRK_START_MS = 100  # from starting the wrk processes to their load
+
+
+def saturate(stack: h.Stack, envoys: list[h.Envoy], logs: list[Path], label: str, seconds: int,
+             permits_key: str) -> SaturationRun:
+    """Loads every gateway at once with its own wrk (1 thread, BENCH_CONNECTIONS connections) for `seconds`;
+    meanwhile reads the filter's counters at every edge of the fixed windows and the limiter's permit
+    members (`permits_key`) every MEMBER_POLL_S."""
+    redis = stack.redis
+    before = [envoy.stats(filter=ENVOY_STATS) for envoy in envoys]
+    vms_before = [envoy.worker_connections() for envoy in envoys]
+    redis.client.config_resetstat()
+    samples: list[tuple[int, int, int]] = []
+    members: dict[bytes, tuple[int, int]] = {}
+    done = threading.Event()
+    poller = redis_py.Redis(host=h.HOST, port=redis.port, socket_timeout=5)
+
+    def sample() -> None:
+        interval = SATURATION_INTERVAL_MS
+        edge = (int(time.time() * 1000) // interval + 1) * interval
+        while not done.is_set():
+            if time.time() * 1000 >= edge:
+                with contextlib.suppress(h.HarnessError, OSError):
+                    metrics = [envoy.metrics() for envoy in envoys]
+                    samples.append((edge, sum(m.get("allowed", 0) for m in metrics),
+                                    sum(m.get("redis_calls", 0) for m in metrics)))
+                edge = (int(time.time() * 1000) // interval + 1) * interval
+            with contextlib.suppress(redis_py.RedisError, ValueError):
+                for member, score in poller.zrange(permits_key, 0, -1, withscores=True):
+                    permit = h.decode_permit(member, score)
+                    members[permit.random] = (int(score), permit.permits)  # a settled lease replaces its grant
+            done.wait(max(0.0, min(MEMBER_POLL_S, edge / 1000 - time.time())))
+
+    sampler = threading.Thread(target=sample, name="bench-sampler", daemon=True)
+    sampler.start()
+    start_ms = int(time.time() * 1000)
+    try:
+        started = [start_wrk(envoy.port, seconds, stack.workdir, f"{label}-{i}", CONNECTIONS, 1)
+                   for i, envoy in enumerate(envoys)]
+        results = [finish_wrk(run, seconds) for run in started]
+    finally:
+        done.set()
+        sampler.join(timeout=10)
+        poller.close()
+    end_ms = min(int(time.time() * 1000), start_ms + 1000 * seconds)
+    commands = redis.client.info("commandstats")
+    stats: dict[str, int] = {}
+    for envoy, old in zip(envoys, before):
+        for name, value in envoy.stats(filter=ENVOY_STATS).items():
+            stats[_short(name)] = stats.get(_short(name), 0) + value - old.get(name, 0)
+    vm_connections = [[now - then for now, then in zip(envoy.worker_connections(), old)]
+                      for envoy, old in zip(envoys, vms_before)]
+    scripts = sum(commands.get(name, {}).get("calls", 0) for name in ("cmdstat_evalsha", "cmdstat_eval"))
+    # Envoy writes its access logs out every 100 ms (the harness's --file-flush-interval-msec).
+    allowed = stats.get("allowed", 0)
+    admitted: list[int] = []
+
+    def logged() -> bool:
+        nonlocal admitted
+        admitted = sorted(t for log in logs for t in read_admitted(log, start_ms))
+        return len(admitted) >= allowed
+
+    with contextlib.suppress(h.HarnessError):
+        h.wait_until(logged, 5.0, "the access logs to hold every admitted request")
+    if len(admitted) != allowed:
+        raise h.HarnessError(f"({label}) the access logs hold {len(admitted)} admitted requests, the filter "
+                             f"counted {allowed} allowed")
+    return SaturationRun(admitted, start_ms, end_ms, stats, scripts, results, vm_connections, samples, members)
+
+
+def run_leases() -> None:
+    """Section 6: a rule's permit lease against the same rule without one (baseline), in stock Envoy."""
+    heading("6. Leases: a hot limiter with lease {max_permits: 64, max_age: 50ms} vs without (baseline)")
+    timeout = "500ms"
+    rate, interval = SATURATION_RATE, SATURATION_INTERVAL_MS
+    with h.Stack() as stack:
+        stack.start()
+        progress(f"(6) starting {2 + 2 * SATURATION_GATEWAYS} Envoys")
+        hot = {
+            "off": lease_gateway(stack, "envoy-hot-off", h.plugin_config(
+                h.rule("hot-off", limit_by="global", rate=LEASE_HOT_RATE, interval="1s"), timeout=timeout),
+                CONCURRENCY, None),
+            "lease": lease_gateway(stack, "envoy-hot-lease", h.plugin_config(
+                h.rule("hot-lease", limit_by="global", rate=LEASE_HOT_RATE, interval="1s", lease=LEASE),
+                timeout=timeout), CONCURRENCY, None),
+        }
+        saturated: dict[str, tuple[list[h.Envoy], list[Path]]] = {}
+        for kind in ("off", "lease"):
+            fields = {"lease": LEASE} if kind == "lease" else {}
+            plugin = h.plugin_config(h.rule(f"saturated-{kind}", limit_by="global", rate=rate,
+                                            interval=f"{interval}ms", **fields), timeout=timeout)
+            logs = [stack.workdir / f"admitted-{kind}-{i}.log" for i in range(SATURATION_GATEWAYS)]
+            saturated[kind] = ([lease_gateway(stack, f"envoy-saturated-{kind}-{i}", plugin, SATURATION_VMS, log)
+                                for i, log in enumerate(logs)], logs)
+        for envoy in list(hot.values()) + [e for envoys, _ in saturated.values() for e in envoys]:
+            envoy.wait_ready()
+
+        # (a) One gateway at a time, as in section 1.
+        runs: dict[str, list[GatewayRun]] = {kind: [] for kind in hot}
+        for kind, envoy in hot.items():
+            progress(f"(6a) warming up, lease {kind}, {WARM_UP_S} s")
+            run_wrk(envoy.port, WARM_UP_S, stack.workdir, f"warm-hot-{kind}")
+        for round_index in range(ROUNDS):
+            for kind, envoy in hot.items():
+                progress(f"(6a) hot limiter below its rate, lease {kind}: round {round_index + 1}/{ROUNDS}, "
+                         f"{DURATION} s")
+                runs[kind].append(measured_run(envoy, stack, f"hot-{kind}-{round_index}"))
+
+        # (b) Both gateways of a kind at once, after a warm-up that also fills the window.
+        saturation: dict[str, SaturationRun] = {}
+        for kind, (envoys, logs) in saturated.items():
+            progress(f"(6b) saturation, lease {kind}: warming up {WARM_UP_S} s, then {SATURATION_S} s on "
+                     f"{len(envoys)} gateways at once")
+            for run in [start_wrk(e.port, WARM_UP_S, stack.workdir, f"warm-sat-{kind}-{i}", CONNECTIONS, 1)
+                        for i, e in enumerate(envoys)]:
+                finish_wrk(run, WARM_UP_S)
+            permits_key = h.limiter_key(h.limiter_name(f"erl:saturated-{kind}"), "permits")
+            saturation[kind] = saturate(stack, envoys, logs, f"sat-{kind}", SATURATION_S, permits_key)
+
+        sha = sha1_hex(acquire_source())
+        if not stack.redis.client.script_exists(sha)[0]:
+            raise h.HarnessError(f"Redis has no script {sha}: the ACQUIRE built from src/script/lua/ is not the "
+                                 f"script {h.WASM.name} runs (rebuild: make build)")
+    print_leases(runs, saturation, sha)
+
+
+def _met(ok: bool) -> str:
+    return "yes" if ok else "NO"
+
+
+def print_leases(runs: dict[str, list[GatewayRun]], saturation: dict[str, SaturationRun], sha: str) -> None:
+    rate, interval = SATURATION_RATE, SATURATION_INTERVAL_MS
+    out(f"(a) Hot limiter below its rate: one rule, limit_by global, {num(LEASE_HOT_RATE)} per 1 s (nothing is "
+        f"rejected), one Envoy --concurrency {CONCURRENCY} at a time, wrk -t{THREADS} -c{CONNECTIONS} "
+        f"-d{DURATION}s, the route answering itself; medians of {ROUNDS} interleaved runs (spread min-max). Redis "
+        "calls: the filter's redis_calls / allowed counters; scripts: EVALSHA+EVAL in Redis's INFO commandstats "
+        "/ allowed; other calls per lease: Redis calls that took no lease (requests that asked for their own "
+        "permit, e.g. while their VM's lease acquire was on its way), per lease granted.")
+
+    def totals(kind: str) -> dict[str, float]:
+        kind_runs = runs[kind]
+        allowed = sum(r.stat("allowed") for r in kind_runs)
+        calls = sum(r.stat("redis_calls") for r in kind_runs)
+        leases = sum(r.stat("leases") for r in kind_runs)
+        scripts = sum(r.commands.get(name, {}).get("calls", 0) for r in kind_runs
+                      for name in ("cmdstat_evalsha", "cmdstat_eval"))
+        nan = float("nan")
+        return {"calls": calls / allowed if allowed else nan, "scripts": scripts / allowed if allowed else nan,
+                "leases": leases, "others": (calls - leases) / leases if leases else nan}
+
+    rows = []
+    for kind, title in (("off", "no lease (baseline)"), ("lease", "lease 64 / 50 ms")):
+        kind_runs, total = runs[kind], totals(kind)
+        requests = sum(answers(r)[0] for r in kind_runs)
+        ok = sum(answers(r)[1]["2xx"] for r in kind_runs)
+        rows.append([title, num(median(r.wrk.rps for r in kind_runs)), spread([r.wrk.rps for r in kind_runs]),
+                     num(median(r.wrk.p50 for r in kind_runs)), num(median(r.wrk.p99 for r in kind_runs)),
+                     f"{total['calls']:.4f}", f"{total['scripts']:.4f}", num(total["leases"]),
+                     f"{total['others']:.1f}" if total["leases"] else "-",
+                     f"{100 * ok / requests:.2f}% 2xx" if requests else "none"])
+    out(table(["scenario", "req/s", "req/s spread", "p50 us", "p99 us", "Redis calls/allowed",
+               "scripts/allowed", "leases", "other calls/lease", "answers"], rows))
+    rps = {kind: median(r.wrk.rps for r in runs[kind]) for kind in runs}
+    off_calls, lease_calls = totals("off")["calls"], totals("lease")["calls"]
+    out()
+    out(table(["measure (a)", "no lease (baseline)", "lease", "lease / baseline", "target", "met"], [
+        ["allowed req/s", num(rps["off"]), num(rps["lease"]), f"{rps['lease'] / rps['off']:.2f}x", "-", "-"],
+        ["Redis calls per allowed request", f"{off_calls:.4f}", f"{lease_calls:.4f}",
+         f"{lease_calls / off_calls:.4f}" if off_calls else "-",
+         f"<= 1/16 of the baseline ({off_calls * CALLS_TARGET:.4f})", _met(lease_calls <= off_calls * CALLS_TARGET)],
+    ]))
+
+    out()
+    off, lease = saturation["off"], saturation["lease"]
+    out(f"(b) Saturation: {SATURATION_GATEWAYS} Envoys x {SATURATION_VMS} VMs (--concurrency {SATURATION_VMS}) on "
+        f"one Redis (through webdis), one rule limit_by global, {num(rate)} per {interval} ms; every gateway "
+        f"loaded at once by its own wrk -t1 -c{CONNECTIONS} for {SATURATION_S} s after a {WARM_UP_S} s warm-up "
+        "(the window is full when it starts); one run per kind. Admitted: every request answered 200, logged by "
+        "its Envoy's access log with its START_TIME (epoch ms: the clock the filter stamps permits with, read "
+        "just before the filter decides); the logs hold exactly the filter's allowed count (checked). Fixed "
+        f"windows: the whole {interval} ms windows of the clock's grid inside the load (the partial first and "
+        "last left out). Sliding windows: every window of that width starting at an admitted request.")
+
+    def fraction(run: SaturationRun, pick: Any) -> str:
+        counts = run.counts()
+        if not counts:
+            return "-"
+        value = pick(counts)
+        return f"{num(value)} ({100 * value / rate:.1f}%)"
+
+    def demand(run: SaturationRun) -> float:
+        return sum(r.requests for r in run.wrk) / ((run.end_ms - run.start_ms) / 1000)
+
+    def worst(run: SaturationRun, width: int) -> str:
+        most, at = max_in_sliding_window(run.admitted, width)
+        return f"{num(most)} (at +{(at - run.start_ms) / 1000:.1f} s)"
+
+    def margin(run: SaturationRun) -> str:
+        needed = margin_needed(run.admitted, rate, interval)
+        return "> 50 ms" if needed is None else f"{needed} ms"
+
+    def lost(run: SaturationRun) -> str:
+        counts = run.counts()
+        return f"{rate - statistics.mean(counts):,.1f} (max {rate - min(counts):,})" if counts else "-"
+
+    lease_counts = lease.counts()
+    lease_min = min(lease_counts) / rate if lease_counts else float("nan")
+    off_calls_b, lease_calls_b = off.calls_per_allowed(), lease.calls_per_allowed()
+    within_margin = max_in_sliding_window(lease.admitted, interval - TIMING_MARGIN_MS)[0]
+    rows = [
+        ["demand: answers/s, both gateways (x the rate)",
+         *(f"{num(demand(r))} ({demand(r) * interval / 1000 / rate:.1f}x)" for r in (off, lease)),
+         "well above the rate", _met(min(demand(off), demand(lease)) * interval / 1000 >= 1.5 * rate)],
+        ["admitted per fixed window: min (of the rate)", fraction(off, min), fraction(lease, min),
+         f">= {ADMITTED_TARGET:.0%} with lease", _met(lease_min >= ADMITTED_TARGET)],
+        ["admitted per fixed window: mean", fraction(off, statistics.mean), fraction(lease, statistics.mean),
+         "-", "-"],
+        ["permits lost per window: rate - admitted, mean", lost(off), lost(lease), "-", "-"],
+        [f"worst sliding {interval} ms window (max admitted)", worst(off, interval), worst(lease, interval),
+         f"<= {num(rate)}", "see below"],
+        [f"worst sliding {interval - TIMING_MARGIN_MS} ms window ({TIMING_MARGIN_MS} ms margin)",
+         worst(off, interval - TIMING_MARGIN_MS), worst(lease, interval - TIMING_MARGIN_MS), f"<= {num(rate)}",
+         _met(within_margin <= rate)],
+        ["margin the rate needs (every window narrower by it holds <= rate)", margin(off), margin(lease),
+         f"<= {TIMING_MARGIN_MS} ms", _met((margin_needed(lease.admitted, rate, interval) or 99) <= TIMING_MARGIN_MS)],
+        ["Redis calls per allowed request (filter counters)", f"{off_calls_b:.4f}", f"{lease_calls_b:.4f}",
+         f"<= 1/16 of the baseline ({off_calls_b * CALLS_TARGET:.4f})",
+         _met(lease_calls_b <= off_calls_b * CALLS_TARGET)],
+        ["scripts Redis ran per allowed request", *(f"{r.scripts / r.stat('allowed'):.4f}" if r.stat("allowed")
+                                                    else "-" for r in (off, lease)), "-", "-"],
+        ["allowed / rejected (of which locally)", *(f"{num(r.stat('allowed'))} / {num(r.stat('rejected'))} "
+                                                    f"({num(r.stat('local_rejected'))})" for r in (off, lease)),
+         "-", "-"],
+        ["leases granted", *(num(r.stat("leases")) for r in (off, lease)), "-", "-"],
+    ]
+    out(table(["measure (b)", "no lease (baseline)", "lease 64 / 50 ms", "target", "met"], rows))
+    out("Per fixed window, in order: admitted; Redis calls per allowed request (the filter's counters read at "
+        "the window edges, give or take a few ms); mean permits per member of the limiter in Redis (by the "
+        "member's score; read every 100 ms: one per acquire without a lease, what a lease used with one).")
+    for kind, run in (("no lease", off), ("lease", lease)):
+        out(f"  {kind + ':':10} admitted " + " ".join(num(n) for n in run.counts())
+            + "; calls/allowed " + " ".join(f"{c:.3f}" for c in run.calls_per_window())
+            + "; permits/member " + " ".join(f"{c:.1f}" for c in run.permits_per_member())
+            + "; connections per VM " + " / ".join(",".join(str(c) for c in vms) for vms in run.vm_connections))
+    per_member = [value for value in lease.permits_per_member() if value == value]
+    out(f"Reading: below its rate (a), the lease serves {rps['lease'] / rps['off']:.1f}x the requests per second "
+        f"of the baseline with {lease_calls / off_calls:.3f}x its Redis calls per allowed request "
+        f"({totals('lease')['others']:.1f} calls per lease took none: requests that asked Redis for their own "
+        f"permit). Saturated (b), the lease admits {fraction(lease, min)} of the rate in its worst window with "
+        f"{lease_calls_b:.3f} Redis calls per allowed request ({lease_calls_b / off_calls_b:.2f}x the baseline's)"
+        + (f"; its leases shrink from {per_member[0]:.1f} to {per_member[-1]:.1f} permits used per member over "
+           "the windows" if per_member else "")
+        + ": once the window is full, permits come back one member (one earlier lease) at a time and a lease "
+        "takes at most a quarter of those free, so each window splits the leases of the one before. A sliding "
+        "window of the whole interval may hold a few more than the rate, the baseline's too: acquires stamped "
+        "by different gateways a few ms apart reach Redis in the other order (Redisson's semantics with client "
+        "clocks); narrowed by the margin shown, every window holds at most the rate.")
+    out(f"Checked: the filter's script in Redis has the SHA-1 of ACQUIRE from src/script/lua/ ({sha[:12]}).")
+
+
 def _interrupt(signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -1301,6 +1744,8 @@ def main() -> int:
                 print_sizes(Path(sizes_dir))
         if "5" in ONLY:
             run_guest_cost()
+        if "6" in ONLY:
+            run_leases()
     except KeyboardInterrupt:
         print("\nbench: interrupted; every process it started is stopped", file=sys.stderr)
         return 130

@@ -1,5 +1,7 @@
-//! This VM's permit leases (README.md, "Leases"): per limiter name, the lease Redis granted and whether a
-//! lease acquire is on its way.
+//! This VM's permit leases (README.md, "Leases"): per limiter name, the lease Redis granted, whether a
+//! lease acquire is on its way, and how many permits the next lease asks for: what the last one served in
+//! its age (twice that when it was used up, up to `max_permits`), so a VM with little traffic on a limiter
+//! holds few of its permits.
 //!
 //! A lease serves the limiter's requests from its permits until `expires_ms` (its acquire's send time plus
 //! the rule's `max_age`: never after its member's score in Redis, so every use falls inside the window
@@ -17,11 +19,10 @@
 
 use crate::prelude::*;
 
-use core::cell::RefCell;
+use core::cell::{RefCell, RefMut};
 
 use crate::block::{fnv1a, same_bytes};
-use crate::limiter::{LeaseGrant, Leases};
-use crate::script::Settlement;
+use crate::limiter::{LeaseAsk, LeaseGrant, Leases};
 
 /// One limiter's lease state.
 #[derive(Debug, Clone, Copy, Default)]
@@ -30,6 +31,8 @@ struct Entry {
     grant: Option<LeaseGrant>,
     /// Until when a lease acquire counts as on its way, ms (its reply's deadline).
     in_flight_until_ms: u64,
+    /// Permits the next lease asks for (0: not asked yet, `max_permits`).
+    want: u64,
 }
 
 /// The leases of one VM, by limiter name.
@@ -52,78 +55,71 @@ impl LeaseTable {
         (fnv1a(name.as_bytes()) % Self::SLOTS as u64) as usize
     }
 
-    /// The entry of `name`, if its slot holds it.
-    fn with<T>(&self, name: &str, f: impl FnOnce(&mut Entry) -> T) -> Option<T> {
-        let mut slots = self.slots.borrow_mut();
-        match slots.get_mut(Self::slot(name)) {
-            Some(Some((held, entry))) if same_bytes(held.as_bytes(), name.as_bytes()) => Some(f(entry)),
-            _ => None,
-        }
-    }
-
-    /// The entry of `name`, taking its slot from another limiter if needed.
-    fn claim<T>(&self, name: &str, f: impl FnOnce(&mut Entry) -> T) -> Option<T> {
-        let mut slots = self.slots.borrow_mut();
-        let slot = slots.get_mut(Self::slot(name))?;
-        match slot {
-            Some((held, entry)) if same_bytes(held.as_bytes(), name.as_bytes()) => Some(f(entry)),
-            _ => {
-                let (_, entry) = slot.insert((name.into(), Entry::default()));
-                Some(f(entry))
+    /// The entry of `name`: the one its slot holds, or with `claim` a new one taking the slot from another
+    /// limiter.
+    fn entry(&self, name: &str, claim: bool) -> Option<RefMut<'_, Entry>> {
+        let slot = Self::slot(name);
+        RefMut::filter_map(self.slots.borrow_mut(), |slots| {
+            let held = slots.get_mut(slot)?;
+            if !matches!(held, Some((n, _)) if same_bytes(n.as_bytes(), name.as_bytes())) {
+                if !claim {
+                    return None;
+                }
+                *held = Some((name.into(), Entry::default()));
             }
-        }
+            held.as_mut().map(|(_, entry)| entry)
+        })
+        .ok()
     }
 
     /// A lease acquire of `name` ended: records the lease Redis granted, if any.
     pub fn end(&self, name: &str, grant: Option<LeaseGrant>) {
-        let record = |entry: &mut Entry| {
+        if let Some(mut entry) = self.entry(name, grant.is_some()) {
             entry.in_flight_until_ms = 0;
             if grant.is_some() {
                 entry.grant = grant;
             }
-        };
-        if grant.is_some() {
-            self.claim(name, record);
-        } else {
-            self.with(name, record);
         }
     }
 }
 
 impl Leases for LeaseTable {
     fn take(&self, name: &str, now_ms: u64, permits: u64) -> Option<u64> {
-        self.with(name, |entry| {
-            let grant = entry.grant.as_mut()?;
-            let left = grant.granted.checked_sub(grant.used)?;
-            if now_ms >= grant.expires_ms || left < permits {
-                return None;
-            }
-            grant.used += permits;
-            grant.last_use_ms = grant.last_use_ms.max(now_ms);
-            Some(grant.redis_remaining.saturating_add(left - permits))
-        })
-        .flatten()
+        let mut entry = self.entry(name, false)?;
+        let grant = entry.grant.as_mut()?;
+        let left = grant.granted.checked_sub(grant.used)?;
+        if now_ms >= grant.expires_ms || left < permits {
+            return None;
+        }
+        grant.used += permits;
+        grant.last_use_ms = grant.last_use_ms.max(now_ms);
+        Some(grant.redis_remaining.saturating_add(left - permits))
     }
 
     fn put_back(&self, name: &str, permits: u64) {
-        self.with(name, |entry| {
-            if let Some(grant) = entry.grant.as_mut() {
-                grant.used = grant.used.saturating_sub(permits);
-            }
-        });
+        if let Some(grant) = self.entry(name, false).as_mut().and_then(|entry| entry.grant.as_mut()) {
+            grant.used = grant.used.saturating_sub(permits);
+        }
     }
 
-    fn begin(&self, name: &str, now_ms: u64, due_ms: u64) -> Option<Option<Settlement>> {
-        self.claim(name, |entry| {
-            if entry.in_flight_until_ms > now_ms {
-                return None;
-            }
-            entry.in_flight_until_ms = due_ms;
-            // A lease used whole up to its expiry leaves Redis as it is: nothing to settle.
-            let settle = entry.grant.take().map(|g| g.settlement()).filter(|s| s.used < s.granted || s.early_ms > 0);
-            Some(settle)
-        })
-        .flatten()
+    fn begin(&self, name: &str, now_ms: u64, due_ms: u64, max_permits: u64, permits: u64) -> Option<LeaseAsk> {
+        let mut entry = self.entry(name, true)?;
+        if entry.in_flight_until_ms > now_ms {
+            return None;
+        }
+        entry.in_flight_until_ms = due_ms;
+        let last = entry.grant.take();
+        // What the last lease served in its age: twice as much if it was used up, else what was used.
+        let want = match last {
+            None if entry.want == 0 => max_permits,
+            None => entry.want,
+            Some(g) if g.used >= g.granted => g.granted.saturating_mul(2),
+            Some(g) => g.used,
+        };
+        entry.want = want.clamp(permits.saturating_add(1), max_permits.max(permits.saturating_add(1)));
+        // A lease used whole up to its expiry leaves Redis as it is: nothing to settle.
+        let settle = last.map(|g| g.settlement()).filter(|s| s.used < s.granted || s.early_ms > 0);
+        Some(LeaseAsk { want: entry.want, settle })
     }
 }
 
@@ -131,6 +127,7 @@ impl Leases for LeaseTable {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
     use super::*;
+    use crate::script::Settlement;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -141,8 +138,9 @@ mod tests {
     #[test]
     fn a_lease_serves_until_it_is_used_up_or_expires_then_is_settled_by_the_next_acquire() {
         let table = LeaseTable::default();
-        assert_eq!(table.begin("hot", 1_000, 1_500), Some(None), "no lease yet: ask for one, nothing to settle");
-        assert_eq!(table.begin("hot", 1_001, 1_500), None, "one lease acquire at a time");
+        let first = Some(LeaseAsk { want: 8, settle: None });
+        assert_eq!(table.begin("hot", 1_000, 1_500, 8, 1), first, "no lease yet: ask for the most, nothing to settle");
+        assert_eq!(table.begin("hot", 1_001, 1_500, 8, 1), None, "one lease acquire at a time");
         table.end("hot", Some(grant(4, 1_050)));
         assert_eq!(table.take("hot", 1_010, 1), Some(12), "2 left in the lease + 10 in Redis");
         assert_eq!(table.take("hot", 1_020, 2), Some(10));
@@ -151,21 +149,23 @@ mod tests {
         assert_eq!(table.take("hot", 1_030, 1), Some(10), "a permit put back serves again");
         assert_eq!(table.take("hot", 1_050, 1), None);
         assert_eq!(
-            table.begin("hot", 1_060, 1_600),
-            Some(Some(Settlement { random: [b'a'; 16], granted: 4, used: 4, early_ms: 20 })),
-            "all used, the last 20 ms before the expiry: the member moves 20 ms earlier"
+            table.begin("hot", 1_060, 1_600, 8, 1),
+            Some(LeaseAsk { want: 8, settle: Some(Settlement { random: [b'a'; 16], granted: 4, used: 4, early_ms: 20 }) }),
+            "all used, the last 20 ms before the expiry: the member moves 20 ms earlier; used up: ask for twice as many"
         );
         table.end("hot", Some(grant(8, 2_000)));
         assert_eq!(table.take("hot", 2_000, 1), None, "expired");
-        let settled = table.begin("hot", 2_001, 2_500).unwrap().unwrap();
+        let ask = table.begin("hot", 2_001, 2_500, 8, 1).unwrap();
+        let settled = ask.settle.unwrap();
         assert_eq!((settled.granted, settled.used, settled.early_ms), (8, 1, 1_000), "7 permits go back");
+        assert_eq!(ask.want, 2, "1 used in its age: the next lease asks for 2 (more than a request's 1)");
     }
 
     #[test]
     fn a_lease_acquire_that_never_ended_stops_counting_at_its_deadline() {
         let table = LeaseTable::default();
-        assert!(table.begin("hot", 1_000, 1_500).is_some());
-        assert!(table.begin("hot", 1_499, 2_000).is_none());
-        assert!(table.begin("hot", 1_500, 2_000).is_some());
+        assert!(table.begin("hot", 1_000, 1_500, 8, 1).is_some());
+        assert!(table.begin("hot", 1_499, 2_000, 8, 1).is_none());
+        assert!(table.begin("hot", 1_500, 2_000, 8, 1).is_some());
     }
 }

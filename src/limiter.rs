@@ -369,6 +369,9 @@ pub enum GiveBack {
 enum CallState {
     /// Waiting for the reply of its send.
     Waiting,
+    /// Waiting for this VM's lease acquire of its limiter, sent by another request
+    /// ([`PendingRequest::unpark`]).
+    Parked,
     Done(RuleResult),
 }
 
@@ -477,10 +480,20 @@ pub trait Leases {
     fn take(&self, name: &str, now_ms: u64, permits: u64) -> Option<u64>;
     /// Puts back `permits` taken from the lease of `name` by a request that does not go on.
     fn put_back(&self, name: &str, permits: u64);
-    /// Starts a lease acquire of `name` at `now_ms` whose reply is due by `due_ms`: `None` if one is on
-    /// its way already (the request asks for its own permits only), else the previous lease to settle in
-    /// the same call (it serves no request any more), if any.
-    fn begin(&self, name: &str, now_ms: u64, due_ms: u64) -> Option<Option<Settlement>>;
+    /// Starts a lease acquire of `name` at `now_ms` whose reply is due by `due_ms`, for a rule leasing up to
+    /// `max_permits` and taking `permits` per request: `None` if one is on its way already (the request
+    /// waits for it), else how many permits to ask for and the previous lease to settle in the same call (it
+    /// serves no request any more), if any.
+    fn begin(&self, name: &str, now_ms: u64, due_ms: u64, max_permits: u64, permits: u64) -> Option<LeaseAsk>;
+}
+
+/// What a lease acquire asks for ([`Leases::begin`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseAsk {
+    /// Permits to ask for (more than the rule's permits, at most its `max_permits`).
+    pub want: u64,
+    /// The previous lease to settle, if any.
+    pub settle: Option<Settlement>,
 }
 
 /// No leases (every request goes to Redis).
@@ -493,8 +506,8 @@ impl Leases for NoLeases {
 
     fn put_back(&self, _name: &str, _permits: u64) {}
 
-    fn begin(&self, _name: &str, _now_ms: u64, _due_ms: u64) -> Option<Option<Settlement>> {
-        Some(None)
+    fn begin(&self, _name: &str, _now_ms: u64, _due_ms: u64, max_permits: u64, _permits: u64) -> Option<LeaseAsk> {
+        Some(LeaseAsk { want: max_permits, settle: None })
     }
 }
 
@@ -575,20 +588,33 @@ pub fn start(
         // The answer is already no: decide before spending a round trip.
         return Start::Decided(pending.decide(ctx.config, ctx.plan));
     }
-    let due_ms = ctx.now_ms.saturating_add(ctx.config.redis.timeout_ms);
     for call in pending.calls.iter_mut().filter(|c| c.state == CallState::Waiting) {
-        let Some(lease) = ctx.config.rules.get(call.rule).and_then(|r| r.lease) else { continue };
-        if let Some(settle) = ctx.leases.begin(&call.name, ctx.now_ms, due_ms) {
-            call.lease = Some(LeaseRequest { max_permits: lease.max_permits, max_age_ms: lease.max_age_ms, settle });
-        }
+        call.ask_for_lease(ctx.config, ctx.leases, ctx.now_ms);
     }
     pending.sends = group(&pending.calls, ctx.config.redis.redis_cluster);
-    if pending.sends.is_empty() {
+    if pending.sends.is_empty() && !pending.calls.iter().any(|c| c.state == CallState::Parked) {
         // Nothing to ask Redis (no rule applies, or leases served them all).
         return Start::Decided(pending.decide(ctx.config, ctx.plan));
     }
     let count = pending.sends.len();
     Start::Send(pending, count)
+}
+
+impl RuleCall {
+    /// For a rule with a lease: asks for one in this call, with the previous lease to settle, or parks the
+    /// call when this VM's lease acquire of the limiter is on its way already (it waits for that lease
+    /// rather than spending a round trip of its own).
+    fn ask_for_lease(&mut self, config: &PluginConfig, leases: &dyn Leases, now_ms: u64) {
+        let Some(rule) = config.rules.get(self.rule) else { return };
+        let Some(lease) = rule.lease else { return };
+        let due_ms = now_ms.saturating_add(config.redis.timeout_ms);
+        match leases.begin(&self.name, now_ms, due_ms, lease.max_permits, rule.permits) {
+            Some(LeaseAsk { want, settle }) => {
+                self.lease = Some(LeaseRequest { max_permits: want, max_age_ms: lease.max_age_ms, settle });
+            }
+            None => self.state = CallState::Parked,
+        }
+    }
 }
 
 /// The rejection of a limiter's local block: what `decide` makes of this one result, without the generic
@@ -734,11 +760,67 @@ impl PendingRequest {
         (self.progress(ctx.config, ctx.plan), effects)
     }
 
+    /// Whether a call waits for this VM's lease acquire of limiter `name`.
+    pub fn parked_on(&self, name: &str) -> bool {
+        self.calls.iter().any(|c| c.state == CallState::Parked && c.name == name)
+    }
+
+    /// The limiters of the lease acquires this request sent and still waits for.
+    pub fn leases_waiting(&self) -> Vec<String> {
+        let waiting = |c: &&RuleCall| c.state == CallState::Waiting && c.lease.is_some();
+        self.calls.iter().filter(waiting).map(|c| c.name.clone()).collect()
+    }
+
+    /// This VM's lease acquire of limiter `name` ended: each call parked on it takes its permits from the
+    /// lease if it can, else asks Redis itself (for a lease of its own, or, when another lease acquire is
+    /// on its way again, stays parked). Returns the new sends to make, and the progress.
+    pub fn unpark(
+        &mut self,
+        name: &str,
+        config: &PluginConfig,
+        plan: &Plan,
+        leases: &dyn Leases,
+        now_ms: u64,
+    ) -> (SmallVec<[usize; 1]>, Progress) {
+        let mut new_sends = SmallVec::new();
+        for index in 0..self.calls.len() {
+            let Some(call) = self.calls.get_mut(index) else { continue };
+            if call.state != CallState::Parked || call.name != name {
+                continue;
+            }
+            let Some(rule) = config.rules.get(call.rule) else { continue };
+            if let Some(remaining) = leases.take(name, now_ms, rule.permits) {
+                let quota = RuleQuota {
+                    rule: call.rule,
+                    limit: rule.rate,
+                    window_ms: rule.interval_ms,
+                    remaining,
+                    reset_ms: rule.interval_ms,
+                };
+                call.state = CallState::Done(RuleResult::Acquired(quota, Taken::Lease));
+                continue;
+            }
+            call.state = CallState::Waiting;
+            call.sent_ms = now_ms;
+            if let Clock::Gateway(_) = call.clock {
+                call.clock = Clock::Gateway(now_ms);
+            }
+            call.ask_for_lease(config, leases, now_ms);
+            if call.state == CallState::Waiting {
+                let mut covered = SmallVec::new();
+                covered.push(index);
+                new_sends.push(self.sends.len());
+                self.sends.push(Send { calls: covered, retried: false, done: false });
+            }
+        }
+        (new_sends, self.progress(config, plan))
+    }
+
     /// Ends every call still waiting with `failure` (the request's deadline passed, see
     /// [`Failure::TimedOut`]) and decides the request.
     pub fn expire(&mut self, failure: &Failure, config: &PluginConfig, plan: &Plan) -> Decision {
         for call in &mut self.calls {
-            if call.state == CallState::Waiting {
+            if matches!(call.state, CallState::Waiting | CallState::Parked) {
                 call.state = CallState::Done(RuleResult::Failed(failure.clone()));
             }
         }
@@ -749,7 +831,7 @@ impl PendingRequest {
     }
 
     fn progress(&self, config: &PluginConfig, plan: &Plan) -> Progress {
-        if self.sends.iter().any(|s| !s.done) {
+        if self.sends.iter().any(|s| !s.done) || self.calls.iter().any(|c| c.state == CallState::Parked) {
             Progress::Waiting
         } else {
             Progress::Done(self.decide(config, plan))
@@ -761,7 +843,7 @@ impl PendingRequest {
     fn decide(&self, config: &PluginConfig, plan: &Plan) -> Decision {
         let done = self.calls.iter().filter_map(|c| match &c.state {
             CallState::Done(result) => Some((c.rule, result)),
-            CallState::Waiting => None,
+            CallState::Waiting | CallState::Parked => None,
         });
         let mut report = Report::default();
         let mut failures = Vec::new();

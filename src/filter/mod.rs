@@ -302,6 +302,8 @@ pub struct Filter<H: Host> {
     recent_blocks: RefCell<RecentBlocks>,
     /// This VM's permit leases.
     leases: LeaseTable,
+    /// Limiters whose lease acquire just ended: requests parked on them go on ([`Filter::wake_parked`]).
+    ended_leases: Vec<String>,
     /// Outstanding give-back calls, by token: the configuration, rule, limiter and member (sent again by
     /// source after `NOSCRIPT`).
     give_backs: IdMap<GiveBackCall>,
@@ -376,6 +378,7 @@ impl<H: Host> Filter<H> {
             recent_blocks: RefCell::default(),
             leases: LeaseTable::default(),
             give_backs: IdMap::default(),
+            ended_leases: Vec::new(),
             name_buffer: String::new(),
             prepared,
             plugin,
@@ -409,7 +412,10 @@ impl<H: Host> Filter<H> {
             }
             Start::Send(pending, sends) => (pending, sends),
         };
-        let mut flow = Flow { entry, stage: Stage::Waiting(pending), tokens: Vec::new(), deadline_ms: now_ms };
+        // A request parked on a lease acquire waits as long as a call of its own would.
+        let timeout_ms = self.plugin.config(entry).map_or(0, |c| c.redis.timeout_ms);
+        let deadline_ms = now_ms.saturating_add(timeout_ms).saturating_add(DEADLINE_GRACE_MS);
+        let mut flow = Flow { entry, stage: Stage::Waiting(pending), tokens: Vec::new(), deadline_ms };
         let mut decided = None;
         for call in 0..sends {
             let progress = self.send(context_id, &mut flow, call, Invocation::BySha);
@@ -417,7 +423,7 @@ impl<H: Host> Filter<H> {
                 decided = Some(decision);
             }
         }
-        match decided {
+        let action = match decided {
             Some(decision) => {
                 self.forget_calls(&flow);
                 let next = self.finish(entry, decision);
@@ -427,7 +433,9 @@ impl<H: Host> Filter<H> {
                 self.pause(context_id, flow);
                 Action::Pause
             }
-        }
+        };
+        self.wake_parked();
+        action
     }
 
     /// `proxy_on_response_headers`: adds the rate limit headers of a request that was allowed.
@@ -455,6 +463,14 @@ impl<H: Host> Filter<H> {
         if !self.flows.is_empty() {
             if let Some(flow) = self.flows.remove(&context_id) {
                 self.forget_calls(&flow);
+                // Its lease acquires will not be heard of: requests parked on them ask Redis themselves.
+                if let Stage::Waiting(pending) = &flow.stage {
+                    for name in pending.leases_waiting() {
+                        self.leases.end(&name, None);
+                        self.ended_leases.push(name);
+                    }
+                }
+                self.wake_parked();
             }
         }
         if !self.response_headers.is_empty() {
@@ -534,6 +550,48 @@ impl<H: Host> Filter<H> {
                 self.end_from_root(context_id, flow.entry, next);
             }
         }
+        self.wake_parked();
+    }
+
+    /// Requests parked on a lease acquire that ended go on: served from the new lease, or each asking Redis
+    /// (README.md, "Leases").
+    fn wake_parked(&mut self) {
+        while let Some(name) = self.ended_leases.pop() {
+            let parked: Vec<u32> = self
+                .flows
+                .iter()
+                .filter(|(_, flow)| matches!(&flow.stage, Stage::Waiting(pending) if pending.parked_on(&name)))
+                .map(|(&context_id, _)| context_id)
+                .collect();
+            for context_id in parked {
+                let Some(mut flow) = self.flows.remove(&context_id) else { continue };
+                let now_ms = self.host.now_ms();
+                let (Stage::Waiting(pending), Some(config), Some(prepared)) =
+                    (&mut flow.stage, self.plugin.config(flow.entry), self.prepared(flow.entry))
+                else {
+                    continue;
+                };
+                let (sends, progress) = pending.unpark(&name, config, &prepared.plan, &self.leases, now_ms);
+                let mut decided = match progress {
+                    Progress::Done(decision) => Some(decision),
+                    _ => None,
+                };
+                for send in sends {
+                    let progress = self.send(context_id, &mut flow, send, Invocation::BySha);
+                    if let Some(decision) = self.drive(context_id, &mut flow, progress) {
+                        decided = Some(decision);
+                    }
+                }
+                match decided {
+                    None => self.pause(context_id, flow),
+                    Some(decision) => {
+                        self.forget_calls(&flow);
+                        let next = self.finish(flow.entry, decision);
+                        self.end_from_root(context_id, flow.entry, next);
+                    }
+                }
+            }
+        }
     }
 
     fn prepared(&self, entry: usize) -> Option<&Prepared> {
@@ -608,6 +666,7 @@ impl<H: Host> Filter<H> {
                 self.metrics.lease(&self.host);
             }
             self.leases.end(&name, grant);
+            self.ended_leases.push(name);
         }
         progress
     }
@@ -759,7 +818,7 @@ impl<H: Host> Filter<H> {
                 self.send_give_back(call);
                 return;
             }
-            Ok(bytes) => Failure::BadReply(quoted(&bytes)),
+            Ok(_) => Failure::BadReply("the give-back script answered an error".into()),
         };
         self.give_back_failed(call.entry, &failure);
     }

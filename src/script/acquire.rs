@@ -248,7 +248,7 @@ fn clock_arg(clock: Clock) -> Vec<u8> {
 /// in [`super::ACQUIRE_ALL`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseRequest {
-    /// Most permits to take (Redis takes at most a quarter of those free, and at least the rule's permits).
+    /// Most permits to take (Redis takes at most those free, and at least the rule's permits).
     pub max_permits: u64,
     /// The lease's age, ms: its member is scored at the acquire's time plus this.
     pub max_age_ms: u64,

@@ -88,7 +88,8 @@ pub enum Invocation {
 /// (The per-rule arguments come last, so the filter encodes them once: [`AcquireTemplate`].) A lease
 /// ([`LeaseRequest`], README.md "Leases") adds 9 the most permits to take, 10 its age (ms), 11-14 the
 /// previous lease to settle first ([`Settlement`]: random, granted, used, early ms; 11 empty = none). A
-/// lease takes `min(most, max(permits, floor(free / 4)))` permits in one member scored now + age.
+/// lease takes `min(most, free)` permits (at least the rule's permits, or it is a rejection) in one member
+/// scored now + age.
 ///
 /// Reply (integers only: webdis drops nil array elements), as short as the case allows:
 /// - `remaining`, a bare integer: acquired, the limiter's config is the one sent;

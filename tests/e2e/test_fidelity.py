@@ -58,7 +58,8 @@ RUN_BUDGET_S = 0.98
 ATTEMPTS = 5
 # Redis hangs far longer than the 500 ms timeout (the pause is lifted as soon as the step is answered).
 PAUSE_MS = 10_000
-FILTER_HEADERS = ("retry-after", "ratelimit", "ratelimit-policy", "x-envoy-ratelimited", "content-type")
+FILTER_HEADERS = ("retry-after", "ratelimit", "ratelimit-policy", "x-envoy-ratelimited", "x-ratelimited-by",
+                  "content-type")
 COUNTERS = ("allowed", "rejected", "local_rejected", "failure_allowed", "failure_denied", "redis_errors")
 
 
@@ -87,7 +88,8 @@ SCENARIO = [
     step("alice again with tenant globex: per-user's local block rejects", user="alice", tenant="globex"),
     step("no user, no tenant, another api_key", key="k2"),
     step("a user id that is not a verbatim name", user="a{b} c"),
-    *[step(f"eve's colleague {n}: towards the per-ip rate 20", user=f"eve{n}", key="k3") for n in range(1, 7)],
+    # Ten: only requests every rule admits take per-ip's permits (all-or-nothing), 16 so far.
+    *[step(f"eve's colleague {n}: towards the per-ip rate 20", user=f"eve{n}", key="k3") for n in range(1, 11)],
     step("fay: only the per-ip limiter is exhausted", user="fay", key="k2"),
 ]
 WHEN_REDIS_HANGS = [step("gus, Redis paused past the timeout: fail open", user="gus", key="k5")]
@@ -243,7 +245,9 @@ def test_the_scenario_covers_what_it_says(runs):
     assert tiny.status == 429 and "retry-after" not in tiny.headers
     assert by_label["no api_key: on_missing deny"].status == 429
     fay = by_label["fay: only the per-ip limiter is exhausted"]
-    assert fay.status == 429 and '"per-user";r=2' in fay.headers["ratelimit"]
+    # All or nothing: per-ip rejected fay, so per-user took none of her permits (r=3, not 2).
+    assert fay.status == 429 and '"per-user";r=3' in fay.headers["ratelimit"]
+    assert fay.headers["x-ratelimited-by"] == "per-ip"
     assert "x-ratelimit-limit" in by_label["bob 1: his own limiter"].headers
     assert "ratelimit-policy" in by_label["bob 1: his own limiter"].headers
     again = by_label["alice again with tenant globex: per-user's local block rejects"]

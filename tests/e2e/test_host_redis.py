@@ -270,4 +270,5 @@ def test_one_redis_round_trip_per_request_once_the_script_is_cached(stack, open_
     # The second rejection is the local block's, in the other VM too: no Redis call.
     assert [outcome["redis_calls"] for outcome in open_gw.outcomes[sent:]] == [1, 1, 1, 1, 0]
     assert stack.redis.script_calls() - scripts == 4, "Redis ran one script per request it saw"
-    assert delta(metrics, open_gw.metrics()) == {"allowed": 3, "rejected": 2, "local_rejected": 1, "redis_calls": 4}
+    assert delta(metrics, open_gw.metrics()) == {"allowed": 3, "rejected": 2, "local_rejected": 1, "redis_calls": 4,
+                                                    "rule.per-user.rejected": 2}

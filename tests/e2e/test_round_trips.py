@@ -5,7 +5,7 @@ from __future__ import annotations
 from harness import METRIC_PREFIX, HarnessError, plugin_config, rule
 
 COUNTERS = ("allowed", "rejected", "local_rejected", "failure_allowed", "failure_denied", "redis_calls", "redis_errors",
-            "host_errors")
+            "host_errors", "leases", "compensations", "rule.per-user.rejected")
 
 
 def warm_up_every_worker(envoy, headers: dict[str, str], limit: int = 40) -> int:
@@ -47,6 +47,9 @@ def test_one_redis_round_trip_per_request_once_the_limiter_exists(stack):
         "redis_calls": len(statuses) - 2,
         "redis_errors": 0,
         "host_errors": 0,
+        "leases": 0,
+        "compensations": 0,
+        "rule.per-user.rejected": 3,
     }
     assert scripts_after - scripts_before == len(statuses) - 2, "Redis ran one script per request it saw"
 

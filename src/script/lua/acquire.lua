@@ -13,9 +13,9 @@
 -- `lease` only): 9 the most permits to lease, 10 the lease's age (ms), 11-14 the previous lease to settle
 -- first (random, granted, used, ms its last use came before its expiry; 11 empty = none).
 --
--- A lease takes up to ARGV[9] permits but never more than a quarter of those free (so one holder cannot
--- take the tail of a window others need), in one member scored now + age: every use of the lease happens
--- at or before that score, so the window covers each use for at least the interval.
+-- A lease takes up to ARGV[9] permits, never more than are free, in one member scored now + age: every use
+-- of the lease happens at or before that score, so the window covers each use for at least the interval.
+-- (The VM asks for what its last lease served, so one with little traffic holds little: src/lease.rs.)
 local config = redis.call('hmget', KEYS[1], 'rate', 'interval', 'type', 'keepAliveTime')
 local nowArg = ARGV[1]
 local now
@@ -100,7 +100,7 @@ else
   taken = requested
   local score = nowArg
   if lease > requested then
-    taken = math.min(lease, math.max(requested, math.floor(value / 4)))
+    taken = math.min(lease, value)
     if taken > requested then
       score = string.format('%d', now + tonumber(ARGV[10]))
     end

@@ -109,9 +109,11 @@ for i = 1, #KEYS / 5 do
     if lease > 0 and ARGV[a + 10] ~= '' then
       giveBack(valueName, permitsName, ARGV[a + 10], ARGV[a + 11], ARGV[a + 12], ARGV[a + 13], rate)
     end
-    local value = freePermits(valueName, permitsName, rate, interval, config[1]) - (asked[valueName] or 0)
+    -- `value` (the permits free, reported) and what is left of them for this rule after the request's
+    -- earlier rules on the same limiter (checked).
+    local value = freePermits(valueName, permitsName, rate, interval, config[1])
     limiter.value = value
-    if value < requested then
+    if value - (asked[valueName] or 0) < requested then
       local oldest = redis.call('zrange', permitsName, 0, 0, 'withscores')[2]
       limiter.code, limiter.amount = 0, 3 + interval - (now - (tonumber(oldest) or now))
       everyOneAdmits = false
@@ -132,7 +134,7 @@ for _, limiter in ipairs(limiters) do
       local taken, score = limiter.requested, nowArg
       local lease = tonumber(ARGV[a + 8])
       if lease > taken then
-        taken = math.min(lease, math.max(taken, math.floor(value / 4)))
+        taken = math.min(lease, value)
         if taken > limiter.requested then
           score = string.format('%d', now + tonumber(ARGV[a + 9]))
         end

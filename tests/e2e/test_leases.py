@@ -1,0 +1,173 @@
+"""Permit leases for hot limiters (README.md, "Leases"): a VM takes up to `max_permits` permits in one acquire,
+as one Redisson member scored at the lease's expiry, and serves the limiter's requests from them without a
+Redis call until `max_age` has passed; the next acquire settles it (the member keeps the permits used, scored
+at the last use; the rest go back to the limiter).
+
+The promise checked here: never over-admit. Every sliding window of one interval over the real times of the
+requests admitted, by several gateways and VMs at once, holds at most the rate; Redisson clients sharing the
+limiter see ordinary members; and what leases hold back from others is returned.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from harness import decode_permit, epoch_ms, host_plugin_config, limiter_key, plugin_config, rule
+from redisson_client import RateLimiter
+from timing import EmulatorClock
+
+HOT = "erl:hot"
+
+
+def hot_rule(rate: int, interval: str, max_permits: int, max_age: str, **fields) -> dict:
+    return rule("hot", limit_by="global", rate=rate, interval=interval,
+                lease={"max_permits": max_permits, "max_age": max_age}, **fields)
+
+
+def members(redis) -> list:
+    """The permit members of the hot limiter: (random, permits, score)."""
+    return sorted((decode_permit(member, score) for member, score in
+                   redis.zrange(limiter_key(HOT, "permits"), 0, -1, withscores=True)), key=lambda p: p.score_ms)
+
+
+def round_trips(outcome: dict) -> int:
+    return outcome["redis_calls"] + outcome["http_calls"]
+
+
+def emulator_config(*rules: dict, build: str, **fields) -> dict:
+    return (host_plugin_config if build == "higress" else plugin_config)(*rules, **fields)
+
+
+def worst_window(admitted: list[tuple[float, float]], interval_ms: float) -> int:
+    """The most admitted requests certainly inside one sliding window of `interval_ms`: a request is known
+    only to have been admitted between its send (`start`) and its answer (`end`), so a window counts the
+    requests whose whole span lies within it (no request is counted that might be outside). Windows start at
+    each request's start."""
+    spans = sorted(admitted)
+    worst = 0
+    for start, _ in spans:
+        inside = sum(1 for s, e in spans if s >= start and e < start + interval_ms)
+        worst = max(worst, inside)
+    return worst
+
+
+@pytest.mark.parametrize("build", ["envoy", "higress"])
+def test_a_lease_serves_a_vms_requests_without_redis_and_is_settled_by_the_next_one(stack, build):
+    gateway = stack.emulator(emulator_config(hot_rule(100, "1m", 8, "30s"), build=build), build=build, vms=1)
+    clock = EmulatorClock(gateway)
+    statuses = []
+    calls = []
+    for _ in range(8):
+        statuses.append(gateway.send().status)
+        calls.append(round_trips(gateway.last_outcome()))
+    assert statuses == [200] * 8
+    # (The first acquire may be sent twice: a new Redis has not cached the script: NOSCRIPT, then EVAL.)
+    assert calls[0] in (1, 2) and calls[1:] == [0] * 7, "one acquire took 8 permits; 7 were served from them"
+    [lease] = members(stack.redis.client)
+    assert lease.permits == 8
+    assert stack.redis.client.get(limiter_key(HOT, "value")) == b"92"
+    # The member is scored at the lease's expiry: 30 s after the acquire.
+    assert 29_000 <= lease.score_ms - epoch_ms() <= 30_500, lease
+
+    sent = clock.now_ms()
+    assert gateway.send().status == 200
+    assert round_trips(gateway.last_outcome()) == 1, "used up: a new lease, and the old one settled"
+    old, new = members(stack.redis.client)
+    assert old.random == lease.random and old.permits == 8, "all 8 were used: the member keeps them"
+    assert old.score_ms <= sent + 50, "scored at its last use, not at its expiry"
+    assert new.permits == 8 and new.score_ms >= lease.score_ms
+    assert gateway.metrics()["leases"] == 2
+
+
+def test_unused_lease_permits_go_back_and_the_next_lease_asks_for_what_was_used(stack):
+    gateway = stack.emulator(plugin_config(hot_rule(100, "1m", 8, "2s")), vms=1)
+    clock = EmulatorClock(gateway)
+    assert [gateway.send().status for _ in range(3)] == [200] * 3
+    assert stack.redis.client.get(limiter_key(HOT, "value")) == b"92", "8 leased, 3 used"
+    clock.wait_until_ms(clock.now_ms() + 2_100)  # the lease expired with 5 unused
+    assert gateway.send().status == 200
+    old, new = members(stack.redis.client)
+    assert old.permits == 3, "the old member keeps the 3 permits used"
+    assert new.permits == 3, "this VM served 3 in a lease's age: its next lease asks for 3"
+    assert stack.redis.client.get(limiter_key(HOT, "value")) == b"94", "100 - 3 used - 3 of the new lease"
+
+
+def test_redisson_clients_on_the_same_limiter_see_the_lease_as_permits_taken(stack):
+    gateway = stack.emulator(plugin_config(hot_rule(10, "1m", 4, "30s")), vms=1)
+    assert gateway.send().status == 200  # a lease of 4 permits
+    java = RateLimiter(stack.redis.client, HOT)
+    assert java.available_permits() == 6
+    assert [java.try_acquire().acquired for _ in range(7)] == [True] * 6 + [False]
+    assert [gateway.send().status for _ in range(3)] == [200] * 3, "the lease's 3 other permits, without Redis"
+    assert [round_trips(outcome) for outcome in gateway.outcomes[-3:]] == [0] * 3
+    assert gateway.send().status == 429, "nothing left anywhere: the window holds the rate"
+    assert sum(p.permits for p in members(stack.redis.client)) == 10
+
+
+def saturate(senders: list, seconds: float) -> list[tuple[float, float, int]]:
+    """Sends requests from every sender at once (one thread each) for `seconds`: (start, end, status) of
+    each, times in epoch ms."""
+    results: list[tuple[float, float, int]] = []
+    lock = threading.Lock()
+    deadline = time.monotonic() + seconds
+
+    def run(send) -> None:
+        while time.monotonic() < deadline:
+            start = epoch_ms()
+            status = send()
+            end = epoch_ms()
+            with lock:
+                results.append((start, end, status))
+
+    threads = [threading.Thread(target=run, args=(send,)) for send in senders]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def check_windows(results: list[tuple[float, float, int]], rate: int, interval_ms: int) -> tuple[int, int]:
+    admitted = [(start, end) for start, end, status in results if status == 200]
+    assert {status for _, _, status in results} <= {200, 429}
+    worst = worst_window(admitted, interval_ms)
+    assert worst <= rate, f"{worst} admitted requests within one {interval_ms} ms window, rate {rate}"
+    return len(admitted), worst
+
+
+@pytest.mark.parametrize("build", ["envoy", "higress"])
+def test_every_window_of_real_admissions_by_two_gateways_of_two_vms_holds_at_most_the_rate(stack, build):
+    """2 gateway processes x 2 VMs, saturated, a lease long against the interval (300 ms of 1 s): if a lease's
+    member were scored at its acquire, its later uses would fall outside the window Redis counts, and the
+    windows would hold up to rate + leased permits."""
+    rate, interval_ms = 20, 1_000
+    config = emulator_config(hot_rule(rate, "1s", 6, "300ms"), build=build)
+    gateways = [stack.emulator(config, build=build, vms=2) for _ in range(2)]
+
+    def alternating(gateway):
+        """One emulator answers one request at a time: a sender per gateway, its VMs in turn."""
+        turn = iter(range(10**9))
+        return lambda: gateway.send(vm=next(turn) % 2).status
+
+    senders = [alternating(g) for g in gateways]
+    results = saturate(senders, 3.5)
+    admitted, worst = check_windows(results, rate, interval_ms)
+    assert len(results) > 4 * admitted, "saturated: most requests rejected"
+    assert worst >= rate // 2, "and the windows do fill"
+    leases = sum(g.metrics()["leases"] for g in gateways)
+    assert leases > 0
+
+
+def test_every_window_of_real_admissions_by_two_envoys_of_two_workers_holds_at_most_the_rate(stack):
+    rate, interval_ms = 30, 1_000
+    config = plugin_config(hot_rule(rate, "1s", 8, "300ms"))
+    envoys = [stack.envoy(config, concurrency=2) for _ in range(2)]
+    senders = [lambda e=e: e.send().status for e in envoys for _ in range(3)]
+    results = saturate(senders, 3.5)
+    admitted, worst = check_windows(results, rate, interval_ms)
+    assert len(results) > 2 * admitted
+    assert worst >= rate // 2
+    assert sum(e.metrics().get("leases", 0) for e in envoys) > 0
