@@ -701,7 +701,7 @@ impl Limiter {
                 held.interval_ms,
                 held.rate_type.ordinal(),
                 change,
-                if code == 1 { i64::try_from(permits).unwrap_or(i64::MAX) } else { 0 },
+                if code == 1 { permits } else { 0 },
             ])
         };
         let as_sent = change == 0
