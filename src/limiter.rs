@@ -1457,4 +1457,69 @@ mod tests {
         let headers = h.headers(&decision);
         assert_eq!(header(&headers, "ratelimit"), Some("\"a\";r=0;t=1"), "only the blocked rule is known");
     }
+
+    /// A global rule with a lease of up to 8 permits for 1 s, and a per-user rule of rate 1.
+    fn leased_and_per_user(redis: &str) -> PluginConfig {
+        let json = format!(
+            r#"{{"redis":{{"cluster":"w"{redis}}},"rules":[
+            {{"name":"hot","limit_by":"global","rate":100,"interval":60000,"lease":{{"max_permits":8,"max_age":"1s"}}}},
+            {{"name":"per-user","limit_by":{{"header":"x-user"}},"rate":1,"interval":60000}}]}}"#
+        );
+        PluginConfig::from_json(json.as_bytes()).unwrap()
+    }
+
+    /// ACQUIRE_ALL's reply: 8 integers per limiter.
+    fn all_reply(limiters: &[[i64; 8]]) -> Vec<u8> {
+        let mut out = format!("*{}\r\n", 8 * limiters.len()).into_bytes();
+        for number in limiters.iter().flatten() {
+            out.extend(format!(":{number}\r\n").bytes());
+        }
+        out
+    }
+
+    #[test]
+    fn one_call_for_every_rule_and_a_lease_serves_the_next_requests_until_another_rule_rejects() {
+        let mut h = Harness::new(leased_and_per_user(""));
+        let mut pending = sent(h.start(&[("x-user", "alice")]));
+        let words = h.words(&pending, 0, Invocation::BySha);
+        assert_eq!(words[0], "EVALSHA");
+        assert_eq!(words[1], crate::script::ACQUIRE_ALL.sha(), "both rules in one call");
+        assert_eq!(words[2], "10");
+        assert_eq!(words[15..17], ["1".to_string(), "100".to_string()], "the lease rule's permits and rate");
+        assert_eq!(words[21], "8", "asks for a lease of up to 8");
+        // Both admit: the lease took 8 (7 left for this VM), per-user 1.
+        let reply = all_reply(&[[1, 92, 92, 100, 60_000, 0, 1, 8], [1, 0, 0, 1, 60_000, 0, 1, 1]]);
+        let decision = done(h.reply(&mut pending, 0, Ok(&reply)));
+        assert_eq!(decision.outcome, Outcome::Allowed);
+        assert!(decision.give_back.is_empty());
+        // Bob: the lease serves the hot rule, per-user alone goes to Redis (ACQUIRE), and rejects.
+        let mut pending = sent(h.start(&[("x-user", "bob")]));
+        assert_eq!(h.words(&pending, 0, Invocation::BySha)[1], crate::script::ACQUIRE.sha(), "only per-user");
+        let decision = done(h.reply(&mut pending, 0, Ok(&rejected(900))));
+        assert_eq!(decision.outcome, Outcome::Rejected);
+        assert_eq!(decision.rejecting.as_slice(), &[1]);
+        assert_eq!(decision.give_back, vec![GiveBack::Lease { name: "erl:hot".into(), permits: 1 }]);
+        let headers = h.headers(&decision);
+        assert_eq!(header(&headers, "x-ratelimited-by"), Some("per-user"));
+    }
+
+    #[test]
+    fn in_a_redis_cluster_a_mixed_outcome_gives_back_the_member_the_request_added() {
+        let mut h = Harness::new(two_rules(""));
+        let mut pending = sent(h.start(&[]));
+        let member_of_a = h.words(&pending, 0, Invocation::BySha)[9].clone();
+        assert!(matches!(h.reply(&mut pending, 0, Ok(&acquired(4))), Progress::Waiting));
+        let decision = done(h.reply(&mut pending, 1, Ok(&rejected(900))));
+        assert_eq!(decision.outcome, Outcome::Rejected);
+        match decision.give_back.as_slice() {
+            [GiveBack::Redis { rule: 0, name, settlement }] => {
+                assert_eq!(name, "erl:a");
+                assert_eq!(settlement.random.to_vec(), member_of_a.into_bytes());
+                assert_eq!((settlement.granted, settlement.used), (1, 0), "remove the whole member");
+            }
+            other => panic!("{other:?}"),
+        }
+        let headers = h.headers(&decision);
+        assert_eq!(header(&headers, "x-ratelimited-by"), Some("b"));
+    }
 }

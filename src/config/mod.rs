@@ -374,6 +374,36 @@ mod tests {
     }
 
     #[test]
+    fn leases_and_redis_cluster_are_read_and_checked_with_the_field_named() {
+        let lease = |lease: &str| MINIMAL.replace(r#""interval":"1s""#, &format!(r#""interval":"1s","lease":{lease}"#));
+        let config = parse(&lease(r#"{"max_permits":4,"max_age":"50ms"}"#)).unwrap();
+        assert_eq!(config.rules[0].lease, Some(Lease { max_permits: 4, max_age_ms: 50 }));
+        assert!(!config.redis.redis_cluster);
+        assert_eq!(parse(MINIMAL).unwrap().rules[0].lease, None);
+        for (bad, error) in [
+            (
+                r#"{"max_permits":1,"max_age":"50ms"}"#,
+                "rules[0].lease.max_permits: 1 must be more than the rule's permits (1)",
+            ),
+            (r#"{"max_permits":6,"max_age":"50ms"}"#, "rules[0].lease.max_permits: 6 must be more than"),
+            (
+                r#"{"max_permits":4,"max_age":"1s"}"#,
+                "rules[0].lease.max_age: 1000 ms must be at least 1 ms and shorter",
+            ),
+            (r#"{"max_permits":4,"max_age":0}"#, "rules[0].lease.max_age: 0 ms"),
+            (r#"{"max_permits":4}"#, "rules[0].lease.max_age"),
+            (r#"{"max_permits":4,"max_age":"5ms","size":1}"#, "rules[0].lease"),
+            (r#"64"#, "rules[0].lease"),
+        ] {
+            assert!(error_of(&lease(bad)).starts_with(error), "{bad}: {}", error_of(&lease(bad)));
+        }
+        let cluster = MINIMAL.replace(r#""cluster":"webdis""#, r#""cluster":"webdis","redis_cluster":true"#);
+        assert!(parse(&cluster).unwrap().redis.redis_cluster);
+        let wrong = MINIMAL.replace(r#""cluster":"webdis""#, r#""cluster":"webdis","redis_cluster":"yes""#);
+        assert_eq!(error_of(&wrong), "redis.redis_cluster: must be true or false");
+    }
+
+    #[test]
     fn formatting_a_configuration_shows_no_secret() {
         let json = r#"{"redis":{"cluster":"webdis","username":"ops","password":"hunter2-pw"},
             "rules":[{"name":"r","limit_by":"global","rate":5,"interval":"1s"}],

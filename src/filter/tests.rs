@@ -468,3 +468,45 @@ fn a_vm_whose_kept_block_would_let_a_request_through_reads_the_newer_one_another
     assert_eq!(first.http_calls().len(), calls, "rejected by the block b recorded, without a call");
     assert_eq!(counters(&first)[7], 1);
 }
+
+/// A global rule leasing up to 4 permits for 1 s.
+const HOT: &str =
+    r#"{"name":"hot","limit_by":"global","rate":100,"interval":"1m","lease":{"max_permits":4,"max_age":"1s"}}"#;
+
+#[test]
+fn requests_arriving_while_their_vms_lease_acquire_is_on_its_way_wait_for_it_and_are_served_from_it() {
+    let (host, mut filter) = configure(BRIDGE, HOT, "");
+    assert_eq!(start(&host, &mut filter, 2, "a"), Action::Pause);
+    assert_eq!(start(&host, &mut filter, 3, "b"), Action::Pause, "parked on the lease acquire");
+    assert_eq!(start(&host, &mut filter, 4, "c"), Action::Pause);
+    assert_eq!(host.http_calls().len(), 1, "one Redis call for the three");
+    // The lease: 4 permits taken, 96 left in Redis.
+    answer_http(&host, &mut filter, last_token(&host), 200, b"*2\r\n:96\r\n:4\r\n");
+    for id in [2, 3, 4] {
+        assert_eq!(host.end(id), Some(End::Resumed), "request {id}");
+    }
+    assert_eq!(start(&host, &mut filter, 5, "d"), Action::Continue, "the lease's last permit, at once");
+    assert_eq!(host.http_calls().len(), 1);
+    // Used up: the next request asks for a new lease (twice as many) and settles the old one.
+    assert_eq!(start(&host, &mut filter, 6, "e"), Action::Pause);
+    let call = host.http_calls().pop().unwrap();
+    let body = String::from_utf8(call.body).unwrap();
+    // The last six arguments, last first: early, used, granted, random, age, permits asked for.
+    let lease: Vec<&str> = body.trim_end_matches(".raw").rsplit('/').take(6).collect();
+    assert_eq!((lease[5], lease[4]), ("4", "1000"), "asks for 4 (the most: used up), age 1000 ms");
+    assert_eq!((lease[2], lease[1]), ("4", "4"), "and settles the lease: 4 granted, 4 used");
+}
+
+#[test]
+fn a_request_parked_on_a_lease_acquire_that_fails_asks_redis_itself() {
+    let (host, mut filter) = configure(BRIDGE, HOT, "");
+    start(&host, &mut filter, 2, "a");
+    start(&host, &mut filter, 3, "b");
+    assert_eq!(host.http_calls().len(), 1);
+    answer_http(&host, &mut filter, last_token(&host), 503, b"");
+    assert_eq!(host.end(2), Some(End::Resumed), "failed open");
+    assert_eq!(host.end(3), None, "still paused: its own acquire is on its way");
+    assert_eq!(host.http_calls().len(), 2);
+    answer_http(&host, &mut filter, last_token(&host), 200, b"*2\r\n:97\r\n:3\r\n");
+    assert_eq!(host.end(3), Some(End::Resumed));
+}
