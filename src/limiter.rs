@@ -20,6 +20,7 @@ use crate::block::Block;
 use crate::cache::{LimiterCache, Observation};
 use crate::config::{ClockSource, FailureMode, OnMissing, PluginConfig, RateSource, Rule};
 use crate::key::{extract, hash_slot, write_limiter_name, KeyValue, RequestView};
+pub use crate::lease::{LeaseAsk, LeaseGrant, Leases, NoLeases};
 use crate::response::{policy_value, rate_limit_headers, retry_after, HeaderValue, Headers, Quota};
 use crate::script::{
     decode_acquire_all_reply, decode_acquire_reply, encode_acquire_all, AcquireConfig, AcquireOutcome, AcquirePart,
@@ -441,74 +442,6 @@ pub struct Effects {
     pub blocks: Vec<(String, Block)>,
     /// Lease calls that ended, with the lease Redis granted (`None`: none, the call failed or rejected).
     pub leases: Vec<(String, Option<LeaseGrant>)>,
-}
-
-/// A lease Redis granted this VM ([`Leases`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LeaseGrant {
-    /// Its member's random bytes.
-    pub random: [u8; MEMBER_RANDOM_LEN],
-    /// Permits it holds in Redis.
-    pub granted: u64,
-    /// Permits used so far (the request that asked for it took its own).
-    pub used: u64,
-    /// Until when it serves requests, ms since the epoch (gateway clock): its acquire's send time plus the
-    /// rule's `max_age`, never after its member's score.
-    pub expires_ms: u64,
-    /// When it was last used, ms since the epoch (gateway clock).
-    pub last_use_ms: u64,
-    /// Permits Redis had left after granting it (for the headers).
-    pub redis_remaining: u64,
-}
-
-impl LeaseGrant {
-    /// What settling it tells Redis: the permits used, and how early the last use came.
-    pub fn settlement(&self) -> Settlement {
-        Settlement {
-            random: self.random,
-            granted: self.granted,
-            used: self.used,
-            early_ms: self.expires_ms.saturating_sub(self.last_use_ms),
-        }
-    }
-}
-
-/// Where a request finds this VM's permit leases (README.md, "Leases").
-pub trait Leases {
-    /// Takes `permits` from the live lease of limiter `name` at `now_ms` (before its expiry): the permits
-    /// left (the lease's and Redis's at its grant), if taken.
-    fn take(&self, name: &str, now_ms: u64, permits: u64) -> Option<u64>;
-    /// Puts back `permits` taken from the lease of `name` by a request that does not go on.
-    fn put_back(&self, name: &str, permits: u64);
-    /// Starts a lease acquire of `name` at `now_ms` whose reply is due by `due_ms`, for a rule leasing up to
-    /// `max_permits` and taking `permits` per request: `None` if one is on its way already (the request
-    /// waits for it), else how many permits to ask for and the previous lease to settle in the same call (it
-    /// serves no request any more), if any.
-    fn begin(&self, name: &str, now_ms: u64, due_ms: u64, max_permits: u64, permits: u64) -> Option<LeaseAsk>;
-}
-
-/// What a lease acquire asks for ([`Leases::begin`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LeaseAsk {
-    /// Permits to ask for (more than the rule's permits, at most its `max_permits`).
-    pub want: u64,
-    /// The previous lease to settle, if any.
-    pub settle: Option<Settlement>,
-}
-
-/// No leases (every request goes to Redis).
-pub struct NoLeases;
-
-impl Leases for NoLeases {
-    fn take(&self, _name: &str, _now_ms: u64, _permits: u64) -> Option<u64> {
-        None
-    }
-
-    fn put_back(&self, _name: &str, _permits: u64) {}
-
-    fn begin(&self, _name: &str, _now_ms: u64, _due_ms: u64, max_permits: u64, _permits: u64) -> Option<LeaseAsk> {
-        Some(LeaseAsk { want: max_permits, settle: None })
-    }
 }
 
 /// Starts deciding a request: reads each rule's key value, serves it from a lease or checks its limiter's
