@@ -229,3 +229,21 @@ def test_a_limiter_recreated_after_it_expired_starts_with_its_full_rate(stack):
 
     # The filter re-creates the limiter and starts it clean: both permits, not the stale value's one.
     assert [envoy.send(headers=HEADERS).status for _ in range(2)] == [200, 200]
+
+
+def test_a_gateways_lease_is_permits_taken_for_a_redisson_client_and_the_window_holds_the_rate(stack):
+    """A lease (README "Leases for hot limiters") is one ordinary member to Redisson: a Java service on the
+    same limiter sees the leased permits as taken, and the two together never exceed the rate."""
+    envoy = stack.envoy(plugin_config(rule("hot", limit_by="global", rate=20, interval="1m",
+                                           lease={"max_permits": 8, "max_age": "30s"})), concurrency=1)
+    assert envoy.send().status == 200
+    java = RateLimiter(stack.redis.client, "erl:hot")
+    assert java.available_permits() == 12, "8 leased by the gateway's VM"
+    taken = [java.try_acquire().acquired for _ in range(14)]
+    assert taken == [True] * 12 + [False] * 2
+    scripts = stack.redis.script_calls()
+    assert [envoy.send().status for _ in range(7)] == [200] * 7, "the lease's other 7 permits"
+    assert stack.redis.script_calls() == scripts, "served without Redis"
+    assert envoy.send().status == 429
+    members = stack.redis.client.zrange(limiter_key("erl:hot", "permits"), 0, -1, withscores=True)
+    assert sum(decode_permit(member, score).permits for member, score in members) == 20
