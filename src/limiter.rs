@@ -782,9 +782,17 @@ impl PendingRequest {
         let mut failures = Vec::new();
         let mut rejecting = SmallVec::new();
         let (mut local, mut any) = (false, false);
+        // A rejected request gives back what the others took: their quotas report it as free already.
+        let rejected = self.settled.is_some()
+            || self.calls.iter().any(|c| matches!(c.state, CallState::Done(RuleResult::Rejected { .. })));
         for (rule, result) in self.settled.iter().map(|(rule, result)| (*rule, result)).chain(done) {
             any = true;
             let quota = match result {
+                RuleResult::Acquired(quota, _) if rejected => {
+                    let permits = config.rules.get(rule).map_or(0, |r| r.permits);
+                    report.quotas.push(RuleQuota { remaining: quota.remaining.saturating_add(permits), ..*quota });
+                    continue;
+                }
                 RuleResult::Acquired(quota, _) | RuleResult::Untaken(quota) => quota,
                 RuleResult::Rejected { quota, delay_ms, local: by_block } => {
                     rejecting.push(rule);
@@ -1454,5 +1462,6 @@ mod tests {
         }
         let headers = h.headers(&decision);
         assert_eq!(header(&headers, "x-ratelimited-by"), Some("b"));
+        assert_eq!(header(&headers, "ratelimit"), Some("\"a\";r=5;t=1, \"b\";r=0;t=1"), "a's permit is given back");
     }
 }

@@ -315,6 +315,8 @@ def test_two_rules_asking_one_limiter_for_more_than_its_rate_take_nothing(stack,
     for _ in range(2):
         response = gateway.send(headers=BOTH)
         assert response.status == 429 and response.headers["x-ratelimited-by"] == "two", response
+        assert "retry-after" not in response.headers, "4 permits of a rate of 3: no wait can grant them"
+        assert response.headers["ratelimit"] == '"one";r=3;t=60, "two";r=0;t=60', "one's 2 are free again"
         assert state(stack, "erl:shared:acme") == (3, {}), "nothing taken"
     assert round_trips(gateway.last_outcome()) == 1
     assert gateway.send(headers={"x-one": "acme"}).status == 200

@@ -101,7 +101,8 @@ for i = 1, #KEYS / 5 do
   local limiter = {keys = keys, a = a, config = config, change = change, rate = rate, interval = interval,
                    valueName = valueName, permitsName = permitsName, requested = requested, code = 1,
                    amount = 0, value = 0, taken = 0}
-  if requested > rate then
+  if requested + (asked[valueName] or 0) > rate then
+    -- More than the rate, alone or with the request's earlier rules on this limiter: no wait grants it.
     limiter.code = 2
     everyOneAdmits = false
   else
