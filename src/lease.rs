@@ -77,21 +77,6 @@ pub struct LeaseAsk {
     pub settle: Option<Settlement>,
 }
 
-/// No leases (every request goes to Redis).
-pub struct NoLeases;
-
-impl Leases for NoLeases {
-    fn take(&self, _name: &str, _now_ms: u64, _permits: u64) -> Option<u64> {
-        None
-    }
-
-    fn put_back(&self, _name: &str, _permits: u64) {}
-
-    fn begin(&self, _name: &str, _now_ms: u64, _due_ms: u64, max_permits: u64, _permits: u64) -> Option<LeaseAsk> {
-        Some(LeaseAsk { want: max_permits, settle: None })
-    }
-}
-
 /// One limiter's lease state.
 #[derive(Debug, Clone, Copy, Default)]
 struct Entry {

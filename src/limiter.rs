@@ -20,7 +20,7 @@ use crate::block::Block;
 use crate::cache::{LimiterCache, Observation};
 use crate::config::{ClockSource, FailureMode, OnMissing, PluginConfig, RateSource, Rule};
 use crate::key::{extract, hash_slot, write_limiter_name, KeyValue, RequestView};
-pub use crate::lease::{LeaseAsk, LeaseGrant, Leases, NoLeases};
+pub use crate::lease::{LeaseAsk, LeaseGrant, Leases};
 use crate::response::{policy_value, rate_limit_headers, retry_after, HeaderValue, Headers, Quota};
 use crate::script::{
     decode_acquire_all_reply, decode_acquire_reply, encode_acquire_all, AcquireConfig, AcquireOutcome, AcquirePart,
@@ -226,15 +226,6 @@ pub trait Blocks {
     fn rejecting(&self, name: &str, now_ms: u64, permits: u64) -> Option<Block>;
 }
 
-/// No local blocks (every request goes to Redis).
-pub struct NoBlocks;
-
-impl Blocks for NoBlocks {
-    fn rejecting(&self, _name: &str, _now_ms: u64, _permits: u64) -> Option<Block> {
-        None
-    }
-}
-
 /// What one rule needs on every request, prepared once per configuration and client id.
 #[derive(Debug, Clone)]
 pub struct RulePlan {
@@ -357,8 +348,6 @@ pub enum GiveBack {
     /// A member the request added in Redis (its call was separate from the rule that rejected: Redis
     /// Cluster, another hash slot): remove it and restore the value ([`crate::script::GIVE_BACK`]).
     Redis {
-        /// The rule (its configuration's index).
-        rule: usize,
         /// The limiter name.
         name: String,
         /// The member and what to do with it (`used` 0: remove).
@@ -871,7 +860,6 @@ impl PendingRequest {
                 Some(match *taken {
                     Taken::Lease => GiveBack::Lease { name: call.name.clone(), permits },
                     Taken::Member { granted } => GiveBack::Redis {
-                        rule: call.rule,
                         name: call.name.clone(),
                         settlement: Settlement { random: call.member_random, granted, used: 0, early_ms: 0 },
                     },
@@ -1453,7 +1441,7 @@ mod tests {
         let decision = done(h.reply(&mut pending, 1, Ok(&rejected(900))));
         assert_eq!(decision.outcome, Outcome::Rejected);
         match decision.give_back.as_slice() {
-            [GiveBack::Redis { rule: 0, name, settlement }] => {
+            [GiveBack::Redis { name, settlement }] => {
                 assert_eq!(name, "erl:a");
                 assert_eq!(settlement.random.to_vec(), member_of_a.into_bytes());
                 assert_eq!((settlement.granted, settlement.used), (1, 0), "remove the whole member");

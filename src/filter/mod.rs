@@ -463,13 +463,7 @@ impl<H: Host> Filter<H> {
         if !self.flows.is_empty() {
             if let Some(flow) = self.flows.remove(&context_id) {
                 self.forget_calls(&flow);
-                // Its lease acquires will not be heard of: requests parked on them ask Redis themselves.
-                if let Stage::Waiting(pending) = &flow.stage {
-                    for name in pending.leases_waiting() {
-                        self.leases.end(&name, None);
-                        self.ended_leases.push(name);
-                    }
-                }
+                self.abandon_leases(&flow);
                 self.wake_parked();
             }
         }
@@ -503,6 +497,7 @@ impl<H: Host> Filter<H> {
         for context_id in due {
             let Some(flow) = self.flows.remove(&context_id) else { continue };
             self.forget_calls(&flow);
+            self.abandon_leases(&flow);
             let next = match flow.stage {
                 Stage::Undelivered(next) => next,
                 Stage::Waiting(mut pending) => {
@@ -516,6 +511,7 @@ impl<H: Host> Filter<H> {
             };
             self.end_from_root(context_id, flow.entry, next);
         }
+        self.wake_parked();
         if self.flows.is_empty() && self.ticking && self.host.set_tick_period_ms(0).is_ok() {
             self.ticking = false;
         }
@@ -553,8 +549,20 @@ impl<H: Host> Filter<H> {
         self.wake_parked();
     }
 
+    /// A request that goes away (answered at its deadline, or its client left) with lease acquires on their
+    /// way: nobody will hear of them, so the requests parked on them are woken to ask Redis themselves.
+    fn abandon_leases(&mut self, flow: &Flow) {
+        if let Stage::Waiting(pending) = &flow.stage {
+            for name in pending.leases_waiting() {
+                self.leases.end(&name, None);
+                self.ended_leases.push(name);
+            }
+        }
+    }
+
     /// Requests parked on a lease acquire that ended go on: served from the new lease, or each asking Redis
-    /// (README.md, "Leases").
+    /// (README.md, "Leases"). A woken request keeps the deadline it had when it arrived, so it still ends
+    /// within `redis.timeout` of its start (+ the grace and a tick), in the failure mode if need be.
     fn wake_parked(&mut self) {
         while let Some(name) = self.ended_leases.pop() {
             let parked: Vec<u32> = self
@@ -576,12 +584,14 @@ impl<H: Host> Filter<H> {
                     Progress::Done(decision) => Some(decision),
                     _ => None,
                 };
+                let deadline_ms = flow.deadline_ms;
                 for send in sends {
                     let progress = self.send(context_id, &mut flow, send, Invocation::BySha);
                     if let Some(decision) = self.drive(context_id, &mut flow, progress) {
                         decided = Some(decision);
                     }
                 }
+                flow.deadline_ms = deadline_ms;
                 match decided {
                     None => self.pause(context_id, flow),
                     Some(decision) => {
@@ -692,7 +702,7 @@ impl<H: Host> Filter<H> {
         for give_back in decision.give_back {
             match give_back {
                 GiveBack::Lease { name, permits } => self.leases.put_back(&name, permits),
-                GiveBack::Redis { name, settlement, .. } => {
+                GiveBack::Redis { name, settlement } => {
                     let call = GiveBackCall { entry, name, settlement, retried: false };
                     self.send_give_back(call);
                 }

@@ -510,3 +510,19 @@ fn a_request_parked_on_a_lease_acquire_that_fails_asks_redis_itself() {
     answer_http(&host, &mut filter, last_token(&host), 200, b"*2\r\n:97\r\n:3\r\n");
     assert_eq!(host.end(3), Some(End::Resumed));
 }
+
+#[test]
+fn a_request_parked_on_a_lease_acquire_that_times_out_still_ends_within_its_own_timeout() {
+    // BRIDGE: timeout 200 ms. The lease acquire sent at 0 is never answered.
+    let (host, mut filter) = configure(BRIDGE, HOT, "");
+    start(&host, &mut filter, 2, "a");
+    host.advance(150);
+    start(&host, &mut filter, 3, "b");
+    assert_eq!(host.http_calls().len(), 1, "b waits for a's lease acquire");
+    tick_after(&host, &mut filter, 61);
+    assert_eq!(host.end(2), Some(End::Resumed), "a's deadline: failed open");
+    assert_eq!(host.end(3), None, "b, woken, asks Redis itself");
+    assert_eq!(host.http_calls().len(), 2);
+    tick_after(&host, &mut filter, 150);
+    assert_eq!(host.end(3), Some(End::Resumed), "at b's own deadline (150 + 200 + 10 ms), not 200 ms later");
+}

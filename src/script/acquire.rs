@@ -416,18 +416,16 @@ impl<'a> ArgWriter<'a> {
     fn keys(&mut self, name: &str, template: &AcquireTemplate) {
         let (open, close) = if name.contains('{') { ("", "") } else { ("{", "}") };
         self.arg(name.as_bytes());
-        let mut key = String::with_capacity(name.len() + 64);
+        let mut key = Vec::with_capacity(name.len() + 64);
         for (suffix, per_client) in [(":value", false), (":value", true), (":permits", false), (":permits", true)] {
             key.clear();
-            key.push_str(open);
-            key.push_str(name);
-            key.push_str(close);
-            key.push_str(suffix);
-            let mut bytes = key.clone().into_bytes();
-            if per_client {
-                bytes.extend_from_slice(&template.client_suffix.0);
+            for part in [open, name, close, suffix] {
+                key.extend_from_slice(part.as_bytes());
             }
-            self.arg(&bytes);
+            if per_client {
+                key.extend_from_slice(&template.client_suffix.0);
+            }
+            self.arg(&key);
         }
     }
 
