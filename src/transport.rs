@@ -56,10 +56,24 @@ impl fmt::Display for Failure {
             // Envoy answers a callout that exceeds its timeout with a local 504.
             Failure::BridgeStatus(504) => write!(f, "the Redis bridge timed out (HTTP 504 after redis.timeout)"),
             Failure::BridgeStatus(status) => write!(f, "the Redis bridge answered HTTP {status}"),
-            Failure::RedisError(text) => write!(f, "Redis error: {text}"),
+            Failure::RedisError(text) => write!(f, "Redis error: {text}{}", cluster_hint(text)),
             Failure::BadReply(what) => write!(f, "{what}"),
             Failure::TimedOut => write!(f, "the host gave no answer to a Redis call within redis.timeout"),
         }
+    }
+}
+
+/// What to do about a Redis Cluster error reply, or "" for other errors. `MOVED`/`ASK`: the filter reached
+/// a node that does not own the limiter's slot (neither the host's Redis client nor webdis follows
+/// redirections); `CROSSSLOT`: one call carried limiters of different slots.
+fn cluster_hint(error: &str) -> &'static str {
+    match error.split(' ').next() {
+        Some("MOVED" | "ASK") => {
+            " (a Redis Cluster node that does not own this limiter: reach the cluster through a Redis proxy \
+             that routes by key, README \"Redis Cluster\")"
+        }
+        Some("CROSSSLOT") => " (limiters of different hash slots in one call: set redis.redis_cluster to true)",
+        _ => "",
     }
 }
 
@@ -67,9 +81,29 @@ impl fmt::Display for Failure {
 pub(crate) fn refused(call: &str, error: HostError, cluster: &str) -> Failure {
     let why = match error {
         HostError::BadArgument => format!("BadArgument: the host knows no cluster {}", quoted(cluster)),
-        HostError::InternalFailure => format!("InternalFailure: no healthy host in {}", quoted(cluster)),
+        HostError::InternalFailure => format!(
+            "InternalFailure: no healthy host in {} (a cluster of type envoy.clusters.redis never has one for \
+             the host's Redis client: put a Redis proxy in front, README \"Redis Cluster\")",
+            quoted(cluster)
+        ),
         HostError::Unimplemented => "Unimplemented: this host has no such call".to_string(),
         other => format!("{other} for {}", quoted(cluster)),
     };
     Failure::SendRefused(format!("{call}: {why}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redis_cluster_errors_say_what_to_do() {
+        let moved = Failure::RedisError("MOVED 3999 127.0.0.1:7001".into()).to_string();
+        assert!(moved.starts_with("Redis error: MOVED 3999 127.0.0.1:7001 (a Redis Cluster node"), "{moved}");
+        let crossslot = Failure::RedisError("CROSSSLOT Keys in request don't hash to the same slot".into());
+        assert!(crossslot.to_string().ends_with("set redis.redis_cluster to true)"));
+        assert_eq!(Failure::RedisError("ERR x".into()).to_string(), "Redis error: ERR x");
+        let refused = refused("proxy_redis_call", HostError::InternalFailure, "redis").to_string();
+        assert!(refused.contains("envoy.clusters.redis"), "{refused}");
+    }
 }

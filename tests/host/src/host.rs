@@ -74,6 +74,7 @@ impl HostBuilder {
                 root_id: String::new(),
                 vm_id: String::new(),
                 clusters: BTreeMap::new(),
+                redis_clusters: BTreeMap::new(),
                 properties: BTreeMap::new(),
                 upstream: UpstreamSpec::default(),
                 destination_address: "127.0.0.1:10000".into(),
@@ -129,6 +130,31 @@ impl HostBuilder {
             return Err(HostError::BadCluster(spec.into()));
         }
         Ok(self.cluster(name, address))
+    }
+
+    /// A cluster of type `envoy.clusters.redis` (a Redis Cluster, its nodes as seeds) for the Redis
+    /// extension: `proxy_redis_init` accepts it, `proxy_redis_call` answers InternalFailure as Higress does
+    /// (`redis.rs`).
+    pub fn redis_cluster(mut self, name: impl Into<String>, seeds: Vec<SocketAddr>) -> Self {
+        self.setup.redis_clusters.insert(name.into(), seeds);
+        self
+    }
+
+    /// A Redis Cluster from `NAME=127.0.0.1:PORT[,127.0.0.1:PORT...]`.
+    ///
+    /// # Errors
+    /// [`HostError::BadCluster`] if the text is not of that form or an address is not loopback.
+    pub fn redis_cluster_spec(self, spec: &str) -> Result<Self, HostError> {
+        let bad = || HostError::BadCluster(spec.into());
+        let (name, addresses) = spec.split_once('=').ok_or_else(bad)?;
+        let seeds = addresses
+            .split(',')
+            .map(|address| address.parse::<SocketAddr>().ok().filter(|a| a.ip().is_loopback()).ok_or_else(bad))
+            .collect::<Result<Vec<_>, _>>()?;
+        if name.is_empty() {
+            return Err(bad());
+        }
+        Ok(self.redis_cluster(name, seeds))
     }
 
     /// A property (dotted path, e.g. `node.id`) with raw bytes; overrides the built-in ones.

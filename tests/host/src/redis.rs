@@ -19,6 +19,22 @@
 //! - the reply is delivered as `proxy_on_redis_call_response(root_context_id, token, status, size)`, its
 //!   bytes readable with buffer type 9 during that callback only.
 //!
+//! - a cluster of type `envoy.clusters.redis` (a Redis Cluster) is accepted by `proxy_redis_init`, but every
+//!   `proxy_redis_call` on it fails at once with InternalFailure (10) and no callback: Higress's client
+//!   picks the host with an empty load-balancer context, `AsyncClientImpl::send` in
+//!   `source/common/redis/async_client_impl.cc` (`Upstream::LoadBalancerContextBase lb_context;
+//!   chooseHost(&lb_context)`, null host -> `send` returns nullptr), the Redis Cluster load balancer returns
+//!   no host without a hash key (`RedisClusterLoadBalancer::chooseHost` in
+//!   `source/extensions/clusters/redis/redis_cluster_lb.cc`: `if (!hash) return nullptr;`), and
+//!   `Context::redisCall` (`source/extensions/common/wasm/context.cc`) turns that into
+//!   `WasmResult::InternalFailure` (higress-group/envoy, branch envoy-1.27, e9302f5574). The query is never
+//!   parsed for a key;
+//! - no redirection: `-MOVED` / `-ASK` replies reach the guest as they are, status 0
+//!   (`ConfigImpl::enableRedirection()` is false in `async_client_impl.h`; `RawClientImpl::onRawResponse`,
+//!   "do not handle redirection here"), and nothing refreshes a slot map. A plain cluster pointed at a
+//!   Redis Cluster node therefore serves only the slots of that node. Higress's maintainers advise a Redis
+//!   proxy in front of a Redis Cluster (higress-group/higress #2096, #2132).
+//!
 //! Not emulated: the 3 ms write buffering of Envoy's client (queries are written at once), the cluster's
 //! connect timeout (connections are made synchronously on the loopback).
 
@@ -63,10 +79,19 @@ impl Service {
     }
 }
 
+/// Where a client's calls go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Upstream {
+    /// A cluster with one endpoint: every call goes to it.
+    Host(SocketAddr),
+    /// A cluster of type `envoy.clusters.redis`: no call gets a host (see the module docs).
+    RedisCluster,
+}
+
 /// The settings of one client.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Settings {
-    address: SocketAddr,
+    upstream: Upstream,
     username: Vec<u8>,
     password: Vec<u8>,
     db: Option<String>,
@@ -112,11 +137,12 @@ struct Pipeline {
 impl Connection {
     fn open(
         settings: &Settings,
+        address: SocketAddr,
         connect_timeout: Duration,
         vm: usize,
         events: Sender<Event>,
     ) -> std::io::Result<Arc<Self>> {
-        let stream = TcpStream::connect_timeout(&settings.address, connect_timeout)?;
+        let stream = TcpStream::connect_timeout(&address, connect_timeout)?;
         let _ = stream.set_nodelay(true);
         let reader = stream.try_clone()?;
         let connection = Arc::new(Connection {
@@ -128,7 +154,7 @@ impl Connection {
         });
         let for_reader = Arc::clone(&connection);
         std::thread::Builder::new()
-            .name(format!("redis-{vm}-{}", settings.address))
+            .name(format!("redis-{vm}-{address}"))
             .spawn(move || for_reader.read_replies(reader))?;
         // Envoy `RawClientImpl::initialize`: AUTH and SELECT go first, their replies are dropped.
         let mut hello = Vec::new();
@@ -271,14 +297,13 @@ impl RedisClients {
     /// `proxy_redis_init`.
     fn init(
         &mut self,
-        state_clusters: &std::collections::BTreeMap<String, SocketAddr>,
+        upstream: Upstream,
         service: &Service,
         username: Vec<u8>,
         password: Vec<u8>,
         timeout: Duration,
     ) -> Result<(), Status> {
-        let address = state_clusters.get(&service.cluster).ok_or(Status::BadArgument)?;
-        let settings = Settings { address: *address, username, password, db: service.db.clone(), timeout };
+        let settings = Settings { upstream, username, password, db: service.db.clone(), timeout };
         match self.clients.get_mut(&service.cluster) {
             Some(client) if client.settings == settings => {}
             Some(client) => {
@@ -303,9 +328,13 @@ pub fn link(linker: &mut Linker<VmState>) -> wasmtime::Result<()> {
         let username = read(c, username_ptr, username_size)?;
         let password = read(c, password_ptr, password_size)?;
         let state = c.data_mut();
-        let clusters = state.setup.clusters.clone();
+        let upstream = match state.setup.clusters.get(&service.cluster) {
+            Some(address) => Upstream::Host(*address),
+            None if state.setup.redis_clusters.contains_key(&service.cluster) => Upstream::RedisCluster,
+            None => return Err(Status::BadArgument.into()),
+        };
         let timeout = Duration::from_millis(u64::from(timeout_ms));
-        Ok(state.redis.init(&clusters, &service, username, password, timeout)?)
+        Ok(state.redis.init(upstream, &service, username, password, timeout)?)
     });
     link_hostcall!(linker, fn proxy_redis_call(c, service_ptr: u32, service_size: u32, query_ptr: u32, query_size: u32,
             token_ptr: u32) {
@@ -318,9 +347,15 @@ pub fn link(linker: &mut Linker<VmState>) -> wasmtime::Result<()> {
 
 /// Sends a query for the VM: connects if needed, queues the reply slot, writes the bytes.
 fn call(state: &mut VmState, service: &Service, query: &[u8]) -> Result<u32, Status> {
-    if !state.redis.clients.contains_key(&service.cluster) {
-        return Err(Status::BadArgument);
-    }
+    let address = match state.redis.clients.get(&service.cluster).map(|client| &client.settings.upstream) {
+        None => return Err(Status::BadArgument),
+        Some(Upstream::Host(address)) => *address,
+        Some(Upstream::RedisCluster) => {
+            // Envoy logs "no available host" at debug; the hostcall answers InternalFailure, no callback.
+            state.log(LogLevel::Debug, LogSource::Host, "no available host".to_string());
+            return Err(Status::InternalFailure);
+        }
+    };
     let owner = state.owner_stream();
     let token = state.allocate_token(owner, CallKind::Redis);
     if let Some(stream) = owner.and_then(|id| state.stream_by_id(id)) {
@@ -331,7 +366,7 @@ fn call(state: &mut VmState, service: &Service, query: &[u8]) -> Result<u32, Sta
     let Some(client) = state.redis.clients.get_mut(&service.cluster) else { return Err(Status::BadArgument) };
     let connection = match &client.connection {
         Some(connection) if !connection.is_closed() => Arc::clone(connection),
-        _ => match Connection::open(&client.settings, connect_timeout, vm, events.clone()) {
+        _ => match Connection::open(&client.settings, address, connect_timeout, vm, events.clone()) {
             Ok(connection) => {
                 client.connection = Some(Arc::clone(&connection));
                 connection
@@ -343,10 +378,7 @@ fn call(state: &mut VmState, service: &Service, query: &[u8]) -> Result<u32, Sta
                     LogLevel::Debug,
                     0,
                     LogSource::Host,
-                    format!(
-                        "redis cluster {:?} ({}): connection failed: {error}",
-                        service.cluster, client.settings.address
-                    ),
+                    format!("redis cluster {:?} ({address}): connection failed: {error}", service.cluster),
                 );
                 client.connection = None;
                 let _ = events.send(Event::Redis { vm, token, status: NETWORK_ERROR, reply: Vec::new() });

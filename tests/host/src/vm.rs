@@ -46,6 +46,9 @@ pub struct Setup {
     pub vm_id: String,
     /// Cluster name -> address, for HTTP calls and Redis.
     pub clusters: BTreeMap<String, SocketAddr>,
+    /// Clusters of type `envoy.clusters.redis` (Redis Cluster, slot-routed) by name -> seed nodes; only the
+    /// Redis extension knows them (see `redis.rs`: Higress's client cannot route on them).
+    pub redis_clusters: BTreeMap<String, Vec<SocketAddr>>,
     /// Extra or overriding properties: dotted path (`a.b.c`) -> raw bytes.
     pub properties: BTreeMap<String, Vec<u8>>,
     /// The emulated upstream's answer.

@@ -90,6 +90,10 @@ struct Common {
     /// A cluster for HTTP calls and Redis: NAME=127.0.0.1:PORT (repeatable).
     #[arg(long = "cluster", value_name = "NAME=127.0.0.1:PORT")]
     clusters: Vec<String>,
+    /// A cluster of type envoy.clusters.redis (Redis Cluster) for the Redis extension: its Redis calls
+    /// fail with InternalFailure, as in Higress (repeatable).
+    #[arg(long = "redis-cluster", value_name = "NAME=127.0.0.1:PORT[,...]")]
+    redis_clusters: Vec<String>,
     /// A property: PATH=VALUE, e.g. node.id=gw-1 (repeatable).
     #[arg(long = "property", value_name = "PATH=VALUE")]
     properties: Vec<String>,
@@ -212,6 +216,9 @@ fn build_with(common: &Common, fuel_profile: bool, function_profile: bool) -> Re
     }
     for spec in &common.clusters {
         builder = builder.cluster_spec(spec).map_err(|e| e.to_string())?;
+    }
+    for spec in &common.redis_clusters {
+        builder = builder.redis_cluster_spec(spec).map_err(|e| e.to_string())?;
     }
     for property in &common.properties {
         let (path, value) = property.split_once('=').ok_or_else(|| format!("bad property {property:?}: PATH=VALUE"))?;
