@@ -30,6 +30,22 @@ pub enum AdminError {
         /// Redis's answer.
         reason: String,
     },
+    /// `--cluster` names a Redis without cluster support.
+    #[error("Redis at {url} is not a Redis Cluster ({reason}): drop --cluster (and ERL_REDIS_CLUSTER) to use it as one Redis")]
+    NotACluster {
+        /// The URL, password hidden.
+        url: String,
+        /// The seed's answer to `CLUSTER SLOTS`.
+        reason: String,
+    },
+    /// A plain URL (no `--cluster`) names a node of a Redis Cluster.
+    #[error("Redis at {url} is a Redis Cluster node ({reason}): add --cluster (or ERL_REDIS_CLUSTER=true) to reach every master")]
+    ClusterNode {
+        /// The URL, password hidden.
+        url: String,
+        /// How it showed: `INFO` or a `MOVED` reply.
+        reason: String,
+    },
     /// No key named like the limiter: it was never created, was deleted, or expired (keepAliveTime).
     #[error("no limiter named {0} (no config hash)")]
     NoLimiter(String),

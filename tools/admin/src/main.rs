@@ -10,7 +10,8 @@
 //! - [`units`]: durations and times in ms, parsed from the options and written for humans.
 //! - [`model`]: the limiter's Redisson layout without I/O: config fields, permit members, window summary.
 //! - [`report`]: what each operation returns (`serde` for `--json`).
-//! - [`redis_io`]: one synchronous connection; scripts by `EVALSHA`, `EVAL` on `NOSCRIPT`; reply decoding.
+//! - [`redis_io`]: one synchronous connection, to a Redis or a Redis Cluster (`--cluster`, see its docs);
+//!   scripts by `EVALSHA`, `EVAL` on `NOSCRIPT`; reply decoding.
 //! - [`ops`]: the operations (show, set-rate, update-rate, try-set-rate, delete, list), on the filter's own
 //!   scripts and key layout (the `edge_rate_limiter` crate).
 //! - [`output`]: the reports as text.
@@ -27,7 +28,8 @@ pub mod units;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::builder::FalseyValueParser;
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use edge_rate_limiter::config::LimiterType;
 use serde::Serialize;
 
@@ -40,12 +42,27 @@ use crate::units::{parse_duration, parse_interval, parse_keep_alive};
 ///
 /// A limiter NAME is the Redis key of its config hash, e.g. `erl:per-user:alice` (README.md, "Limiter
 /// names in Redis"); Redisson limiters are named as the Java code named them.
+///
+/// Redis Cluster: give --cluster (or ERL_REDIS_CLUSTER=true) and, as --url, a seed node of the cluster,
+/// e.g. `erl-admin --cluster --url redis://:secret@10.0.0.5:6379 list`. The other nodes are found from the
+/// seed; several seeds (comma-separated, or --url repeated) are tried in turn. Each limiter's commands go
+/// to the master of its hash slot, `list` scans every master. There is no redis+cluster:// scheme.
 #[derive(Debug, Parser)]
 #[command(name = "erl-admin", version, max_term_width = 110)]
 pub struct Cli {
-    /// Redis URL: redis://[user:password@]host:port/db
-    #[arg(long, env = "ERL_REDIS_URL", default_value = "redis://127.0.0.1:6379/0", global = true)]
-    url: String,
+    /// Redis URL: redis://[user:password@]host:port/db; with --cluster a seed node,
+    /// redis://[user:password@]host:port (several: comma-separated or --url repeated)
+    #[arg(
+        long,
+        env = "ERL_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379/0",
+        global = true,
+        action = ArgAction::Append
+    )]
+    url: Vec<String>,
+    /// The URL names a node of a Redis Cluster: reach every master through it
+    #[arg(long, env = "ERL_REDIS_CLUSTER", global = true, value_parser = FalseyValueParser::new())]
+    cluster: bool,
     /// Client id (a UUID) whose keys of a per-client limiter to show or change
     #[arg(long, value_name = "UUID", global = true)]
     client_id: Option<String>,
@@ -194,7 +211,7 @@ fn run(cli: &Cli) -> Result<String> {
         None => None,
     };
     let client_id = client_id.as_deref();
-    let mut redis = Redis::connect(&cli.url, cli.timeout)?;
+    let mut redis = connect(cli)?;
     let now_ms = match cli.clock {
         ClockArg::Local => local_now_ms(),
         ClockArg::Redis => redis.time_ms()?,
@@ -236,6 +253,29 @@ fn run(cli: &Cli) -> Result<String> {
             render(cli.json, &entries, |entries| output::list(entries))
         }
     }
+}
+
+/// The connection `--url` and `--cluster` ask for.
+fn connect(cli: &Cli) -> Result<Redis> {
+    if cli.cluster {
+        return Redis::connect_cluster(&seeds(&cli.url), cli.timeout);
+    }
+    match cli.url.as_slice() {
+        [url] => Redis::connect(url, cli.timeout),
+        _ => Err(AdminError::Usage(
+            "several --url are seed nodes of a Redis Cluster: add --cluster (or ERL_REDIS_CLUSTER=true)".to_string(),
+        )),
+    }
+}
+
+/// The seed URLs of `--cluster`: every `--url`, each split at commas.
+fn seeds(urls: &[String]) -> Vec<String> {
+    urls.iter()
+        .flat_map(|url| url.split(','))
+        .map(str::trim)
+        .filter(|seed| !seed.is_empty())
+        .map(String::from)
+        .collect()
 }
 
 fn render<T: Serialize + ?Sized>(json: bool, report: &T, text: impl Fn(&T) -> String) -> Result<String> {
@@ -287,6 +327,29 @@ mod tests {
         let Command::SetRate { rate, .. } = cli.command else { panic!("set-rate") };
         assert_eq!(rate.config().unwrap().limiter_type, LimiterType::PerClient);
         assert_eq!(rate.config().unwrap().keep_alive_ms, 0);
+    }
+
+    #[test]
+    fn cluster_seeds_come_from_repeated_or_comma_separated_urls() {
+        let seeds_of = |args: &[&str]| {
+            let cli = Cli::try_parse_from(args).unwrap();
+            assert!(cli.cluster);
+            seeds(&cli.url)
+        };
+        let expected = ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000", "redis://:pw@10.0.0.3:7000"];
+        let (both, third) = ("redis://10.0.0.1:7000, redis://10.0.0.2:7000,", "redis://:pw@10.0.0.3:7000");
+        assert_eq!(seeds_of(&["erl-admin", "--cluster", "--url", both, "--url", third, "list"]), expected);
+        assert_eq!(seeds_of(&["erl-admin", "list", "--cluster", "--url", both, "--url", third]), expected);
+        let plain = Cli::try_parse_from(["erl-admin", "list"]).unwrap();
+        assert!(!plain.cluster);
+        assert_eq!(plain.url, ["redis://127.0.0.1:6379/0"]);
+    }
+
+    #[test]
+    fn several_urls_without_cluster_are_refused_before_connecting() {
+        let cli = Cli::try_parse_from(["erl-admin", "--url", "redis://a:1", "--url", "redis://b:2", "list"]).unwrap();
+        let Err(AdminError::Usage(message)) = connect(&cli) else { panic!("a usage error") };
+        assert!(message.contains("add --cluster"), "{message}");
     }
 
     #[test]

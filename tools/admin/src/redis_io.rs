@@ -1,21 +1,51 @@
-//! The I/O layer: one synchronous Redis connection, the filter's scripts run on it (`EVALSHA`, then
-//! `EVAL` on `NOSCRIPT`), and the few plain commands the tool reads state with. Redis errors become
-//! [`AdminError`]s here, named with what the tool was doing.
+//! The I/O layer: a synchronous connection to one Redis or to a Redis Cluster, the filter's scripts run on
+//! it (`EVALSHA`, then `EVAL` on `NOSCRIPT`), and the few plain commands the tool reads state with. Redis
+//! errors become [`AdminError`]s here, named with what the tool was doing.
+//!
+//! # Redis Cluster
+//!
+//! `erl-admin --cluster --url redis://[user:password@]host:port` (or `ERL_REDIS_CLUSTER=true`) connects
+//! to a cluster through the `redis` crate's sync cluster client: the URL names a seed node (several seeds:
+//! comma-separated, or `--url` repeated), the slot map comes from `CLUSTER SLOTS`. A limiter's keys share
+//! one hash slot (its config hash `N` and `{N}:value...`, Redisson's `suffixName`), so every command on a
+//! limiter goes to the master of that slot: plain commands by their first key, scripts by their first key
+//! (`EVALSHA sha 5 N ...`), a `DEL` of one client's keys by their common slot. `NOSCRIPT` is per node:
+//! the `EVAL` that follows it goes to the same master. `SCAN` runs on every master ([`Redis::scan_prefix`]),
+//! `TIME` on any node.
+//!
+//! Wrong input gets a one-line error saying what to do: `--cluster` on a Redis without cluster support
+//! ([`AdminError::NotACluster`]: the slot map has no master), a plain URL naming a cluster node
+//! ([`AdminError::ClusterNode`]: found by `INFO cluster` on connecting, or by a `MOVED` reply when `INFO`
+//! is not allowed).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use edge_rate_limiter::key::LimiterKeys;
 use edge_rate_limiter::resp::Command;
 use edge_rate_limiter::script::{Invocation, Script};
-use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use redis::cluster::{ClusterClient, ClusterConnection};
+use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
+use redis::{ConnectionLike, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind, Value};
 
 use crate::error::{AdminError, Result};
 
-/// An open connection to the Redis that holds the limiters.
+/// Retries of a cluster command after `MOVED`, `ASK`, `TRYAGAIN` or `CLUSTERDOWN` (the crate's default is
+/// 16, with waits of seconds: too long for an operator waiting at a prompt).
+const CLUSTER_RETRIES: u32 = 3;
+/// Shortest and longest wait before such a retry, ms.
+const CLUSTER_RETRY_WAIT_MS: (u64, u64) = (100, 1000);
+
+/// An open connection to the Redis, or the Redis Cluster, that holds the limiters.
 pub struct Redis {
-    con: redis::Connection,
-    /// The URL as shown in messages (password hidden).
+    con: Connection,
+    /// The URL (the seeds of a cluster, comma-separated) as shown in messages (passwords hidden).
     url: String,
+}
+
+/// The connection proper: to one Redis, or to every master of a cluster.
+enum Connection {
+    Single(redis::Connection),
+    Cluster(Box<ClusterConnection>),
 }
 
 impl Redis {
@@ -23,37 +53,121 @@ impl Redis {
     /// command fails after `timeout` too.
     ///
     /// # Errors
-    /// [`AdminError::BadUrl`], [`AdminError::Unreachable`] (with the URL), [`AdminError::AuthFailed`].
+    /// [`AdminError::BadUrl`], [`AdminError::Unreachable`] (with the URL), [`AdminError::AuthFailed`],
+    /// [`AdminError::ClusterNode`] when `url` names a node of a Redis Cluster.
     pub fn connect(url: &str, timeout: Duration) -> Result<Self> {
         let shown = redact_url(url);
+        check_scheme(url, &shown)?;
         let client = redis::Client::open(url)
             .map_err(|error| AdminError::BadUrl { url: shown.clone(), reason: error.to_string() })?;
         let con = client.get_connection_with_timeout(timeout).map_err(|error| connect_error(&shown, &error))?;
         let timeouts = con.set_read_timeout(Some(timeout)).and_then(|()| con.set_write_timeout(Some(timeout)));
         timeouts.map_err(|error| connect_error(&shown, &error))?;
-        Ok(Redis { con, url: shown })
+        let mut redis = Redis { con: Connection::Single(con), url: shown };
+        redis.refuse_cluster_node()?;
+        Ok(redis)
     }
 
-    /// Sends one command and returns its reply; `context` says what for, in error messages.
+    /// Connects to the Redis Cluster that `seeds` (`redis://[user:password@]host:port` URLs of some of its
+    /// nodes, one is enough) belong to, failing after `timeout` per node; every later command fails after
+    /// `timeout` too. The seeds share their user and password (the cluster's nodes all take them).
+    ///
+    /// # Errors
+    /// [`AdminError::BadUrl`], [`AdminError::Unreachable`] (no seed answered), [`AdminError::AuthFailed`],
+    /// [`AdminError::NotACluster`] when the seed has no cluster support.
+    pub fn connect_cluster(seeds: &[String], timeout: Duration) -> Result<Self> {
+        let shown = seeds.iter().map(|seed| redact_url(seed)).collect::<Vec<_>>().join(",");
+        if seeds.is_empty() {
+            return Err(AdminError::BadUrl { url: shown, reason: "no seed node given".to_string() });
+        }
+        for seed in seeds {
+            let seed_shown = redact_url(seed);
+            check_scheme(seed, &seed_shown)?;
+            seed.as_str()
+                .into_connection_info()
+                .map_err(|error| AdminError::BadUrl { url: seed_shown, reason: error.to_string() })?;
+        }
+        let (min_wait, max_wait) = CLUSTER_RETRY_WAIT_MS;
+        let client = ClusterClient::builder(seeds.iter().map(String::as_str))
+            .connection_timeout(timeout)
+            .response_timeout(timeout)
+            .retries(CLUSTER_RETRIES)
+            .min_retry_wait(min_wait)
+            .max_retry_wait(max_wait)
+            .build()
+            .map_err(|error| AdminError::BadUrl { url: shown.clone(), reason: error_text(&error) })?;
+        let con = client.get_connection().map_err(|error| cluster_connect_error(&shown, &error))?;
+        con.set_write_timeout(Some(timeout)).map_err(|error| connect_error(&shown, &error))?;
+        let mut redis = Redis { con: Connection::Cluster(Box::new(con)), url: shown };
+        redis.require_masters(seeds, timeout)?;
+        Ok(redis)
+    }
+
+    /// Fails with [`AdminError::NotACluster`] if the cluster connection knows no master (`PING` on every
+    /// master reaches none): the seed answered `CLUSTER SLOTS` with an error (no cluster support), which
+    /// the crate takes for an empty slot map, or no slot is assigned. The reason is the seed's own answer
+    /// to `CLUSTER SLOTS`, asked again on a plain connection.
+    fn require_masters(&mut self, seeds: &[String], timeout: Duration) -> Result<()> {
+        let Connection::Cluster(con) = &mut self.con else { return Ok(()) };
+        let all_masters = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+        match con.route_command(&redis::cmd("PING"), all_masters) {
+            Ok(Value::Map(masters)) if masters.is_empty() => {
+                Err(AdminError::NotACluster { url: self.url.clone(), reason: cluster_slots_answer(seeds, timeout) })
+            }
+            Ok(_) => Ok(()),
+            Err(error) => Err(self.error("sending PING to every master", &error)),
+        }
+    }
+
+    /// Fails with [`AdminError::ClusterNode`] if the Redis is a cluster node (`INFO cluster`): without
+    /// `--cluster` the tool would see one master's keys only (`list`) or meet `MOVED`s halfway through a
+    /// change. A Redis that does not allow `INFO` is taken as it is (a `MOVED` still says it).
+    fn refuse_cluster_node(&mut self) -> Result<()> {
+        let Connection::Single(con) = &mut self.con else { return Ok(()) };
+        match redis::cmd("INFO").arg("cluster").query::<Value>(con) {
+            Ok(reply)
+                if text(&reply).is_some_and(|info| info.lines().any(|line| line.trim() == "cluster_enabled:1")) =>
+            {
+                Err(AdminError::ClusterNode { url: self.url.clone(), reason: "INFO: cluster_enabled:1".to_string() })
+            }
+            Ok(_) => Ok(()),
+            Err(error) if error.is_io_error() || error.is_timeout() || error.is_connection_dropped() => {
+                Err(self.error("reading INFO cluster", &error))
+            }
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// The connection as the `redis` crate's commands take it (the cluster one routes each command).
+    fn con(&mut self) -> &mut dyn ConnectionLike {
+        match &mut self.con {
+            Connection::Single(con) => con,
+            Connection::Cluster(con) => con.as_mut(),
+        }
+    }
+
+    /// Sends one command and returns its reply; `context` says what for, in error messages. On a
+    /// cluster the command goes to the master of its first key's slot (keyless ones: any node).
     ///
     /// # Errors
     /// [`AdminError::Unreachable`] when the connection fails, [`AdminError::Redis`] for error replies.
     pub fn query(&mut self, cmd: &redis::Cmd, context: &str) -> Result<Value> {
-        cmd.query::<Value>(&mut self.con).map_err(|error| self.error(context, &error))
+        cmd.query::<Value>(self.con()).map_err(|error| self.error(context, &error))
     }
 
     /// Runs one of the filter's scripts on a limiter's keys: `EVALSHA`, and `EVAL` with the source when
-    /// Redis answers `NOSCRIPT` (its script cache was flushed, or it restarted).
+    /// Redis answers `NOSCRIPT` (its script cache was flushed, or it restarted). On a cluster both go to
+    /// the master of the limiter's slot (the config hash is the first key), so `NOSCRIPT` is that node's.
     ///
     /// # Errors
     /// As [`Redis::query`]; a Lua error is an [`AdminError::Redis`] naming the script.
     pub fn run_script(&mut self, script: &Script, keys: &LimiterKeys, args: &[&[u8]]) -> Result<Value> {
         let context = format!("running the {} script on {}", script.name, keys.config);
         let by_sha = to_cmd(&script.command(Invocation::BySha, keys, args));
-        match by_sha.query::<Value>(&mut self.con) {
+        match by_sha.query::<Value>(self.con()) {
             Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 let by_source = to_cmd(&script.command(Invocation::BySource, keys, args));
-                by_source.query::<Value>(&mut self.con).map_err(|error| self.error(&context, &error))
+                by_source.query::<Value>(self.con()).map_err(|error| self.error(&context, &error))
             }
             other => other.map_err(|error| self.error(&context, &error)),
         }
@@ -87,36 +201,30 @@ impl Redis {
     }
 
     /// Every key whose name starts with `prefix` (taken literally: glob characters are escaped) and of
-    /// `key_type` (`hash`, `zset`...), if given, by `SCAN` to the end; sorted, without repeats.
+    /// `key_type` (`hash`, `zset`...), if given, by `SCAN` to the end (on a cluster: on every master);
+    /// sorted, without repeats.
     ///
     /// # Errors
     /// As [`Redis::query`].
     pub fn scan_prefix(&mut self, prefix: &str, key_type: Option<&str>) -> Result<Vec<Vec<u8>>> {
-        self.scan(&format!("{}*", glob_escape(prefix)), key_type)
-    }
-
-    /// Every key matching the glob `pattern` (and of `key_type`, if given), by `SCAN` to the end.
-    fn scan(&mut self, pattern: &str, key_type: Option<&str>) -> Result<Vec<Vec<u8>>> {
+        let pattern = format!("{}*", glob_escape(prefix));
         let context = format!("scanning for {pattern}");
-        let mut keys = Vec::new();
-        let mut cursor = String::from("0");
-        loop {
+        let scan = |cursor: &str| {
             let mut cmd = redis::cmd("SCAN");
-            cmd.arg(&cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(1000);
+            cmd.arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(1000);
             if let Some(key_type) = key_type {
                 cmd.arg("TYPE").arg(key_type);
             }
-            let reply = self.query(&cmd, &context)?;
-            let Value::Array(parts) = &reply else { return Err(unexpected("SCAN", &reply)) };
-            let (Some(next), Some(Value::Array(batch))) = (parts.first().and_then(text), parts.get(1)) else {
-                return Err(unexpected("SCAN", &reply));
-            };
-            keys.extend(batch.iter().filter_map(bytes));
-            if next == "0" {
-                break;
-            }
-            cursor = next;
+            cmd
+        };
+        let mut keys = match &mut self.con {
+            Connection::Single(con) => scan_node(&mut |cursor| scan(cursor).query::<Value>(con), None),
+            Connection::Cluster(con) => scan_cluster(con.as_mut(), &scan),
         }
+        .map_err(|error| match error {
+            ScanError::Redis(error) => self.error(&context, &error),
+            ScanError::Reply(reply) => unexpected("SCAN", &reply),
+        })?;
         keys.sort();
         keys.dedup();
         Ok(keys)
@@ -139,6 +247,8 @@ impl Redis {
     fn error(&self, context: &str, error: &RedisError) -> AdminError {
         if error.is_io_error() || error.is_timeout() || error.is_connection_dropped() {
             AdminError::Unreachable { url: self.url.clone(), reason: error.to_string() }
+        } else if matches!(self.con, Connection::Single(_)) && matches!(error.code(), Some("MOVED" | "ASK")) {
+            AdminError::ClusterNode { url: self.url.clone(), reason: error_text(error) }
         } else {
             AdminError::Redis { context: context.to_string(), reason: error_text(error) }
         }
@@ -159,6 +269,102 @@ fn to_cmd(command: &Command) -> redis::Cmd {
         cmd.arg(arg.as_slice());
     }
     cmd
+}
+
+/// Why a `SCAN` failed: an error of the connection or of Redis, or a reply of another shape.
+enum ScanError {
+    Redis(RedisError),
+    Reply(Value),
+}
+
+/// One node's keys, by `SCAN` from cursor 0 to the end: `page` sends `SCAN <cursor> ...`; `first`, if
+/// given, is the reply to cursor 0, already sent.
+fn scan_node(
+    page: &mut dyn FnMut(&str) -> redis::RedisResult<Value>,
+    first: Option<Value>,
+) -> Result<Vec<Vec<u8>>, ScanError> {
+    let mut keys = Vec::new();
+    let mut reply = match first {
+        Some(reply) => reply,
+        None => page("0").map_err(ScanError::Redis)?,
+    };
+    loop {
+        let Value::Array(parts) = &reply else { return Err(ScanError::Reply(reply)) };
+        let (Some(next), Some(Value::Array(batch))) = (parts.first().and_then(text), parts.get(1)) else {
+            return Err(ScanError::Reply(reply));
+        };
+        keys.extend(batch.iter().filter_map(bytes));
+        if next == "0" {
+            return Ok(keys);
+        }
+        reply = page(&next).map_err(ScanError::Redis)?;
+    }
+}
+
+/// Every master's keys: `SCAN 0` on all masters at once (the crate's own list of them, from the slot
+/// map), each answer keyed by its node's `host:port`, then each master's further pages by its address.
+fn scan_cluster(con: &mut ClusterConnection, scan: &dyn Fn(&str) -> redis::Cmd) -> Result<Vec<Vec<u8>>, ScanError> {
+    let all_masters = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+    let replies = con.route_command(&scan("0"), all_masters).map_err(ScanError::Redis)?;
+    let Value::Map(replies) = replies else { return Err(ScanError::Reply(replies)) };
+    let mut keys = Vec::new();
+    for (node, first) in replies {
+        let address = text(&node).and_then(|address| {
+            let (host, port) = address.rsplit_once(':')?;
+            Some((host.to_string(), port.parse::<u16>().ok()?))
+        });
+        let Some((host, port)) = address else { return Err(ScanError::Reply(node)) };
+        let mut page = |cursor: &str| {
+            let by_address = SingleNodeRoutingInfo::ByAddress { host: host.clone(), port };
+            con.route_command(&scan(cursor), RoutingInfo::SingleNode(by_address))
+        };
+        keys.extend(scan_node(&mut page, Some(first))?);
+    }
+    Ok(keys)
+}
+
+/// The first reachable seed's answer to `CLUSTER SLOTS`, as one line: its error (`ERR This instance has
+/// cluster support disabled`), or that it lists no slot.
+fn cluster_slots_answer(seeds: &[String], timeout: Duration) -> String {
+    for seed in seeds {
+        let Ok(client) = redis::Client::open(seed.as_str()) else { continue };
+        let Ok(mut con) = client.get_connection_with_timeout(timeout) else { continue };
+        if con.set_read_timeout(Some(timeout)).is_err() {
+            continue;
+        }
+        return match redis::cmd("CLUSTER").arg("SLOTS").query::<Value>(&mut con) {
+            Err(error) => format!("CLUSTER SLOTS: {}", error_text(&error)),
+            Ok(_) => "CLUSTER SLOTS lists no slot with a master".to_string(),
+        };
+    }
+    "CLUSTER SLOTS names no master".to_string()
+}
+
+/// Refuses the scheme `redis+cluster://`, which some clients use for a cluster: this tool says so with
+/// `--cluster`.
+fn check_scheme(url: &str, shown: &str) -> Result<()> {
+    if url.starts_with("redis+cluster://") || url.starts_with("rediss+cluster://") {
+        return Err(AdminError::BadUrl {
+            url: shown.to_string(),
+            reason: "erl-admin has no redis+cluster:// scheme: give --cluster and redis:// URLs of seed nodes"
+                .to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// The error of connecting to a cluster: bad credentials, or no seed reachable (the crate puts each
+/// seed's error in one message: "Failed to connect to each cluster node (host:port: reason; ...)").
+fn cluster_connect_error(url: &str, error: &RedisError) -> AdminError {
+    let reason = error.detail().map_or_else(|| error_text(error), str::to_string);
+    let refused = ["WRONGPASS", "NOAUTH", "NOPERM", "AuthenticationFailed"];
+    if error.kind() == ErrorKind::AuthenticationFailed || refused.iter().any(|code| reason.contains(code)) {
+        AdminError::AuthFailed { url: url.to_string(), reason }
+    } else if error.is_io_error() {
+        AdminError::Unreachable { url: url.to_string(), reason }
+    } else {
+        connect_error(url, error)
+    }
 }
 
 fn connect_error(url: &str, error: &RedisError) -> AdminError {
