@@ -50,8 +50,8 @@ use crate::units::{parse_duration, parse_interval, parse_keep_alive};
 #[derive(Debug, Parser)]
 #[command(name = "erl-admin", version, max_term_width = 110)]
 pub struct Cli {
-    /// Redis URL: redis://[user:password@]host:port/db; with --cluster a seed node,
-    /// redis://[user:password@]host:port (several: comma-separated or --url repeated)
+    /// Redis URL: redis://[user:password@]host:port/db
+    /// (with --cluster: a seed node of the cluster; several seeds: comma-separated or --url repeated)
     #[arg(
         long,
         env = "ERL_REDIS_URL",
