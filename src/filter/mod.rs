@@ -802,8 +802,9 @@ impl<H: Host> Filter<H> {
         }
     }
 
-    /// Sends a give-back call (by sha, or by source after `NOSCRIPT`); counted in `compensations`. Nobody
-    /// waits for it: a failure is counted in `redis_errors` and logged once as other failures are.
+    /// Sends a give-back call (by sha, or by source after `NOSCRIPT`); counted once in `compensations`, not
+    /// again when sent by source. Nobody waits for it: a failure is counted in `redis_errors` and logged
+    /// once as other failures are.
     fn send_give_back(&mut self, call: GiveBackCall) {
         let Some(prepared) = self.prepared(call.entry) else { return };
         let invocation = if call.retried { Invocation::BySource } else { Invocation::BySha };
@@ -812,7 +813,9 @@ impl<H: Host> Filter<H> {
         match prepared.transport.send(&self.host, &bytes) {
             Ok(token) => {
                 self.metrics.redis_call(&self.host);
-                self.metrics.compensation(&self.host);
+                if !call.retried {
+                    self.metrics.compensation(&self.host);
+                }
                 self.give_backs.insert(token, call);
             }
             Err(failure) => self.give_back_failed(call.entry, &failure),

@@ -7,6 +7,7 @@ are printed when it failed.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Iterator
 
 import pytest
@@ -35,11 +36,18 @@ def stack(processes: harness.Stack, request: pytest.FixtureRequest) -> Iterator[
     processes.webdis.start()
     processes.redis.unpause()
     processes.redis.client.flushall()
-    try:
+    with gateways_stopped(processes, request):
         yield processes
+
+
+@contextlib.contextmanager
+def gateways_stopped(stack: harness.Stack, request: pytest.FixtureRequest) -> Iterator[None]:
+    """Stops the test's gateways when it ends; when it failed, prints their log excerpts first."""
+    try:
+        yield
     finally:
         report = getattr(request.node, "report_call", None)
         if report is not None and report.failed:
-            for envoy in processes.envoys:
-                print(f"--- {envoy.name} log (excerpt) ---\n{envoy.log_excerpt()}")
-        processes.stop_envoys()
+            for gateway in stack.envoys:
+                print(f"--- {gateway.name} log (excerpt) ---\n{gateway.log_excerpt()}")
+        stack.stop_envoys()

@@ -192,11 +192,20 @@ def sleep_until(deadline: float) -> None:
         time.sleep(remaining)
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (bind port 0, read it, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
+    """A TCP port on 127.0.0.1 that was free a moment ago (bind port 0, read it, close), and never one this
+    process handed out before: ports taken out for processes that start later (a cluster's nodes and bus
+    ports, a proxy's admin port) must not collide with each other."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((HOST, 0))
+            port = sock.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def wait_until(check: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
@@ -281,7 +290,8 @@ def erl_admin(redis: "Redis | None", *args: str, env: dict[str, str] | None = No
     argv = [str(ADMIN_BIN)]
     if redis is not None:
         argv += ["--url", redis.url]
-    run_env = {key: value for key, value in os.environ.items() if key != "ERL_REDIS_URL"}
+    run_env = {key: value for key, value in os.environ.items()
+               if key not in ("ERL_REDIS_URL", "ERL_REDIS_CLUSTER")}
     run_env.update(env or {})
     result = subprocess.run(argv + list(args), stdin=subprocess.DEVNULL, capture_output=True, text=True,
                             timeout=timeout, check=False, env=run_env)
@@ -806,13 +816,16 @@ class Emulator:
     READY_TIMEOUT = 90.0  # compiling the filter in a debug wasm-host on a loaded 2-CPU machine
 
     def __init__(self, workdir: Path, plugin: dict | str, *, clusters: dict[str, int], wasm: Path | str = WASM,
-                 vms: int = 2, name: str = "emulator", pause_deadline_ms: int = 5000):
+                 vms: int = 2, name: str = "emulator", pause_deadline_ms: int = 5000,
+                 redis_clusters: dict[str, list[int]] | None = None):
         self.workdir = workdir
         self.name = name
         self.plugin = plugin
         self.wasm = Path(wasm)
         self.vms = vms
         self.clusters = dict(clusters)
+        # Clusters of type envoy.clusters.redis ({name: seed ports}): Higress's Redis client gets no host.
+        self.redis_clusters = dict(redis_clusters or {})
         self.pause_deadline_ms = pause_deadline_ms
         self.config_path = workdir / f"{name}.json"
         self.err_path = workdir / f"{name}.err"
@@ -836,6 +849,8 @@ class Emulator:
                 "--vms", str(self.vms), "--pause-deadline-ms", str(self.pause_deadline_ms)]
         for cluster, port in self.clusters.items():
             argv += ["--cluster", f"{cluster}={HOST}:{port}"]
+        for cluster, ports in self.redis_clusters.items():
+            argv += ["--redis-cluster", f"{cluster}=" + ",".join(f"{HOST}:{port}" for port in ports)]
         self.process = Process(self.name, argv, self.err_path, pipes=True)
         threading.Thread(target=self._read_lines, args=(self.process.popen.stdout,), name=f"{self.name}-stdout",
                          daemon=True).start()
@@ -1064,13 +1079,14 @@ class Stack(contextlib.AbstractContextManager):
         return envoy.start(wait_ready=wait_ready)
 
     def emulator(self, plugin: dict | str, *, build: str | None = None, vms: int = 2, wait_ready: bool = True,
-                 clusters: dict[str, int] | None = None, keep: bool = False, pause_deadline_ms: int = 5000
-                 ) -> Emulator:
+                 clusters: dict[str, int] | None = None, keep: bool = False, pause_deadline_ms: int = 5000,
+                 redis_clusters: dict[str, list[int]] | None = None) -> Emulator:
         """A new `Emulator` with this plugin configuration, started (and ready unless wait_ready=False).
 
         `build` ("envoy" or "higress", see BUILDS) defaults to "higress" for `transport: "host"`, else
         "envoy". `clusters` defaults to the one the configuration names (`redis_cluster()`): the stack's
-        redis-server for transport "host", its webdis otherwise. Stopped with the Envoys after the test
+        redis-server for transport "host", its webdis otherwise. `redis_clusters` adds clusters of type
+        envoy.clusters.redis ({name: seed ports}). Stopped with the Envoys after the test
         (`stop_envoys()`), or with `keep` only when the stack closes (for a module-scoped gateway).
         """
         section: dict = {}
@@ -1083,7 +1099,8 @@ class Stack(contextlib.AbstractContextManager):
             clusters = {cluster: self.redis.port if host else self.webdis.port} if cluster else {}
         self._count += 1
         emulator = Emulator(self.workdir, plugin, clusters=clusters, wasm=BUILDS[build], vms=vms,
-                            name=f"emulator-{self._count}", pause_deadline_ms=pause_deadline_ms)
+                            name=f"emulator-{self._count}", pause_deadline_ms=pause_deadline_ms,
+                            redis_clusters=redis_clusters)
         (self.kept if keep else self.envoys).append(emulator)
         return emulator.start(wait_ready=wait_ready)
 

@@ -239,8 +239,8 @@ class RedisCluster:
 
     @property
     def url(self) -> str:
-        """`redis+cluster://127.0.0.1:port` of a live node, as `erl-admin --url` takes it."""
-        return f"redis+cluster://{HOST}:{self._any_live().port}"
+        """`redis://127.0.0.1:port` of a live node: a seed, as `erl-admin --cluster --url` takes it."""
+        return f"redis://{HOST}:{self._any_live().port}"
 
     # ---- data
 
