@@ -126,6 +126,20 @@ fn a_refused_connection_is_status_1_and_an_unknown_cluster_is_bad_argument() {
 }
 
 #[test]
+fn a_redis_cluster_cluster_is_initialised_but_every_call_is_internal_failure() {
+    // Higress's client picks a host without a hash key; envoy.clusters.redis gives none (src/redis.rs).
+    let redis = RedisServer::start().unwrap();
+    let mut host = HostBuilder::from_bytes(redis_module("redis", "", "", 1000, &resp(&[b"GET", b"{a}b"])))
+        .redis_cluster("redis", vec![addr(redis.port())])
+        .build()
+        .unwrap();
+    assert_eq!(reply(&host.send_request(0, RequestSpec::default()).unwrap()), (710, String::new()));
+    let bad = HostBuilder::from_bytes(redis_module("redis", "", "", 1000, &resp(&[b"PING"])))
+        .redis_cluster_spec("redis=127.0.0.1:1,10.0.0.1:2");
+    assert!(bad.is_err(), "only loopback seeds");
+}
+
+#[test]
 fn each_vm_has_its_own_client_and_replies_go_to_the_right_vm() {
     let redis = RedisServer::start().unwrap();
     let mut host = HostBuilder::from_bytes(redis_module("redis", "", "", 1000, &resp(&[b"INCR", b"n"])))
