@@ -50,6 +50,13 @@ class FailoverRun:
     admitted_before_kill: int
     permits_kept: int
     decisions: list[Decision] = field(default_factory=list)
+    # Requests for a limiter on another master, sent between the others (`other` of `run_failover`).
+    other_decisions: list[Decision] = field(default_factory=list)
+
+    @property
+    def other_failures(self) -> list[Decision]:
+        """Failed decisions of the limiter on a master that stayed up."""
+        return [d for d in self.other_decisions if d.status == self.failure_status]
 
     @property
     def failures(self) -> list[Decision]:
@@ -92,10 +99,13 @@ class FailoverRun:
 
 def run_failover(cluster: RedisCluster, send: Callable[[], int], limiter: str, *, rate: int, interval_ms: int,
                  failure_status: int = 503, warmup_s: float = 2.5, after_s: float = 3.0,
-                 pace_s: float = 0.01, promotion_timeout_s: float = 30.0) -> FailoverRun:
+                 pace_s: float = 0.01, promotion_timeout_s: float = 30.0,
+                 other: Callable[[], int] | None = None) -> FailoverRun:
     """Runs the scenario; `send()` makes one request for `limiter` (its Redis name) and returns its status.
-    It is called from one thread, one request at a time."""
+    It is called from one thread, one request at a time. `other()`, if given, makes a request for a limiter
+    on another master, after each of `send()`'s (its decisions: `FailoverRun.other_decisions`)."""
     decisions: list[Decision] = []
+    other_decisions: list[Decision] = []
     stop = threading.Event()
     errors: list[BaseException] = []
 
@@ -105,6 +115,10 @@ def run_failover(cluster: RedisCluster, send: Callable[[], int], limiter: str, *
                 start = harness.epoch_ms()
                 status = send()
                 decisions.append(Decision(start, harness.epoch_ms(), status))
+                if other is not None:
+                    start = harness.epoch_ms()
+                    status = other()
+                    other_decisions.append(Decision(start, harness.epoch_ms(), status))
                 time.sleep(pace_s)
         except BaseException as error:  # noqa: BLE001 - handed to the main thread
             errors.append(error)
@@ -137,7 +151,7 @@ def run_failover(cluster: RedisCluster, send: Callable[[], int], limiter: str, *
         raise errors[0]
     admitted, kept = _admitted_and_kept(held.get(new_master, []), decisions, killed_ms, interval_ms)
     return FailoverRun(rate, interval_ms, failure_status, killed_ms, promoted_ms, old_master, new_master,
-                       admitted, kept, decisions)
+                       admitted, kept, decisions, other_decisions)
 
 
 def _permits(cluster: RedisCluster, replica: int, limiter: str) -> list[tuple[bytes, float]]:

@@ -39,19 +39,21 @@ SLOTS = 16384
 class ClusterNode:
     """One redis-server of the cluster: its port, its directory (nodes.conf) and its process."""
 
-    def __init__(self, workdir: Path, node_timeout_ms: int):
+    def __init__(self, workdir: Path, node_timeout_ms: int, full_coverage: bool):
         self.port = free_port()
         # The cluster bus port; by default port + 10000, which may be taken (or above 65535).
         self.bus_port = free_port()
         self.dir = workdir / f"node-{self.port}"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.node_timeout_ms = node_timeout_ms
+        self.full_coverage = full_coverage
         self.process: Process | None = None
 
     def start(self) -> None:
         argv = [REDIS_BIN, "--port", str(self.port), "--bind", HOST, "--save", "", "--appendonly", "no",
                 "--dir", str(self.dir), "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                "--cluster-node-timeout", str(self.node_timeout_ms), "--cluster-port", str(self.bus_port)]
+                "--cluster-node-timeout", str(self.node_timeout_ms), "--cluster-port", str(self.bus_port),
+                "--cluster-require-full-coverage", "yes" if self.full_coverage else "no"]
         self.process = Process(f"redis-node-{self.port}", argv, self.dir / "redis.log")
 
     @property
@@ -100,16 +102,20 @@ class RedisCluster:
     """A Redis Cluster of `masters` masters with `replicas` replicas each, on 127.0.0.1.
 
     `node_timeout_ms` is `cluster-node-timeout`: how long a master may be unreachable before its replica
-    takes over (the failover tests keep it short).
+    takes over (the failover tests keep it short). `full_coverage` is `cluster-require-full-coverage`
+    (Redis's default, yes: every node refuses commands while any slot has no master; no: only the slots of
+    a failed master fail).
     """
 
-    def __init__(self, workdir: Path, masters: int = 3, replicas: int = 0, node_timeout_ms: int = 1000):
+    def __init__(self, workdir: Path, masters: int = 3, replicas: int = 0, node_timeout_ms: int = 1000,
+                 full_coverage: bool = True):
         if masters < 1 or (masters < 3 and replicas):
             raise ValueError("a cluster has 1 master without replicas, or 3 or more masters")
         self.workdir = workdir / f"cluster-{masters}x{replicas + 1}-{free_port()}"
         self.masters = masters
         self.replicas = replicas
-        self.nodes = [ClusterNode(self.workdir, node_timeout_ms) for _ in range(masters * (replicas + 1))]
+        self.nodes = [ClusterNode(self.workdir, node_timeout_ms, full_coverage)
+                      for _ in range(masters * (replicas + 1))]
         self._client: RedisClusterClient | None = None
 
     # ---- life cycle
@@ -386,9 +392,9 @@ class ClusterStack(harness.Stack):
     """
 
     def __init__(self, masters: int = 3, replicas: int = 0, node_timeout_ms: int = 1000,
-                 workdir: Path | None = None):
+                 workdir: Path | None = None, full_coverage: bool = True):
         super().__init__(workdir=workdir)
-        self.cluster = RedisCluster(self.workdir, masters, replicas, node_timeout_ms)
+        self.cluster = RedisCluster(self.workdir, masters, replicas, node_timeout_ms, full_coverage)
         self.proxy = RedisProxy(self.workdir, self.cluster)
         self.webdis = harness.Webdis(self.workdir, self.proxy)  # type: ignore[arg-type]
 
