@@ -28,6 +28,10 @@
    window against the rate (target >= 95% with the lease), the most admitted in any sliding 1-s window
    (at most the rate, within a few ms), Redis calls per allowed request (target: at most 1/16 of the
    baseline's), leases granted and the permits a lease uses, window by window.
+7. Redis Cluster (bench/cluster_bench.py): the stock build through webdis -> Envoy's redis_proxy on a 1- and
+   a 3-master cluster vs one redis-server (baseline): decisions/s and CPU per decision of Redis and the
+   proxy; the limiters' spread over slots and masters; failover of both builds vs the proxy on Envoy's
+   default refresh settings.
 
 Every process (redis-server, webdis, Envoys, wrk) is started by tests/e2e/harness.py on 127.0.0.1 with
 free ports and stopped by its PID, also on Ctrl-C or SIGTERM. Figures vary from run to run (the machine,
@@ -37,8 +41,8 @@ Settings (environment variables, defaults in brackets): BENCH_DURATION seconds p
 BENCH_ROUNDS wrk runs per scenario and chunks per script measurement [3], BENCH_CONNECTIONS [8],
 BENCH_THREADS wrk threads [2], BENCH_CONCURRENCY Envoy workers [2], BENCH_USERS distinct x-user-id
 values [64], BENCH_N script calls per script and case [20000], BENCH_LEASE_RATE the saturated limiter's
-permits per second in 6 [1000], BENCH_LEASE_SECONDS its load [7], BENCH_ONLY sections to run, e.g. "2,4"
-[1,2,3,4,5,6; 3 needs 1].
+permits per second in 6 [1000], BENCH_LEASE_SECONDS its load [7], BENCH_CLUSTER_USERS the users of 7 [10000],
+BENCH_ONLY sections to run, e.g. "2,4" [1,2,3,4,5,6,7; 3 needs 1].
 """
 
 from __future__ import annotations
@@ -93,7 +97,7 @@ THREADS = min(_env_int("BENCH_THREADS", 2), CONNECTIONS)
 CONCURRENCY = _env_int("BENCH_CONCURRENCY", 2)
 USERS = _env_int("BENCH_USERS", 64)
 N_CALLS = _env_int("BENCH_N", 20_000)
-ONLY = {part.strip() for part in os.environ.get("BENCH_ONLY", "1,2,3,4,5,6").split(",") if part.strip()}
+ONLY = {part.strip() for part in os.environ.get("BENCH_ONLY", "1,2,3,4,5,6,7").split(",") if part.strip()}
 
 WRK = os.environ.get("WRK_BIN", "wrk")
 WRK_SCRIPT = REPO / "bench" / "users.lua"
@@ -1747,6 +1751,9 @@ def main() -> int:
             run_guest_cost()
         if "6" in ONLY:
             run_leases()
+        if "7" in ONLY:
+            import cluster_bench  # bench/cluster_bench.py (it imports this file as `bench`)
+            cluster_bench.run_cluster()
     except KeyboardInterrupt:
         print("\nbench: interrupted; every process it started is stopped", file=sys.stderr)
         return 130
