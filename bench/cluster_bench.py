@@ -32,7 +32,7 @@ from redis.crc import key_slot as crc16_slot  # CRC16/XMODEM of the hash tag, mo
 import bench as b  # bench/bench.py: settings, wrk, tables, CPU readers
 from bench import h, num, out, progress, table
 from failover import FailoverRun, run_failover
-from redis_cluster import SLOTS, ClusterStack, RedisCluster, RedisProxy
+from redis_cluster import SLOTS, ClusterStack, RedisProxy
 
 USERS = b._env_int("BENCH_CLUSTER_USERS", 10_000)
 # (a): one permit per user per second; at 3,000-5,000 requests per second over 10,000 users drawn at random,
@@ -173,23 +173,8 @@ class Deployment:
         return self.total("machine") / self.total("seconds")
 
 
-class AnnouncedCluster(RedisCluster):
-    """A RedisCluster whose nodes announce 127.0.0.1. A 1-master cluster (slots added, no CLUSTER MEET)
-    never learns its own address and lists it as "" in CLUSTER SLOTS, which Envoy's redis cluster refuses
-    ("Unexpected response to cluster slot command"): the proxy would never route."""
-
-    def start(self, timeout: float = 60.0) -> "AnnouncedCluster":
-        super().start(timeout)
-        for node in self.nodes:
-            node.command("CONFIG", "SET", "cluster-announce-ip", h.HOST)
-        return self
-
-
 def one_master_stack() -> ClusterStack:
-    stack = ClusterStack(masters=1)
-    stack.cluster = AnnouncedCluster(stack.workdir, masters=1)
-    stack.proxy.cluster = stack.cluster
-    return stack
+    return ClusterStack(masters=1)
 
 
 def start_wrk(port: int, seconds: int, workdir: Path, label: str, script: Path) -> tuple[h.Process, Path]:

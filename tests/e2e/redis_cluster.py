@@ -53,7 +53,10 @@ class ClusterNode:
         argv = [REDIS_BIN, "--port", str(self.port), "--bind", HOST, "--save", "", "--appendonly", "no",
                 "--dir", str(self.dir), "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                 "--cluster-node-timeout", str(self.node_timeout_ms), "--cluster-port", str(self.bus_port),
-                "--cluster-require-full-coverage", "yes" if self.full_coverage else "no"]
+                "--cluster-require-full-coverage", "yes" if self.full_coverage else "no",
+                # A node that never met another (a 1-master cluster) would list its address as "" in
+                # CLUSTER SLOTS, which Envoy's redis cluster refuses.
+                "--cluster-announce-ip", HOST]
         self.process = Process(f"redis-node-{self.port}", argv, self.dir / "redis.log")
 
     @property
