@@ -68,11 +68,8 @@ impl fmt::Display for Failure {
 /// redirections); `CROSSSLOT`: one call carried limiters of different slots.
 fn cluster_hint(error: &str) -> &'static str {
     match error.split(' ').next() {
-        Some("MOVED" | "ASK") => {
-            " (a Redis Cluster node that does not own this limiter: reach the cluster through a Redis proxy \
-             that routes by key, README \"Redis Cluster\")"
-        }
-        Some("CROSSSLOT") => " (limiters of different hash slots in one call: set redis.redis_cluster to true)",
+        Some("MOVED" | "ASK") => " (a Redis Cluster node not holding this limiter: use a proxy)",
+        Some("CROSSSLOT") => " (set redis.redis_cluster to true)",
         _ => "",
     }
 }
@@ -81,11 +78,9 @@ fn cluster_hint(error: &str) -> &'static str {
 pub(crate) fn refused(call: &str, error: HostError, cluster: &str) -> Failure {
     let why = match error {
         HostError::BadArgument => format!("BadArgument: the host knows no cluster {}", quoted(cluster)),
-        HostError::InternalFailure => format!(
-            "InternalFailure: no healthy host in {} (a cluster of type envoy.clusters.redis never has one for \
-             the host's Redis client: put a Redis proxy in front, README \"Redis Cluster\")",
-            quoted(cluster)
-        ),
+        HostError::InternalFailure => {
+            format!("InternalFailure: no healthy host in {} (or an envoy.clusters.redis: use a proxy)", quoted(cluster))
+        }
         HostError::Unimplemented => "Unimplemented: this host has no such call".to_string(),
         other => format!("{other} for {}", quoted(cluster)),
     };
@@ -99,7 +94,7 @@ mod tests {
     #[test]
     fn redis_cluster_errors_say_what_to_do() {
         let moved = Failure::RedisError("MOVED 3999 127.0.0.1:7001".into()).to_string();
-        assert!(moved.starts_with("Redis error: MOVED 3999 127.0.0.1:7001 (a Redis Cluster node"), "{moved}");
+        assert!(moved.starts_with("Redis error: MOVED 3999 127.0.0.1:7001 (a Redis Cluster node not"), "{moved}");
         let crossslot = Failure::RedisError("CROSSSLOT Keys in request don't hash to the same slot".into());
         assert!(crossslot.to_string().ends_with("set redis.redis_cluster to true)"));
         assert_eq!(Failure::RedisError("ERR x".into()).to_string(), "Redis error: ERR x");

@@ -167,7 +167,7 @@ def test_higress_redis_client_on_one_node_serves_its_slots_and_passes_moved_thro
         assert limit.send(headers={"x-user-id": user}).status == 503
     assert limit.metrics()["failure_denied"] == 2
     log = limit.log_text()
-    assert "MOVED" in log and "does not own this limiter" in log
+    assert "MOVED" in log and "node not holding this limiter: use a proxy" in log
 
 
 # --- Failover (last: each run uses up one master's replica) -----------------------------------------------
