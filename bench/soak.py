@@ -335,6 +335,8 @@ def plateau_verdict(growth_first: float, growth_last: float, level: float, toler
     def pct(growth: float) -> float:
         return 100 * growth / level if level else (0.0 if growth == 0 else math.inf)
 
+    if pct(growth_last) <= 0:
+        return f"not growing: {pct(growth_last):+.1f}% over the last third"
     if pct(growth_last) <= tolerance_pct:
         return f"plateau: {pct(growth_last):+.1f}% over the last third (<= +{tolerance_pct}%)"
     return (f"STILL GROWING: {pct(growth_last):+.1f}% over the last third (> +{tolerance_pct}%), "
@@ -383,7 +385,7 @@ def soak_verdicts(soak: Soak) -> list[list[str]]:
     values, points = thirds(samples, 0.0, lambda s: s.used_memory, at)
     per = [(p.used_memory - base) / p.limiters if p.limiters else float("nan") for p in points]
     linear = abs(per[3] - per[1]) <= 0.25 * per[1] if per[1] == per[1] else False
-    rows.append(["Redis used_memory (keys live 1 h)", *growth_cells(values, lambda n: f"{mib(n)} MiB", mib),
+    rows.append(["Redis used_memory (keys live 1 h)", *growth_cells(values, lambda n: f"{mib(n)} MiB", lambda n: f"{mib(n)} MiB"),
                  (f"grows with the limiters it holds, as it must: {per[1]:,.0f} B per limiter at 1/3, "
                   f"{per[3]:,.0f} at the end" + ("" if linear else " (NOT proportional)"))])
 
