@@ -40,6 +40,7 @@ pub mod block;
 pub mod cache;
 pub mod config;
 pub mod encoding;
+pub mod fallback;
 pub mod filter;
 pub mod host;
 pub mod host_redis;

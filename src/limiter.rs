@@ -129,6 +129,13 @@ pub enum Outcome {
     FailedOpen,
     /// A rule could not be decided and the failure mode answered it.
     FailedClosed,
+    /// `failure_mode: "local"`: rules that Redis could not decide (`Decision::local`) are to be decided by
+    /// the gateway's local windows (`crate::fallback`); the filter turns this into one of the two below.
+    Local,
+    /// Decided locally (Redis failing) and admitted.
+    LocallyAllowed,
+    /// Decided locally (Redis failing) and refused.
+    LocallyRefused,
 }
 
 /// The final decision on a request.
@@ -145,6 +152,8 @@ pub struct Decision {
     pub rejecting: SmallVec<[usize; 2]>,
     /// What it took and gives back, as it does not go upstream.
     pub give_back: Vec<GiveBack>,
+    /// [`Outcome::Local`]: the rules to decide locally, with their limiter names.
+    pub local: Vec<(usize, String)>,
 }
 
 /// Something worth one log line, found while deciding (not per request: the caller logs each once).
@@ -290,6 +299,9 @@ pub struct Context<'a> {
     pub blocks: &'a dyn Blocks,
     /// This VM's leases.
     pub leases: &'a dyn Leases,
+    /// Redis is failing and no probe is due (`failure_mode: "local"`): rules that would ask Redis are
+    /// decided locally instead.
+    pub skip_redis: bool,
 }
 
 /// A rule's state in the headers: its rule index and quota numbers.
@@ -324,6 +336,8 @@ enum RuleResult {
     /// Rejected without asking Redis (no key value and `on_missing: deny`).
     Denied,
     Failed(Failure),
+    /// Not asked: the circuit is open (`failure_mode: "local"`, Redis failing); decided locally.
+    Skipped,
 }
 
 /// Where an acquired rule's permits came from: what giving them back takes when the request does not go on.
@@ -510,6 +524,12 @@ pub fn start(
         // The answer is already no: decide before spending a round trip.
         return Start::Decided(pending.decide(ctx.config, ctx.plan));
     }
+    if ctx.skip_redis {
+        for call in pending.calls.iter_mut().filter(|c| c.state == CallState::Waiting) {
+            call.state = CallState::Done(RuleResult::Skipped);
+        }
+        return Start::Decided(pending.decide(ctx.config, ctx.plan));
+    }
     for call in pending.calls.iter_mut().filter(|c| c.state == CallState::Waiting) {
         call.ask_for_lease(ctx.config, ctx.leases, ctx.now_ms);
     }
@@ -560,6 +580,7 @@ fn blocked(ctx: &Context<'_>, rule: usize, block: &Block) -> Decision {
         failures: Vec::new(),
         rejecting,
         give_back: Vec::new(),
+        local: Vec::new(),
     }
 }
 
@@ -764,9 +785,11 @@ impl PendingRequest {
     /// otherwise the request is allowed. A request that does not go on gives back what it took.
     fn decide(&self, config: &PluginConfig, plan: &Plan) -> Decision {
         let done = self.calls.iter().filter_map(|c| match &c.state {
-            CallState::Done(result) => Some((c.rule, result)),
+            CallState::Done(result) => Some((c.rule, result, Some(&c.name))),
             CallState::Waiting | CallState::Parked => None,
         });
+        let decides_locally = config.failure_mode == FailureMode::Local;
+        let mut local_rules = Vec::new();
         let mut report = Report::default();
         let mut failures = Vec::new();
         let mut rejecting = SmallVec::new();
@@ -774,7 +797,7 @@ impl PendingRequest {
         // A rejected request gives back what the others took: their quotas report it as free already.
         let rejected = self.settled.is_some()
             || self.calls.iter().any(|c| matches!(c.state, CallState::Done(RuleResult::Rejected { .. })));
-        for (rule, result) in self.settled.iter().map(|(rule, result)| (*rule, result)).chain(done) {
+        for (rule, result, name) in self.settled.iter().map(|(rule, result)| (*rule, result, None)).chain(done) {
             any = true;
             let quota = match result {
                 RuleResult::Acquired(quota, _) if rejected => {
@@ -797,6 +820,13 @@ impl PendingRequest {
                 }
                 RuleResult::Failed(failure) => {
                     failures.push(failure.clone());
+                    if decides_locally {
+                        local_rules.extend(name.map(|name| (rule, name.clone())));
+                    }
+                    continue;
+                }
+                RuleResult::Skipped => {
+                    local_rules.extend(name.map(|name| (rule, name.clone())));
                     continue;
                 }
             };
@@ -815,6 +845,18 @@ impl PendingRequest {
                 failures,
                 rejecting,
                 give_back: self.give_back(config),
+                local: Vec::new(),
+            };
+        }
+        if !local_rules.is_empty() {
+            // What the rules Redis decided took is given back if a local window refuses.
+            return Decision {
+                verdict: Verdict::Continue { report },
+                outcome: Outcome::Local,
+                failures,
+                rejecting,
+                give_back: self.give_back(config),
+                local: local_rules,
             };
         }
         if failures.is_empty() {
@@ -825,15 +867,18 @@ impl PendingRequest {
                 failures,
                 rejecting,
                 give_back: Vec::new(),
+                local: Vec::new(),
             };
         }
         match config.failure_mode {
-            FailureMode::Allow => Decision {
+            // Local: a failed rule without a limiter name (none is made for it) fails open.
+            FailureMode::Allow | FailureMode::Local => Decision {
                 verdict: Verdict::Continue { report },
                 outcome: Outcome::FailedOpen,
                 failures,
                 rejecting,
                 give_back: Vec::new(),
+                local: Vec::new(),
             },
             FailureMode::Deny => Decision {
                 verdict: Verdict::Respond {
@@ -846,6 +891,7 @@ impl PendingRequest {
                 failures,
                 rejecting,
                 give_back: self.give_back(config),
+                local: Vec::new(),
             },
         }
     }
@@ -1044,6 +1090,7 @@ mod tests {
                 now_ms: self.now_ms,
                 blocks: &self.blocks,
                 leases: &self.leases,
+                skip_redis: false,
             };
             let counter = &mut self.counter;
             let mut name = String::new();

@@ -70,6 +70,21 @@ pub enum FailureMode {
     Allow,
     /// Fail closed: the request is answered with `failure_status`.
     Deny,
+    /// Degraded mode: each gateway process enforces the rules itself at `rate / gateways` until Redis
+    /// answers again ([`LocalFallback`], `crate::fallback`).
+    Local,
+}
+
+/// `local_fallback`: the degraded mode's settings (`failure_mode: "local"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalFallback {
+    /// The expected number of gateway processes (Envoy processes, not workers): each admits
+    /// `floor(rate / gateways)` per window while Redis fails.
+    pub gateways: u32,
+    /// How often a VM asks Redis whether it is back while it fails (one request per interval), ms.
+    pub probe_interval_ms: u64,
+    /// Shared-data slots for the local windows (bounds their memory): `local_block_slots`.
+    pub slots: u32,
 }
 
 /// Redisson's `RateType`: whose window a limiter counts.
@@ -275,6 +290,8 @@ pub struct PluginConfig {
     pub clock: ClockSource,
     /// Shared-data slots for local blocks (bounds their memory).
     pub local_block_slots: u32,
+    /// The degraded mode's settings, with `failure_mode: "local"` only.
+    pub local_fallback: Option<LocalFallback>,
 }
 
 impl PluginConfig {

@@ -8,8 +8,8 @@ use serde_json::Value;
 
 use super::reader::{DurationMs, Object};
 use super::{
-    ClockSource, ConfigError, FailureMode, HeaderStyle, Lease, LimiterType, OnMissing, PluginConfig, RateSource,
-    RedisConfig, Rejection, Rule, Secret, TransportKind,
+    ClockSource, ConfigError, FailureMode, HeaderStyle, Lease, LimiterType, LocalFallback, OnMissing, PluginConfig,
+    RateSource, RedisConfig, Rejection, Rule, Secret, TransportKind,
 };
 use crate::key::KeySource;
 use crate::quote::quoted;
@@ -32,7 +32,11 @@ const TOP_FIELDS: &[&str] = &[
     "cache_size",
     "clock",
     "local_block_slots",
+    "local_fallback",
 ];
+const LOCAL_FALLBACK_FIELDS: &[&str] = &["gateways", "probe_interval"];
+/// Default `local_fallback.probe_interval`: a dead Redis gets one request per VM per second.
+const DEFAULT_PROBE_INTERVAL_MS: u64 = 1_000;
 const REDIS_FIELDS: &[&str] = &[
     "transport",
     "cluster",
@@ -99,7 +103,10 @@ impl PluginConfig {
             }
             rules.push(rule);
         }
-        let failure_mode = top.choice("failure_mode", &[("allow", FailureMode::Allow), ("deny", FailureMode::Deny)])?;
+        let failure_mode = top.choice(
+            "failure_mode",
+            &[("allow", FailureMode::Allow), ("deny", FailureMode::Deny), ("local", FailureMode::Local)],
+        )?;
         let failure_status = status(&mut top, "failure_status", 503)?;
         let rejected_status = status(&mut top, "rejected_status", 429)?;
         let rejected_body = top.string("rejected_body")?.unwrap_or_else(|| "rate limit exceeded\n".to_string());
@@ -124,6 +131,14 @@ impl PluginConfig {
                 format!("must be between 1 and {MAX_LOCAL_BLOCK_SLOTS}"),
             ));
         }
+        let local_fallback = match (failure_mode, top.object("local_fallback")?) {
+            (Some(FailureMode::Local), Some(section)) => Some(read_local_fallback(section, local_block_slots)?),
+            (Some(FailureMode::Local), None) => {
+                return Err(ConfigError::new("local_fallback", "required with failure_mode \"local\" (gateways)"))
+            }
+            (_, Some(_)) => return Err(ConfigError::new("local_fallback", "only with failure_mode \"local\"")),
+            (_, None) => None,
+        };
         top.finish(TOP_FIELDS)?;
         Ok(PluginConfig {
             redis,
@@ -135,8 +150,24 @@ impl PluginConfig {
             cache_size,
             clock: clock.unwrap_or_default(),
             local_block_slots,
+            local_fallback,
         })
     }
+}
+
+/// `local_fallback`: `gateways` (required, at least 1), `probe_interval` (1 ms to 1 h, default 1 s); the
+/// windows take as many slots as the local blocks (`local_block_slots`).
+fn read_local_fallback(mut section: Object<'_>, slots: u32) -> Result<LocalFallback, ConfigError> {
+    let gateways = section.required("gateways", Object::number::<u32>)?;
+    if gateways == 0 {
+        return Err(section.error("gateways", "must be at least 1"));
+    }
+    let probe_interval_ms = section.duration("probe_interval")?.map_or(DEFAULT_PROBE_INTERVAL_MS, |d| d.0);
+    if probe_interval_ms == 0 || probe_interval_ms > 3_600_000 {
+        return Err(section.error("probe_interval", "must be between 1 ms and 1 h"));
+    }
+    section.finish(LOCAL_FALLBACK_FIELDS)?;
+    Ok(LocalFallback { gateways, probe_interval_ms, slots })
 }
 
 /// An HTTP status field between 200 and 599.

@@ -22,6 +22,8 @@ pub(super) struct Metrics {
     host_errors: Option<u32>,
     leases: Option<u32>,
     compensations: Option<u32>,
+    fallback_allowed: Option<u32>,
+    fallback_rejected: Option<u32>,
     /// `rule.<name>.rejected`, by configuration index, then rule index.
     rule_rejected: Vec<(usize, Vec<Option<u32>>)>,
 }
@@ -48,6 +50,8 @@ impl Metrics {
             host_errors: counter("host_errors"),
             leases: counter("leases"),
             compensations: counter("compensations"),
+            fallback_allowed: counter("fallback_allowed"),
+            fallback_rejected: counter("fallback_rejected"),
             rule_rejected,
         }
     }
@@ -72,6 +76,8 @@ impl Metrics {
             }
             Outcome::FailedOpen => self.failure_allowed,
             Outcome::FailedClosed => self.failure_denied,
+            Outcome::LocallyAllowed | Outcome::Local => self.fallback_allowed,
+            Outcome::LocallyRefused => self.fallback_rejected,
         };
         Self::add(host, id, 1);
         Self::add(host, self.redis_errors, failures);
@@ -124,6 +130,7 @@ impl FailureLog {
                 let action = match mode {
                     FailureMode::Allow => "failing open",
                     FailureMode::Deny => "failing closed",
+                    FailureMode::Local => "deciding locally at rate / gateways",
                 };
                 log(
                     host,

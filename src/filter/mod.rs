@@ -20,13 +20,14 @@
 
 use crate::prelude::*;
 
-use core::cell::RefCell;
+use core::cell::{Cell, RefCell};
 
 use arrayvec::ArrayVec;
 
 use crate::block::{fnv1a, generation_of, same_bytes, Block, BlockTable};
 use crate::cache::LimiterCache;
 use crate::config::{FailureMode, HeaderStyle, Plugin, PluginConfig, TransportKind};
+use crate::fallback::{Circuit, Local, LocalWindows};
 use crate::host::{HeaderMap, Host, HostError, LogLevel};
 use crate::host_redis::{self, HostRedis};
 use crate::http_bridge::{self, HttpBridge};
@@ -104,6 +105,16 @@ struct Prepared {
     transport: Transport,
     plan: Plan,
     blocks: BlockTable,
+    /// `failure_mode: "local"`: the local windows, and this VM's circuit breaker.
+    fallback: Option<Fallback>,
+}
+
+/// The degraded mode of one configuration in this VM.
+#[derive(Debug)]
+struct Fallback {
+    windows: LocalWindows,
+    probe_interval_ms: u64,
+    circuit: Cell<Circuit>,
 }
 
 /// The local blocks of one configuration, as a request sees them through the host's shared data.
@@ -345,7 +356,12 @@ impl<H: Host> Filter<H> {
                     }
                 };
                 let blocks = BlockTable { slots: config.local_block_slots, generation };
-                (index, Prepared { transport, plan: Plan::new(config, &client_id), blocks })
+                let fallback = config.local_fallback.map(|settings| Fallback {
+                    windows: LocalWindows { slots: settings.slots, generation, gateways: settings.gateways },
+                    probe_interval_ms: settings.probe_interval_ms,
+                    circuit: Cell::default(),
+                });
+                (index, Prepared { transport, plan: Plan::new(config, &client_id), blocks, fallback })
             })
             .collect();
         let global = match &plugin.global {
@@ -399,10 +415,17 @@ impl<H: Host> Filter<H> {
             return Action::Continue;
         };
         let now_ms = self.host.now_ms();
+        let skip_redis = prepared.fallback.as_ref().is_some_and(|fallback| {
+            let mut circuit = fallback.circuit.get();
+            let skip = circuit.skip_redis(now_ms, fallback.probe_interval_ms);
+            fallback.circuit.set(circuit);
+            skip
+        });
         let start = {
             let random = &mut self.random;
             let blocks = SharedBlocks { host: &self.host, table: prepared.blocks, recent: &self.recent_blocks };
-            let ctx = limiter::Context { config, plan: &prepared.plan, now_ms, blocks: &blocks, leases: &self.leases };
+            let leases = &self.leases;
+            let ctx = limiter::Context { config, plan: &prepared.plan, now_ms, blocks: &blocks, leases, skip_redis };
             limiter::start(&ctx, &HostRequest(&self.host), &mut || member_random(random), &mut self.name_buffer)
         };
         let (pending, sends) = match start {
@@ -694,7 +717,8 @@ impl<H: Host> Filter<H> {
 
     /// Counts and logs a decision, gives back what a request that does not go on took, and says how the
     /// request ends.
-    fn finish(&mut self, entry: usize, decision: Decision) -> Next {
+    fn finish(&mut self, entry: usize, mut decision: Decision) -> Next {
+        self.decide_locally(entry, &mut decision);
         self.metrics.decided(&self.host, decision.outcome, decision.failures.len());
         for &rule in &decision.rejecting {
             self.metrics.rule_rejected(&self.host, entry, rule);
@@ -716,6 +740,52 @@ impl<H: Host> Filter<H> {
             self.failure_log.recovered(&self.host);
         }
         decision.verdict
+    }
+
+    /// `failure_mode: "local"`: moves the circuit (a failure opens it, a decision of Redis closes it) and
+    /// decides the rules Redis could not ([`Outcome::Local`]) with the local windows: admitted if every one
+    /// admits, else refused as a rejection (what other rules took is given back).
+    fn decide_locally(&mut self, entry: usize, decision: &mut Decision) {
+        let (Some(fallback), Some(config)) =
+            (self.prepared(entry).and_then(|p| p.fallback.as_ref()), self.plugin.config(entry))
+        else {
+            return;
+        };
+        let now_ms = self.host.now_ms();
+        let mut circuit = fallback.circuit.get();
+        if !decision.failures.is_empty() {
+            circuit.failed(now_ms, fallback.probe_interval_ms);
+        } else if matches!(decision.outcome, Outcome::Allowed | Outcome::Rejected) {
+            circuit.succeeded();
+        }
+        fallback.circuit.set(circuit);
+        if decision.outcome != Outcome::Local {
+            return;
+        }
+        let mut refused = None;
+        for (index, name) in &decision.local {
+            let Some(rule) = config.rules.get(*index) else { continue };
+            let local = fallback.windows.acquire(&self.host, name, rule.rate, rule.interval_ms, rule.permits, now_ms);
+            if let Local::Refused { retry_ms } = local {
+                refused = Some((*index, retry_ms));
+                break;
+            }
+        }
+        let Some((rule, retry_ms)) = refused else {
+            decision.outcome = Outcome::LocallyAllowed;
+            decision.give_back.clear();
+            return;
+        };
+        let Some(prepared) = self.prepared(entry) else { return };
+        let report = Report { retry_ms: Some(retry_ms), rejected_by: Some(rule), ..Report::default() };
+        decision.verdict = Verdict::Respond {
+            status: config.rejection.status,
+            report,
+            rate_limited: true,
+            body: alloc::rc::Rc::clone(&prepared.plan.rejection_body),
+        };
+        decision.outcome = Outcome::LocallyRefused;
+        decision.rejecting.push(rule);
     }
 
     /// Keeps a request paused until its replies or its deadline; the tick runs while any is paused.

@@ -526,3 +526,47 @@ fn a_request_parked_on_a_lease_acquire_that_times_out_still_ends_within_its_own_
     tick_after(&host, &mut filter, 150);
     assert_eq!(host.end(3), Some(End::Resumed), "at b's own deadline (150 + 200 + 10 ms), not 200 ms later");
 }
+
+#[test]
+fn failing_locally_each_gateway_admits_its_share_and_a_probe_closes_the_circuit() {
+    // rate 2 per 1 s over 2 gateways: each process admits 1 per window while Redis fails.
+    let (host, mut filter) = configure(
+        BRIDGE,
+        PER_USER,
+        r#","failure_mode":"local","local_fallback":{"gateways":2,"probe_interval":"500ms"}"#,
+    );
+    let fallback =
+        |host: &FakeHost| ["fallback_allowed", "fallback_rejected"].map(|n| host.counter(&format!("{NAME}.{n}")));
+    start(&host, &mut filter, 2, "alice");
+    answer_http(&host, &mut filter, last_token(&host), 503, b"");
+    assert!(matches!(host.end(2), Some(End::Resumed)), "the failed request is admitted locally");
+    assert_eq!(fallback(&host), [1, 0]);
+    // The circuit is open: no Redis call until the probe; the window is full.
+    let calls = host.http_calls().len();
+    start(&host, &mut filter, 3, "alice");
+    let (status, headers, _) = local_reply(&host, 3);
+    assert_eq!((status, header(&headers, "retry-after").is_some()), (429, true));
+    assert_eq!(start(&host, &mut filter, 4, "bob"), Action::Continue, "bob has a window of his own");
+    assert_eq!((host.http_calls().len(), fallback(&host)), (calls, [2, 1]));
+    // After the probe interval one request asks Redis; Redis answers: the circuit closes.
+    host.advance(500);
+    assert_eq!(start(&host, &mut filter, 5, "carol"), Action::Pause);
+    assert_eq!(start(&host, &mut filter, 6, "dave"), Action::Continue, "decided locally while the probe is out");
+    answer_http(&host, &mut filter, last_token(&host), 200, &acquired(1));
+    assert_eq!(start(&host, &mut filter, 7, "erin"), Action::Pause, "Redis is asked again");
+    assert_eq!(counters(&host)[0], 1, "the probe was allowed by Redis");
+}
+
+#[test]
+fn local_fallback_is_refused_without_gateways_or_with_another_failure_mode() {
+    for (extra, field) in [
+        (r#","failure_mode":"local""#, "local_fallback: required"),
+        (r#","failure_mode":"local","local_fallback":{}"#, "local_fallback.gateways: is required"),
+        (r#","failure_mode":"local","local_fallback":{"gateways":0}"#, "local_fallback.gateways: must be at least 1"),
+        (r#","local_fallback":{"gateways":2}"#, "local_fallback: only with failure_mode"),
+    ] {
+        let json = format!(r#"{{{BRIDGE},"rules":[{PER_USER}]{extra}}}"#);
+        let error = Filter::configure(FakeHost::new(), json.as_bytes(), true).err().unwrap();
+        assert!(error.starts_with(field), "{error}");
+    }
+}

@@ -90,11 +90,8 @@ class FailoverRun:
 
     @property
     def worst_window(self) -> int:
-        spans = [(d.start_ms, d.end_ms) for d in self.decisions if d.status == 200]
-        worst = 0
-        for start, _ in spans:
-            worst = max(worst, sum(1 for s, e in spans if s >= start and e < start + self.interval_ms))
-        return worst
+        return harness.worst_window([(d.start_ms, d.end_ms) for d in self.decisions if d.status == 200],
+                                    self.interval_ms)
 
 
 def run_failover(cluster: RedisCluster, send: Callable[[], int], limiter: str, *, rate: int, interval_ms: int,

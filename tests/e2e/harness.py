@@ -168,6 +168,18 @@ def decode_permit(member: bytes, score: float) -> Permit:
     return Permit(member[1:17], struct.unpack("<I", member[17:21])[0], score)
 
 
+def worst_window(spans: list[tuple[float, float]], interval_ms: float) -> int:
+    """The most admitted requests certainly inside one sliding window of `interval_ms`: a request is known
+    only to have been admitted between its send and its answer (`spans`: (start, end) in ms), so a window
+    counts the requests whose whole span lies within it (no request is counted that might be outside).
+    Windows start at each request's start."""
+    ordered = sorted(spans)
+    worst = 0
+    for start, _ in ordered:
+        worst = max(worst, sum(1 for s, e in ordered if s >= start and e < start + interval_ms))
+    return worst
+
+
 def retry_after_range(interval_ms: int, oldest_score_ms: float, sent_ms: float, answered_ms: float) -> range:
     """The `Retry-After` values (whole seconds, rounded up) a rejection decided between `sent_ms` and
     `answered_ms` can carry: Redisson's delay is `3 + interval - (now - score of the oldest permit)` ms."""

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from harness import decode_permit, epoch_ms, host_plugin_config, limiter_key, plugin_config, rule
+from harness import decode_permit, epoch_ms, host_plugin_config, limiter_key, plugin_config, rule, worst_window
 from redisson_client import RateLimiter
 from timing import EmulatorClock
 
@@ -39,19 +39,6 @@ def round_trips(outcome: dict) -> int:
 
 def emulator_config(*rules: dict, build: str, **fields) -> dict:
     return (host_plugin_config if build == "higress" else plugin_config)(*rules, **fields)
-
-
-def worst_window(admitted: list[tuple[float, float]], interval_ms: float) -> int:
-    """The most admitted requests certainly inside one sliding window of `interval_ms`: a request is known
-    only to have been admitted between its send (`start`) and its answer (`end`), so a window counts the
-    requests whose whole span lies within it (no request is counted that might be outside). Windows start at
-    each request's start."""
-    spans = sorted(admitted)
-    worst = 0
-    for start, _ in spans:
-        inside = sum(1 for s, e in spans if s >= start and e < start + interval_ms)
-        worst = max(worst, inside)
-    return worst
 
 
 @pytest.mark.parametrize("build", ["envoy", "higress"])
