@@ -32,6 +32,10 @@
    a 3-master cluster vs one redis-server (baseline): decisions/s and CPU per decision of Redis and the
    proxy; the limiters' spread over slots and masters; failover of both builds vs the proxy on Envoy's
    default refresh settings.
+8. Reliability (bench/reliability_bench.py): faults between the gateway and Redis (the fault proxy's modes,
+   Redis stopped, paused, out of memory, asking for a password, SCRIPT FLUSH) under load in both builds, as
+   tests/e2e/test_faults.py runs them but longer: worst added latency against a no-fault baseline, recovery
+   after Redis is healthy again, failure mode held, requests counted, traps.
 
 Every process (redis-server, webdis, Envoys, wrk) is started by tests/e2e/harness.py on 127.0.0.1 with
 free ports and stopped by its PID, also on Ctrl-C or SIGTERM. Figures vary from run to run (the machine,
@@ -42,7 +46,8 @@ BENCH_ROUNDS wrk runs per scenario and chunks per script measurement [3], BENCH_
 BENCH_THREADS wrk threads [2], BENCH_CONCURRENCY Envoy workers [2], BENCH_USERS distinct x-user-id
 values [64], BENCH_N script calls per script and case [20000], BENCH_LEASE_RATE the saturated limiter's
 permits per second in 6 [1000], BENCH_LEASE_SECONDS its load [7], BENCH_CLUSTER_USERS the users of 7 [10000],
-BENCH_ONLY sections to run, e.g. "2,4" [1,2,3,4,5,6,7; 3 needs 1].
+BENCH_FAULT_SECONDS each fault of 8 and the load after it [3], BENCH_ONLY sections to run, e.g. "2,4"
+[1,2,3,4,5,6,7,8; 3 needs 1].
 """
 
 from __future__ import annotations
@@ -97,7 +102,7 @@ THREADS = min(_env_int("BENCH_THREADS", 2), CONNECTIONS)
 CONCURRENCY = _env_int("BENCH_CONCURRENCY", 2)
 USERS = _env_int("BENCH_USERS", 64)
 N_CALLS = _env_int("BENCH_N", 20_000)
-ONLY = {part.strip() for part in os.environ.get("BENCH_ONLY", "1,2,3,4,5,6,7").split(",") if part.strip()}
+ONLY = {part.strip() for part in os.environ.get("BENCH_ONLY", "1,2,3,4,5,6,7,8").split(",") if part.strip()}
 
 WRK = os.environ.get("WRK_BIN", "wrk")
 WRK_SCRIPT = REPO / "bench" / "users.lua"
@@ -1754,6 +1759,9 @@ def main() -> int:
         if "7" in ONLY:
             import cluster_bench  # bench/cluster_bench.py (it imports this file as `bench`)
             cluster_bench.run_cluster()
+        if "8" in ONLY:
+            import reliability_bench  # bench/reliability_bench.py (it imports this file as `bench`)
+            reliability_bench.run_reliability()
     except KeyboardInterrupt:
         print("\nbench: interrupted; every process it started is stopped", file=sys.stderr)
         return 130
