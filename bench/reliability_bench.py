@@ -6,7 +6,8 @@ real Envoy (gateway -> webdis -> fault proxy -> redis-server) and the Higress bu
 `redis` cluster -> fault proxy -> redis-server), each as two gateways (failing open and failing closed,
 `redis.timeout` 200 ms) under load while a fault lasts BENCH_FAULT_SECONDS [3] and for as long after Redis
 is healthy again. The baseline is the same run without a fault. Per fault and build: the worst added
-latency (the slowest request answered from the fault on, less the baseline's median), the recovery (from
+latency (the longest wait for a decision among the requests answered from the fault on, less the baseline's
+median; a wait ends when the upstream gets the request, or when the answer comes), the recovery (from
 Redis healthy again to the first request Redis decided after the last failure answer), and whether the
 failure mode held, every request was counted and no VM trapped.
 
@@ -68,8 +69,8 @@ def outcome(result: f.CaseResult) -> str:
 
 
 def failure_median_ms(result: f.CaseResult) -> float | None:
-    """The median latency of the failure answers (None: there were none)."""
-    latencies = [d.latency_ms for run in result.runs for d in run.failures()]
+    """The median wait of the failure answers (None: there were none)."""
+    latencies = [d.wait_ms for run in result.runs for d in run.failures()]
     return statistics.median(latencies) if latencies else None
 
 
@@ -79,18 +80,19 @@ def print_reliability(by_build: dict[str, tuple[f.CaseResult, list[f.CaseResult]
         f"{PROFILE.users} users over their rate ({f.RATE}/s, mostly rejected) and new users (allowed: Redis "
         f"writes); two gateways per build, failure_mode allow and deny (failure_status {f.FAILURE_STATUS}), "
         f"redis.timeout {f.TIMEOUT_MS} ms, local block off. Each fault lasts {FAULT_S} s after {TIMING.warmup_s:.0f} s "
-        f"of load; the load goes on {FAULT_S} s after Redis is healthy again. Bounds (as in "
-        f"tests/e2e/test_faults.py): every request within {f.BOUND_MS} ms (timeout + {f.MARGIN_MS}), recovery "
-        f"within {f.RECOVERY_MS} ms.")
+        f"of load; the load goes on {FAULT_S} s after Redis is healthy again. Latency here is the wait for a "
+        "decision: until the upstream got the request (Envoy, let through) or the answer came (a local reply; the "
+        "emulator answers for the upstream at once). Bounds (as in tests/e2e/test_faults.py): every decision "
+        f"within {f.BOUND_MS} ms (timeout + {f.MARGIN_MS}), recovery within {f.RECOVERY_MS} ms.")
     for build, (baseline, _) in by_build.items():
         median, worst = f.latency_summary(_decisions(baseline))
-        out(f"Baseline, {_build_name(build)}: {num(len(_decisions(baseline)))} requests without a fault, latency "
-            f"median {median:.1f} ms, worst {worst:.0f} ms; {outcome(baseline)}.")
+        out(f"Baseline, {_build_name(build)}: {num(len(_decisions(baseline)))} requests without a fault, wait for a "
+            f"decision: median {median:.1f} ms, worst {worst:.0f} ms; {outcome(baseline)}.")
     rows = []
     for build, (baseline, results) in by_build.items():
         median, _ = f.latency_summary(_decisions(baseline))
         for result in results:
-            worst = max((d.latency_ms for d in _decisions(result, since_fault=True)), default=0.0)
+            worst = max((d.wait_ms for d in _decisions(result, since_fault=True)), default=0.0)
             recoveries = [run.recovery_ms() for run in result.runs]
             if any(r is None for r in recoveries):
                 recovery = "not recovered"
