@@ -112,7 +112,20 @@ fn split_path(path: &[u8]) -> (&[u8], &[u8]) {
 fn query_parameter(path: &[u8], name: &str) -> Option<Vec<u8>> {
     let (_, query) = split_path(path);
     let query = query.split(|&b| b == b'#').next().unwrap_or_default();
-    form_urlencoded::parse(query).find(|(key, _)| key == name).map(|(_, value)| value.into_owned().into_bytes())
+    query.split(|&b| b == b'&').find_map(|pair| {
+        let (key, value) = match pair.iter().position(|&b| b == b'=') {
+            Some(at) => (pair.get(..at)?, pair.get(at + 1..)?),
+            None => (pair, &[][..]),
+        };
+        (form_decode(key) == name.as_bytes()).then(|| form_decode(value))
+    })
+}
+
+/// `application/x-www-form-urlencoded` decoding to bytes: `+` is a space, `%XX` one byte. No UTF-8 is
+/// assumed, so different bytes stay different values (a lossy decoding would give `%FF` and `%FE` one key).
+fn form_decode(bytes: &[u8]) -> Vec<u8> {
+    let spaced: Vec<u8> = bytes.iter().map(|&b| if b == b'+' { b' ' } else { b }).collect();
+    percent_encoding::percent_decode(&spaced).collect()
 }
 
 /// The value of a cookie in a `cookie` header.
@@ -147,10 +160,11 @@ fn parse_ip(address: &str) -> Option<IpAddr> {
 
 /// The client address `hops` entries from the right of `x-forwarded-for`, normalized, if it is an IP.
 fn forwarded_client(header: &[u8], hops: u32) -> Option<Vec<u8>> {
-    let text = core::str::from_utf8(header).ok()?;
-    let entries: Vec<&str> = text.split(',').map(str::trim).filter(|e| !e.is_empty()).collect();
+    // Split the bytes first: only the trusted entry must be text (a client's own entries may hold anything,
+    // and must not make the header unreadable).
+    let entries: Vec<&[u8]> = header.split(|&b| b == b',').map(<[u8]>::trim_ascii).filter(|e| !e.is_empty()).collect();
     let index = entries.len().checked_sub(usize::try_from(hops).ok()?)?;
-    parse_ip(entries.get(index)?).map(|ip| ip.to_string().into_bytes())
+    parse_ip(core::str::from_utf8(entries.get(index)?).ok()?).map(|ip| ip.to_string().into_bytes())
 }
 
 /// Longest key value written verbatim into a limiter name, bytes.
@@ -327,6 +341,10 @@ pub(crate) mod tests {
         assert_eq!(value_of(KeySource::Query("missing".into()), &path), KeyValue::Missing);
         assert_eq!(value_of(KeySource::Path, &path), some("/v1/items"));
         assert_eq!(value_of(KeySource::Query("k".into()), &[(":path", "/x?k=")]), some(""));
+        // Bytes that are not UTF-8 stay distinct values (not both U+FFFD).
+        let ff = value_of(KeySource::Query("k".into()), &[(":path", "/x?k=%FF")]);
+        assert_eq!(ff, KeyValue::Value(vec![0xff]));
+        assert_ne!(ff, value_of(KeySource::Query("k".into()), &[(":path", "/x?k=%FE")]));
     }
 
     #[test]
@@ -356,6 +374,9 @@ pub(crate) mod tests {
         assert_eq!(value_of(KeySource::XForwardedFor(4), &xff), KeyValue::Missing, "fewer entries than hops");
         let spoofed = [("x-forwarded-for", "not-an-ip, 10.1.1.1")];
         assert_eq!(value_of(KeySource::XForwardedFor(2), &spoofed), KeyValue::Missing);
+        // Bytes that are not UTF-8 in a client's own entries do not hide the trusted one.
+        assert_eq!(forwarded_client(b"\xff\x80, 203.0.113.9,10.1.1.1", 2), Some(b"203.0.113.9".to_vec()));
+        assert_eq!(forwarded_client(b"1.2.3.4, \xe9", 1), None, "the trusted entry itself must be an address");
     }
 
     #[test]

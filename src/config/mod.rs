@@ -391,6 +391,15 @@ mod tests {
     }
 
     #[test]
+    fn a_limiter_name_whose_keys_would_fall_in_different_cluster_slots_is_refused() {
+        let with = |limiter: &str| MINIMAL.replace(r#""name":"r","#, &format!(r#""name":"r","limiter":"{limiter}","#));
+        for broken in ["erl:{x", "erl:{}x", "erl:}{"] {
+            assert!(error_of(&with(broken)).starts_with("rules[0].limiter: a `{` must open"), "{broken}");
+        }
+        assert!(parse(&with("erl:{tenant}:x")).is_ok());
+    }
+
+    #[test]
     fn leases_and_redis_cluster_are_read_and_checked_with_the_field_named() {
         let lease = |lease: &str| MINIMAL.replace(r#""interval":"1s""#, &format!(r#""interval":"1s","lease":{lease}"#));
         let config = parse(&lease(r#"{"max_permits":4,"max_age":"50ms"}"#)).unwrap();

@@ -307,6 +307,14 @@ fn read_rule(mut rule: Object<'_>) -> Result<Rule, ConfigError> {
         Some(limiter) => non_empty(&rule.path_of("limiter"), limiter)?,
         None => format!("erl:{name}"),
     };
+    // Redis Cluster hashes `{tag}` when the first `{` is closed by a `}` with something between; otherwise
+    // the whole key, and the limiter's keys (`N`, `N:value`...: Redisson's names once N has a `{`) would
+    // fall in different slots.
+    if let Some(open) = limiter.find('{') {
+        if !limiter.get(open + 1..).and_then(|rest| rest.find('}')).is_some_and(|close| close > 0) {
+            return Err(rule.error("limiter", "a `{` must open a non-empty hash tag closed by `}` (Redis Cluster)"));
+        }
+    }
     let rate_source = rule
         .choice("rate_source", &[("redis", RateSource::Redis), ("config", RateSource::Config)])?
         .unwrap_or_default();

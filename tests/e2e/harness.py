@@ -561,6 +561,9 @@ class Webdis:
 
 class _UpstreamHandler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go in two writes; with Nagle's algorithm the second waits for Envoy's delayed ACK of
+    # the first (measured: 44 ms median per request through Envoy, 4 ms without).
+    disable_nagle_algorithm = True
 
     def _answer(self) -> None:
         length = int(self.headers.get("content-length") or 0)
@@ -805,6 +808,12 @@ class Envoy:
                 if name.startswith(METRIC_PREFIX)}
 
 
+def _what(line: dict) -> str:
+    """A control line named by its fields only: a `configure` line carries the plugin configuration, which
+    may hold a password, and errors must not repeat it."""
+    return "a line with " + ", ".join(sorted(key for key in line if key != "id"))
+
+
 class Emulator:
     """The filter in the project's proxy-wasm host emulator (`wasm-host serve`, tests/host) instead of Envoy.
 
@@ -903,7 +912,7 @@ class Emulator:
                 answer = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 # No call for the module's logs here: it would wait behind the answer that is late.
-                raise HarnessError(f"{self.name} did not answer {line} within {timeout:.1f}s\n"
+                raise HarnessError(f"{self.name} did not answer {_what(line)} within {timeout:.1f}s\n"
                                    f"--- {self.name} (tail) ---\n{self.log_tail(collect=False)}") from None
             if answer is None:
                 self._lines.put(None)  # later calls see the end too
@@ -918,7 +927,7 @@ class Emulator:
                 break
             self.late_answers.append(result)
         if "error" in result:
-            raise HarnessError(f"{self.name} refused {line}: {result['error']}")
+            raise HarnessError(f"{self.name} refused {_what(line)}: {result['error']}")
         return result
 
     @staticmethod

@@ -410,11 +410,11 @@ pub fn glob_escape(pattern: &str) -> String {
 /// `redis://user:secret@host/0` as `redis://user:***@host/0`: URLs are printed in messages.
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{path}"),
+    // The user info ends at the last `@`: a password may hold `/`, `?`, `#` or `@` unencoded (host names
+    // and Redis URL paths hold none).
+    match rest.rsplit_once('@') {
+        Some((userinfo, host_and_path)) => match userinfo.split_once(':') {
+            Some((user, _password)) => format!("{scheme}://{user}:***@{host_and_path}"),
             None => url.to_string(),
         },
         None => url.to_string(),
@@ -481,6 +481,7 @@ mod tests {
         assert_eq!(redact_url("redis://127.0.0.1:6379/0"), "redis://127.0.0.1:6379/0");
         assert_eq!(redact_url("redis://user@host"), "redis://user@host");
         assert_eq!(redact_url("not a url"), "not a url");
+        assert_eq!(redact_url("redis://:a/b@c@10.0.0.1:6379/0"), "redis://:***@10.0.0.1:6379/0", "/ and @ in it");
     }
 
     #[test]
