@@ -275,9 +275,10 @@ def run_soak(stack: h.Stack) -> Soak:
 class Expiry:
     start: tuple[int, int]  # (DBSIZE, used_memory) before the load
     loaded: list[tuple[float, int, int, int]]  # (s since the load started, DBSIZE, used_memory, requests)
-    drain: list[tuple[float, int, int, int]]  # (s since the load stopped, DBSIZE, used_memory, expired keys)
+    drain: list[tuple[float, int, int, int]]  # (s since wrk's duration ended, DBSIZE, used_memory, expired keys)
     settings: dict[str, str]
     wrk: b.WrkResult
+    wrk_exit_s: float | None  # when wrk exited, s after its duration (None: later than the drain)
     stats: dict[str, int] = field(default_factory=dict)
 
 
@@ -297,25 +298,27 @@ def run_expiry(stack: h.Stack) -> Expiry:
         loaded: list[tuple[float, int, int, int]] = []
         started = time.monotonic()
         wrk = cluster_bench.start_wrk(envoy.port, EXPIRY_SECONDS, stack.workdir, "expiring", script)
-        while wrk[0].alive():
-            time.sleep(1.0)
-            if wrk[0].alive():
-                requests = envoy.stats(filter=b.ENVOY_STATS).get("http.ingress_http.downstream_rq_completed", 0)
-                loaded.append((time.monotonic() - started, *redis_memory(client), requests))
-        result = b.finish_wrk(wrk, EXPIRY_SECONDS)
-        stopped = time.monotonic()
+        stopped = started + EXPIRY_SECONDS  # wrk sends nothing after its duration (it may exit later)
+        while wrk[0].alive() and time.monotonic() < stopped - 1.0:
+            time.sleep(min(1.0, max(0.0, stopped - 1.0 - time.monotonic())))
+            requests = envoy.stats(filter=b.ENVOY_STATS).get("http.ingress_http.downstream_rq_completed", 0)
+            loaded.append((time.monotonic() - started, *redis_memory(client), requests))
+        time.sleep(max(0.0, stopped - time.monotonic()))
         drain: list[tuple[float, int, int, int]] = []
-        deadline, emptied = stopped + KEEP_ALIVE_S + DRAIN_MARGIN_S, None
+        deadline, emptied, exited = stopped + KEEP_ALIVE_S + DRAIN_MARGIN_S, None, None
         while time.monotonic() < deadline:
             dbsize, used = redis_memory(client)
             now = time.monotonic()
             drain.append((now - stopped, dbsize, used, int(client.info("stats")["expired_keys"]) - expired_before))
+            if exited is None and not wrk[0].alive():
+                exited = now - stopped
             if dbsize <= start[0] and emptied is None:
                 emptied = now
                 deadline = min(deadline, now + 2.0)  # a little longer: used_memory may still fall
             time.sleep(0.25)
+        result = b.finish_wrk(wrk, EXPIRY_SECONDS)
         stats = {b._short(name): value for name, value in envoy.stats(filter=b.ENVOY_STATS).items()}
-        return Expiry(start, loaded, drain, settings, result, stats)
+        return Expiry(start, loaded, drain, settings, result, exited, stats)
     finally:
         stack.stop_envoys()
 
@@ -460,7 +463,7 @@ def expiry_verdicts(expiry: Expiry) -> list[list[str]]:
     back = (max(peak[2], end[2]) - end[2]) / added if added > 0 else float("nan")
     rows.append(["Redis after the load stopped", "", "",
                  f"{num(end[1])} keys, {mib(end[2])} MiB (start {num(start_db)}, {mib(start_used)} MiB)",
-                 (f"every limiter gone {emptied[0]:.1f} s after the load" if emptied else
+                 (f"every limiter gone {emptied[0]:.1f} s after the load ended" if emptied else
                   f"NOT EMPTY after {end[0]:.0f} s") + f"; {back * 100:.0f}% of the memory the load added is back"])
     return rows
 
@@ -492,7 +495,9 @@ def print_results(soak: Soak, expiry: Expiry) -> None:
         f"keep_alive {EXPIRING_RULE['keep_alive']}, {EXPIRY_SECONDS} s of the same load ({num(expiry.wrk.requests)} "
         f"requests, {num(expiry.wrk.rps)} req/s), then none. Redis hz {expiry.settings.get('hz')}, "
         f"active-expire-effort {expiry.settings.get('active-expire-effort')}: keys expire when touched (lazily) "
-        "and in the cron's sampling of keys with a TTL (actively); with no load, only the latter.")
+        "and in the cron's sampling of keys with a TTL (actively); with no load, only the latter. Rows "
+        f"'end +s': seconds after wrk's {EXPIRY_SECONDS} s ended (wrk exited "
+        + (f"{expiry.wrk_exit_s:.1f} s after)." if expiry.wrk_exit_s is not None else "later)."))
     step = max(1, len(expiry.loaded) // 10)
     loaded = expiry.loaded[::step] + [s for s in expiry.loaded[-1:] if s not in expiry.loaded[::step]]
     rows = [[f"load {t:.0f}", num(requests), num(dbsize), num(dbsize // KEYS_PER_LIMITER), mib(used), ""]
@@ -504,7 +509,7 @@ def print_results(soak: Soak, expiry: Expiry) -> None:
         if not shown or math.floor(entry[0]) != math.floor(shown[-1][0]) or entry is emptied \
                 or entry is expiry.drain[-1]:
             shown.append(entry)
-    rows += [[f"stopped +{t:.2f}", "", num(dbsize), num(dbsize // KEYS_PER_LIMITER), mib(used), num(expired)]
+    rows += [[f"end +{t:.2f}", "", num(dbsize), num(dbsize // KEYS_PER_LIMITER), mib(used), num(expired)]
              for t, dbsize, used, expired in shown]
     out(f"Start: DBSIZE {num(expiry.start[0])}, used_memory {mib(expiry.start[1])} MiB.")
     out(table(["s", "requests", "DBSIZE", "limiters", "used MiB", "expired keys"], rows))
