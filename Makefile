@@ -10,7 +10,11 @@
 #   make lint       clippy (warnings are errors) on both wasm builds, the native core and its tests, the host
 #                   emulator, erl-admin and the test support crate; rustfmt --check; no import cycle
 #                   between modules (scripts/check_imports.py)
-#   make bench      build, then benchmarks, each figure next to a baseline measured in the same run (~2 min)
+#   make bench      build, then benchmarks, each figure next to a baseline measured in the same run (~13 min)
+#   make soak       build, then memory under 10^6 new keys and keys that expire (bench/soak.py, not in CI,
+#                   ~13 min; SOAK_SECONDS=60 SOAK_KEYS=100000 for ~2 min)
+#   make fuzz       the parsers (10^7 executions each, libFuzzer with a nightly toolchain, else property
+#                   tests) and the whole module in the emulator (scripts/fuzz.sh, not in CI)
 #   make clean      remove target/ and dist/; make distclean also removes .venv/ and .tools/
 
 SHELL := bash
@@ -38,7 +42,7 @@ CARGO_FLAGS_higress := --no-default-features --features host-redis
 
 DIST := $(ARTIFACTS:%=dist/edge-rate-limiter-%.wasm)
 
-.PHONY: build setup test test-unit test-wasm test-parity test-host test-e2e run lint bench clean distclean FORCE
+.PHONY: build setup test test-unit test-wasm test-parity test-host test-e2e run lint bench soak fuzz clean distclean FORCE
 
 build: setup $(DIST)
 
@@ -106,6 +110,14 @@ bench: export SETUP_BENCH := 1
 bench: build
 	$(CARGO) build -q -p proxy-wasm-host-emulator --bin wasm-host
 	$(PYTHON) bench/bench.py
+
+# Long runs, not in CI: memory over time (bench/soak.py) and fuzzing (scripts/fuzz.sh).
+soak: build
+	$(CARGO) build -q -p proxy-wasm-host-emulator --bin wasm-host
+	$(PYTHON) bench/soak.py
+
+fuzz: build
+	scripts/fuzz.sh
 
 clean:
 	rm -rf target dist
