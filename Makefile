@@ -57,10 +57,12 @@ dist/edge-rate-limiter-%.wasm: FORCE | setup
 
 test: build lint test-unit test-wasm test-parity test-host test-e2e
 
-# The hostcall-free core and the operator tool, natively.
+# The hostcall-free core and the operator tool, natively; then the fuzz smoke (tests/fuzz: the property tests
+# of make fuzz, bounded) and the key-safety properties (tests/key_safety.rs).
 test-unit: setup
 	$(CARGO) test -q --lib --no-default-features
 	$(CARGO) test -q -p erl-admin
+	$(CARGO) test -q --no-default-features --test fuzz --test key_safety
 
 # The same tests on wasm32 under Node (wasm-bindgen-test). Compiled with -q, but run without: cargo would
 # pass --quiet on to wasm-bindgen-test-runner, which rejects it. Debug info off: the test module is ~7x

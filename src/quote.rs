@@ -14,6 +14,12 @@ pub fn quoted(bytes: impl AsRef<[u8]>) -> String {
     quoted_bytes(bytes.as_ref())
 }
 
+/// [`quoted`] without the double quotes: untrusted text inside a message of its own shape.
+pub fn escaped(text: &str) -> String {
+    let quoted = quoted_bytes(text.as_bytes());
+    quoted.get(1..quoted.len() - 1).unwrap_or_default().to_string()
+}
+
 /// [`quoted`], compiled once (not per argument type).
 fn quoted_bytes(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len() + 2);

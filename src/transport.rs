@@ -56,7 +56,10 @@ impl fmt::Display for Failure {
             // Envoy answers a callout that exceeds its timeout with a local 504.
             Failure::BridgeStatus(504) => write!(f, "the Redis bridge timed out (HTTP 504 after redis.timeout)"),
             Failure::BridgeStatus(status) => write!(f, "the Redis bridge answered HTTP {status}"),
-            Failure::RedisError(text) => write!(f, "Redis error: {text}{}", cluster_hint(text)),
+            // Escaped: the reply's text comes from Redis or the bridge and must not forge a log line.
+            Failure::RedisError(text) => {
+                write!(f, "Redis error: {}{}", crate::quote::escaped(text), cluster_hint(text))
+            }
             Failure::BadReply(what) => write!(f, "{what}"),
             Failure::TimedOut => write!(f, "the host gave no answer to a Redis call within redis.timeout"),
         }

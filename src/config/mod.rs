@@ -393,7 +393,7 @@ mod tests {
     #[test]
     fn a_limiter_name_whose_keys_would_fall_in_different_cluster_slots_is_refused() {
         let with = |limiter: &str| MINIMAL.replace(r#""name":"r","#, &format!(r#""name":"r","limiter":"{limiter}","#));
-        for broken in ["erl:{x", "erl:{}x", "erl:}{"] {
+        for broken in ["erl:{x", "erl:{}x", "erl:}{", "erl}x"] {
             assert!(error_of(&with(broken)).starts_with("rules[0].limiter: a `{` must open"), "{broken}");
         }
         assert!(parse(&with("erl:{tenant}:x")).is_ok());

@@ -44,6 +44,11 @@ impl<'a> Object<'a> {
         Object { layers, current: 0, read: Vec::new(), ignored }
     }
 
+    /// Its own path (of the layer it was last read from): `redis`, `_rules_[0].redis`.
+    pub(super) fn path(&self) -> String {
+        self.layers.get(self.current).map(|(_, path)| path.clone()).unwrap_or_default()
+    }
+
     /// The path of one of its fields (in the layer it was last read from).
     pub(super) fn path_of(&self, name: &str) -> String {
         match self.layers.get(self.current).map(|(_, path)| path.as_str()) {
@@ -139,11 +144,12 @@ impl<'a> Object<'a> {
     ) -> Result<Option<T>, ConfigError> {
         match self.get(name) {
             None => Ok(None),
-            Some(Value::String(text)) => choices
-                .iter()
-                .find(|(written, _)| written == text)
-                .map(|(_, choice)| Some(*choice))
-                .ok_or_else(|| self.error(name, format!("unknown variant `{text}`, expected {}", one_of(choices)))),
+            Some(Value::String(text)) => {
+                choices.iter().find(|(written, _)| written == text).map(|(_, choice)| Some(*choice)).ok_or_else(|| {
+                    let text = crate::quote::escaped(text);
+                    self.error(name, format!("unknown variant `{text}`, expected {}", one_of(choices)))
+                })
+            }
             Some(_) => Err(self.error(name, format!("must be a string: {}", one_of(choices)))),
         }
     }
@@ -171,7 +177,9 @@ impl<'a> Object<'a> {
                 map.keys().find(|key| !self.read.contains(&key.as_str()) && !self.ignored.contains(&key.as_str()));
             if let Some(key) = unknown {
                 self.current = layer;
-                return Err(self.error(key, format!("unknown field `{key}`, expected one of {}", list(known))));
+                // The key comes from the configuration: escaped, it cannot forge a log line.
+                let key = crate::quote::escaped(key);
+                return Err(self.error(&key, format!("unknown field `{key}`, expected one of {}", list(known))));
             }
         }
         Ok(())

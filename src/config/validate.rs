@@ -89,7 +89,7 @@ impl PluginConfig {
         let redis = read_redis(top.required("redis", Object::object)?)?;
         let (items, at) = top.required("rules", Object::array)?;
         if items.is_empty() {
-            return Err(ConfigError::new("rules", "at least one rule is required"));
+            return Err(top.error("rules", "at least one rule is required"));
         }
         let mut rules: Vec<Rule> = Vec::with_capacity(items.len());
         for (index, item) in items.iter().enumerate() {
@@ -121,22 +121,19 @@ impl PluginConfig {
         )?;
         let cache_size = top.number::<usize>("cache_size")?.unwrap_or(10_000);
         if cache_size == 0 {
-            return Err(ConfigError::new("cache_size", "must be at least 1"));
+            return Err(top.error("cache_size", "must be at least 1"));
         }
         let clock = top.choice("clock", &[("gateway", ClockSource::Gateway), ("redis", ClockSource::Redis)])?;
         let local_block_slots = top.number::<u32>("local_block_slots")?.unwrap_or(DEFAULT_LOCAL_BLOCK_SLOTS);
         if local_block_slots == 0 || local_block_slots > MAX_LOCAL_BLOCK_SLOTS {
-            return Err(ConfigError::new(
-                "local_block_slots",
-                format!("must be between 1 and {MAX_LOCAL_BLOCK_SLOTS}"),
-            ));
+            return Err(top.error("local_block_slots", format!("must be between 1 and {MAX_LOCAL_BLOCK_SLOTS}")));
         }
         let local_fallback = match (failure_mode, top.object("local_fallback")?) {
             (Some(FailureMode::Local), Some(section)) => Some(read_local_fallback(section, local_block_slots)?),
             (Some(FailureMode::Local), None) => {
-                return Err(ConfigError::new("local_fallback", "required with failure_mode \"local\" (gateways)"))
+                return Err(top.error("local_fallback", "required with failure_mode \"local\" (gateways)"))
             }
-            (_, Some(_)) => return Err(ConfigError::new("local_fallback", "only with failure_mode \"local\"")),
+            (_, Some(_)) => return Err(top.error("local_fallback", "only with failure_mode \"local\"")),
             (_, None) => None,
         };
         top.finish(TOP_FIELDS)?;
@@ -186,7 +183,7 @@ fn read_redis(mut redis: Object<'_>) -> Result<RedisConfig, ConfigError> {
         .unwrap_or(TransportKind::Http);
     let cluster = match (redis.string("cluster")?, redis.string("service_name")?) {
         (Some(_), Some(_)) => return Err(redis.error("cluster", "set either `cluster` or `service_name`, not both")),
-        (None, None) => return Err(ConfigError::new("redis", "`cluster` or `service_name` is required")),
+        (None, None) => return Err(ConfigError::new(redis.path(), "`cluster` or `service_name` is required")),
         (Some(cluster), None) => {
             if redis.get("service_port").is_some() {
                 return Err(redis.error("service_port", "only valid with `service_name`"));
@@ -310,10 +307,17 @@ fn read_rule(mut rule: Object<'_>) -> Result<Rule, ConfigError> {
     // Redis Cluster hashes `{tag}` when the first `{` is closed by a `}` with something between; otherwise
     // the whole key, and the limiter's keys (`N`, `N:value`...: Redisson's names once N has a `{`) would
     // fall in different slots.
-    if let Some(open) = limiter.find('{') {
-        if !limiter.get(open + 1..).and_then(|rest| rest.find('}')).is_some_and(|close| close > 0) {
-            return Err(rule.error("limiter", "a `{` must open a non-empty hash tag closed by `}` (Redis Cluster)"));
-        }
+    // Without a `{`, Redisson tags the other keys `{N}:value`, whose slot is of the text before the first `}`
+    // of N: so N must hold no `}` at all.
+    let tagged = match limiter.find('{') {
+        Some(open) => limiter.get(open + 1..).and_then(|rest| rest.find('}')).is_some_and(|close| close > 0),
+        None => !limiter.contains('}'),
+    };
+    if !tagged {
+        return Err(rule.error(
+            "limiter",
+            "a `{` must open a non-empty hash tag closed by `}`, and a `}` needs one (Redis Cluster)",
+        ));
     }
     let rate_source = rule
         .choice("rate_source", &[("redis", RateSource::Redis), ("config", RateSource::Config)])?

@@ -392,8 +392,11 @@ pub fn path_exists(value: &Value, field: &str) -> bool {
         }
         match value {
             Value::Object(map) => map.iter().any(|(key, item)| {
-                let at = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
-                field.starts_with(at.as_str()) && walk(item, &at, field)
+                // Refusals show a key escaped (src/quote.rs): match either form.
+                [key.clone(), edge_rate_limiter::quote::escaped(key)].iter().any(|key| {
+                    let at = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
+                    field.starts_with(at.as_str()) && walk(item, &at, field)
+                })
             }),
             Value::Array(items) => items.iter().enumerate().any(|(index, item)| {
                 let at = format!("{path}[{index}]");

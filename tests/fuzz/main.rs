@@ -180,9 +180,8 @@ fn strictly(json: &str) {
 /// variant` refusals echo the document's text verbatim, control characters included, so a configuration
 /// forges lines in the gateway's log (src/quote.rs promises none reach it). Found by the
 /// `configuration_mutated_field_by_field` property. Fix: `quoted(key)` / `quoted(text)` there (and in the
-/// field path of an unknown key). Ignored until then.
+/// field path of an unknown key).
 #[test]
-#[ignore = "finding: config refusals echo control characters (src/config/reader.rs)"]
 fn refusals_quote_what_they_echo() {
     let valid = r#""redis":{"cluster":"c"},"rules":[{"name":"r","limit_by":"global","rate":1,"interval":1}]"#;
     strictly(&format!(r#"{{{valid},"a\nedge-rate-limiter: forged":1}}"#));
@@ -194,9 +193,8 @@ fn refusals_quote_what_they_echo() {
 /// `_rules_` override they name the top-level field, which may not even be in the document, instead of
 /// `_rules_[i].<field>`: `{"_rules_":[{..., "local_block_slots": 65537}]}` is refused with
 /// `local_block_slots: must be between 1 and 65536`. Found by `configuration_mutated_field_by_field`. Fix:
-/// `top.error(name, ...)` (the layer the field came from). Ignored until then.
+/// `top.error(name, ...)` (the layer the field came from).
 #[test]
-#[ignore = "finding: override refusals name the top-level field (src/config/validate.rs)"]
 fn override_refusals_name_the_override() {
     let rule = r#"{"name":"r","limit_by":"path","rate":1,"interval":1}"#;
     for fields in [
@@ -216,9 +214,8 @@ fn override_refusals_name_the_override() {
 /// `{` is accepted, e.g. `"erl}x"`. Its name has no `{`, so Redisson's layout writes `{erl}x:alice}:value`,
 /// whose hash tag is `erl` (up to the first `}`), while the config hash `erl}x:alice` hashes whole: two
 /// slots (CROSSSLOT in the script on a Redis Cluster). Found by `keys_and_limiter_names_of_any_request`.
-/// Fix: refuse a `}` outside a hash tag (or any `}` when there is no `{`). Ignored until then.
+/// Fix: refuse a `}` outside a hash tag (or any `}` when there is no `{`).
 #[test]
-#[ignore = "finding: a limiter with `}` and no `{` spans two hash slots (src/config/validate.rs)"]
 fn limiters_with_a_closing_brace_keep_one_slot() {
     use edge_rate_limiter::key::{limiter_name, KeyValue};
     for base in ["erl}x", "}", "a}b}c"] {

@@ -702,9 +702,8 @@ fn the_higress_module_answers_every_request_whatever_redis_answers() {
 /// bridge, or anything on the path) that answers `-ERR a\nforged\r\n` writes a forged line in the
 /// gateway's log; src/quote.rs promises that no value from a Redis reply reaches the log unquoted. Found by
 /// the module fuzz above (`Redis error: ERR \u{7f}...` lines, counted at the end of each run). Fix: quote the
-/// text in `Failure`'s `Display` (or where the reply is read). Ignored until then.
+/// text in `Failure`'s `Display` (or where the reply is read).
 #[test]
-#[ignore = "finding: Redis error replies reach the log verbatim (src/transport.rs, src/limiter.rs)"]
 fn redis_error_replies_cannot_forge_log_lines() {
     for build in [Build::Stock, Build::Higress] {
         let plan = new_plan(Rng(1));
