@@ -5,7 +5,7 @@ from __future__ import annotations
 from harness import METRIC_PREFIX, HarnessError, plugin_config, rule
 
 COUNTERS = ("allowed", "rejected", "local_rejected", "failure_allowed", "failure_denied", "redis_calls", "redis_errors",
-            "host_errors", "leases", "compensations", "rule.per-user.rejected")
+            "host_errors", "leases", "compensations", "fallback_allowed", "fallback_rejected", "rule.per-user.rejected")
 
 
 def warm_up_every_worker(envoy, headers: dict[str, str], limit: int = 40) -> int:
@@ -49,6 +49,8 @@ def test_one_redis_round_trip_per_request_once_the_limiter_exists(stack):
         "host_errors": 0,
         "leases": 0,
         "compensations": 0,
+        "fallback_allowed": 0,
+        "fallback_rejected": 0,
         "rule.per-user.rejected": 3,
     }
     assert scripts_after - scripts_before == len(statuses) - 2, "Redis ran one script per request it saw"
