@@ -84,21 +84,29 @@ impl Window {
     /// The permits in the buckets overlapping `(now_ms - interval, now_ms]` (a clock behind the newest
     /// bucket counts up to the newest: more, never less).
     fn counted(&self, now_ms: u64) -> u64 {
-        let oldest = now_ms.saturating_sub(self.interval_ms) / Self::width_ms(self.interval_ms);
-        (oldest..=self.newest)
-            .filter(|bucket| self.newest - bucket < BUCKETS as u64)
+        (self.first_counted(now_ms)..=self.newest)
             .map(|bucket| u64::from(self.counts.get((bucket % BUCKETS as u64) as usize).copied().unwrap_or(0)))
             .sum()
+    }
+
+    /// The oldest bucket that overlaps `(now_ms - interval, now_ms]`, and never more than the ring back from
+    /// the newest: a clock far behind the newest bucket (or a window written with a clock far ahead) costs
+    /// at most `BUCKETS` steps, not one per bucket of the gap.
+    fn first_counted(&self, now_ms: u64) -> u64 {
+        let oldest = now_ms.saturating_sub(self.interval_ms) / Self::width_ms(self.interval_ms);
+        oldest.max(self.newest.saturating_sub(BUCKETS as u64 - 1))
     }
 
     /// When the oldest counted permit leaves the window, ms from `now_ms` (for `Retry-After`).
     fn next_release_ms(&self, now_ms: u64) -> u64 {
         let width = Self::width_ms(self.interval_ms);
-        let oldest = now_ms.saturating_sub(self.interval_ms) / width;
+        let oldest = self.first_counted(now_ms);
         let first = (oldest..=self.newest)
             .find(|bucket| self.counts.get((bucket % BUCKETS as u64) as usize).is_some_and(|c| *c > 0))
             .unwrap_or(oldest);
-        (first + 1).saturating_mul(width).saturating_add(self.interval_ms).saturating_sub(now_ms)
+        // At most the interval and two buckets, whatever the clocks say.
+        let bound = self.interval_ms.saturating_add(width.saturating_mul(2));
+        (first + 1).saturating_mul(width).saturating_add(self.interval_ms).saturating_sub(now_ms).min(bound)
     }
 }
 
@@ -286,6 +294,15 @@ mod tests {
             let inside = admitted_at[i..].iter().take_while(|&&t| t < start + 1_000).count();
             assert!(inside <= 5, "{inside} admitted in the window from {start}");
         }
+    }
+
+    #[test]
+    fn a_clock_far_behind_the_window_counts_the_whole_ring_at_once() {
+        let host = FakeHost::new();
+        let far_ahead = 1_700_000_000_000;
+        assert!(admitted(&host, "erl:a", 5, far_ahead));
+        // A clock near zero would walk ~5e10 buckets one by one; it counts the ring (full) and refuses.
+        assert!(!admitted(&host, "erl:a", 1, 1_000));
     }
 
     #[test]
