@@ -59,6 +59,7 @@ extern "C" {
         value_size: usize,
     ) -> u32;
     fn proxy_get_property(path: *const u8, path_size: usize, value: *mut *mut u8, value_size: *mut usize) -> u32;
+    fn proxy_set_property(path: *const u8, path_size: usize, value: *const u8, value_size: usize) -> u32;
     fn proxy_get_shared_data(
         key: *const u8,
         key_size: usize,
@@ -211,6 +212,11 @@ impl Host for AbiHost {
         let path = path.join("\0");
         // SAFETY: as above.
         bytes_of(|data, size| unsafe { proxy_get_property(path.as_ptr(), path.len(), data, size) })
+    }
+
+    fn set_property(&self, path: &str, value: &[u8]) -> Result<(), HostError> {
+        // SAFETY: both slices live for the call.
+        HostError::check(unsafe { proxy_set_property(path.as_ptr(), path.len(), value.as_ptr(), value.len()) })
     }
 
     fn resume_request(&self) -> Result<(), HostError> {

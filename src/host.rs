@@ -155,6 +155,14 @@ pub trait Host {
     /// The host's status.
     fn property(&self, path: &[&str]) -> Result<Option<Vec<u8>>, HostError>;
 
+    /// Sets a property of the effective context's request (`proxy_set_property`) under `path`, one
+    /// segment. Envoy keeps it in the request's filter state as `wasm.<path>` (a bytes value), which access
+    /// logs read with `%FILTER_STATE(wasm.<path>:PLAIN)%`.
+    ///
+    /// # Errors
+    /// The host's status.
+    fn set_property(&self, path: &str, value: &[u8]) -> Result<(), HostError>;
+
     /// Resumes the effective context's paused request (`proxy_continue_stream(HttpRequest)`).
     ///
     /// # Errors

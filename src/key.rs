@@ -6,8 +6,11 @@
 
 use crate::prelude::*;
 
+use alloc::borrow::Cow;
+use alloc::boxed::Box;
 use core::net::{IpAddr, SocketAddr};
 
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use sha2::{Digest, Sha256};
 
 use crate::encoding;
@@ -30,7 +33,31 @@ pub enum KeySource {
     Path,
     /// One limiter for every request.
     Global,
+    /// The network of an address source ([`KeySource::ClientIp`] or [`KeySource::XForwardedFor`]): the
+    /// address with its host bits cleared, written `address/prefix` (`10.1.2.0/24`, `2001:db8:1::/64`), so
+    /// a whole network shares one limiter. IPv4-mapped IPv6 addresses count as IPv4.
+    Network {
+        /// The address source.
+        of: Box<KeySource>,
+        /// Prefix lengths kept, by address family.
+        prefix: IpPrefix,
+    },
+    /// Several sources together (e.g. user and path): one limiter per combination of their values, named
+    /// by the parts in order ([`write_limiter_name`]). Missing when any part is missing.
+    Composite(Vec<KeySource>),
 }
+
+/// How much of an address a [`KeySource::Network`] key keeps: prefix lengths in bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpPrefix {
+    /// IPv4 prefix length, 0..=32 (32: the whole address).
+    pub ipv4: u8,
+    /// IPv6 prefix length, 0..=128 (128: the whole address).
+    pub ipv6: u8,
+}
+
+/// Most parts of a composite key (`limit_by` as an array).
+pub const MAX_KEY_PARTS: usize = 8;
 
 impl KeySource {
     /// A header source; the name is trimmed and lowercased, as hosts present header names.
@@ -48,6 +75,29 @@ impl KeySource {
             KeySource::Query(name) if name.is_empty() => Err("the query parameter name must not be empty".into()),
             KeySource::Cookie(name) if name.trim().is_empty() => Err("the cookie name must not be empty".into()),
             KeySource::XForwardedFor(0) => Err("trusted hops must be at least 1 (use \"client_ip\" for none)".into()),
+            KeySource::Network { of, prefix } => {
+                if !matches!(**of, KeySource::ClientIp | KeySource::XForwardedFor(_)) {
+                    return Err("a prefix applies to `client_ip` or `x_forwarded_for` only".into());
+                }
+                if prefix.ipv4 > 32 || prefix.ipv6 > 128 {
+                    return Err("`ipv4_prefix` must be at most 32 and `ipv6_prefix` at most 128".into());
+                }
+                of.validate()
+            }
+            KeySource::Composite(parts) => {
+                if parts.len() < 2 || parts.len() > MAX_KEY_PARTS {
+                    return Err(format!("a composite key has 2 to {MAX_KEY_PARTS} parts"));
+                }
+                for (index, part) in parts.iter().enumerate() {
+                    if matches!(part, KeySource::Global | KeySource::Composite(_)) {
+                        return Err(format!(
+                            "part {index}: `global` or a nested list cannot be part of a composite key"
+                        ));
+                    }
+                    part.validate().map_err(|why| format!("part {index}: {why}"))?;
+                }
+                Ok(())
+            }
             _ => Ok(()),
         }
     }
@@ -59,7 +109,8 @@ impl KeySource {
             KeySource::Query(_) | KeySource::Path => Some(":path"),
             KeySource::Cookie(_) => Some("cookie"),
             KeySource::XForwardedFor(_) => Some("x-forwarded-for"),
-            KeySource::ClientIp | KeySource::Global => None,
+            KeySource::Network { of, .. } => of.header_name(),
+            KeySource::ClientIp | KeySource::Global | KeySource::Composite(_) => None,
         }
     }
 }
@@ -77,6 +128,8 @@ pub trait RequestView {
 pub enum KeyValue {
     /// The request carries a value (possibly empty, possibly binary).
     Value(Vec<u8>),
+    /// A composite key's values, one per part, in order (every part present).
+    Parts(Vec<Vec<u8>>),
     /// The rule is global: no value part in the limiter name.
     Global,
     /// The request carries no value for this rule.
@@ -96,8 +149,45 @@ pub fn extract(source: &KeySource, request: &impl RequestView) -> KeyValue {
             request.source_address().as_deref().and_then(parse_ip).map(|ip| ip.to_string().into_bytes())
         }
         KeySource::XForwardedFor(hops) => header.and_then(|xff| forwarded_client(&xff, *hops)),
+        KeySource::Network { of, prefix } => {
+            let address = match **of {
+                KeySource::XForwardedFor(hops) => header.as_deref().and_then(|xff| forwarded_ip(xff, hops)),
+                _ => request.source_address().as_deref().and_then(parse_ip),
+            };
+            address.and_then(|ip| network(ip, *prefix)).map(String::into_bytes)
+        }
+        KeySource::Composite(parts) => {
+            let mut values = Vec::with_capacity(parts.len());
+            for part in parts {
+                match extract(part, request) {
+                    KeyValue::Value(value) => values.push(value),
+                    _ => return KeyValue::Missing,
+                }
+            }
+            return KeyValue::Parts(values);
+        }
     };
     value.map_or(KeyValue::Missing, KeyValue::Value)
+}
+
+/// The bytes a value is matched against (`rates_by_value`): the value itself, or a composite key's parts
+/// joined by `:`; `None` for a global rule or a missing value.
+pub fn match_text(value: &KeyValue) -> Option<Cow<'_, [u8]>> {
+    match value {
+        KeyValue::Value(bytes) => Some(Cow::Borrowed(bytes)),
+        KeyValue::Parts(parts) => Some(Cow::Owned(parts.join(&b':'))),
+        KeyValue::Global | KeyValue::Missing => None,
+    }
+}
+
+/// `ip` with its host bits cleared, as `network/prefix` (canonical text: `10.1.2.0/24`, `2001:db8::/64`);
+/// `None` for a prefix longer than the family's address (refused at load).
+fn network(ip: IpAddr, prefix: IpPrefix) -> Option<String> {
+    let net = match ip.to_canonical() {
+        IpAddr::V4(v4) => IpNet::V4(Ipv4Net::new(v4, prefix.ipv4).ok()?),
+        IpAddr::V6(v6) => IpNet::V6(Ipv6Net::new(v6, prefix.ipv6).ok()?),
+    };
+    Some(net.trunc().to_string())
 }
 
 /// Splits `:path` into the path and the query string (without `?`; empty when there is none).
@@ -149,7 +239,7 @@ fn strip_quotes(value: &[u8]) -> &[u8] {
 }
 
 /// An IP address from `ip`, `ip:port`, `[v6]` or `[v6]:port`.
-fn parse_ip(address: &str) -> Option<IpAddr> {
+pub(crate) fn parse_ip(address: &str) -> Option<IpAddr> {
     let address = address.trim();
     address
         .parse::<SocketAddr>()
@@ -160,11 +250,16 @@ fn parse_ip(address: &str) -> Option<IpAddr> {
 
 /// The client address `hops` entries from the right of `x-forwarded-for`, normalized, if it is an IP.
 fn forwarded_client(header: &[u8], hops: u32) -> Option<Vec<u8>> {
+    forwarded_ip(header, hops).map(|ip| ip.to_string().into_bytes())
+}
+
+/// The address `hops` entries from the right of `x-forwarded-for`, if it is an IP.
+fn forwarded_ip(header: &[u8], hops: u32) -> Option<IpAddr> {
     // Split the bytes first: only the trusted entry must be text (a client's own entries may hold anything,
     // and must not make the header unreadable).
     let entries: Vec<&[u8]> = header.split(|&b| b == b',').map(<[u8]>::trim_ascii).filter(|e| !e.is_empty()).collect();
     let index = entries.len().checked_sub(usize::try_from(hops).ok()?)?;
-    parse_ip(core::str::from_utf8(entries.get(index)?).ok()?).map(|ip| ip.to_string().into_bytes())
+    parse_ip(core::str::from_utf8(entries.get(index)?).ok()?)
 }
 
 /// Longest key value written verbatim into a limiter name, bytes.
@@ -220,12 +315,29 @@ pub fn write_limiter_name(base: &str, value: &KeyValue, name: &mut String) -> bo
             return true;
         }
         KeyValue::Missing => return false,
+        KeyValue::Parts(parts) => {
+            name.push_str(base);
+            for part in parts {
+                name.push(':');
+                // `:` separates the parts, so a part holding one is encoded: the parts of two different
+                // combinations never make one name.
+                write_value(part, |b| b != b':' && is_verbatim_byte(b), name);
+            }
+            return true;
+        }
         KeyValue::Value(bytes) => bytes,
     };
     name.reserve(base.len() + 2 + bytes.len().min(MAX_ENCODED_LEN) * 4 / 3 + 4);
     name.push_str(base);
     name.push(':');
-    if !bytes.is_empty() && bytes.len() <= MAX_VERBATIM_LEN && bytes.iter().copied().all(is_verbatim_byte) {
+    write_value(bytes, is_verbatim_byte, name);
+    true
+}
+
+/// One value into a limiter name: verbatim when 1 to [`MAX_VERBATIM_LEN`] bytes all `verbatim`, else `~` +
+/// base64url when at most [`MAX_ENCODED_LEN`] bytes, else `#` + base64url of its SHA-256.
+fn write_value(bytes: &[u8], verbatim: impl Fn(u8) -> bool, name: &mut String) {
+    if !bytes.is_empty() && bytes.len() <= MAX_VERBATIM_LEN && bytes.iter().copied().all(verbatim) {
         // Only bytes from the verbatim set: valid ASCII.
         name.push_str(core::str::from_utf8(bytes).unwrap_or_default());
     } else if bytes.len() <= MAX_ENCODED_LEN {
@@ -235,7 +347,6 @@ pub fn write_limiter_name(base: &str, value: &KeyValue, name: &mut String) -> bo
         name.push('#');
         encoding::base64_into(&Sha256::digest(bytes), encoding::URL_SAFE, false, name);
     }
-    true
 }
 
 /// The Redis keys of one Redisson limiter, as Redisson 4.x `RedissonRateLimiter` names them.

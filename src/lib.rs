@@ -49,6 +49,7 @@ pub mod id_map;
 pub mod key;
 pub mod lease;
 pub mod limiter;
+pub mod matching;
 pub mod quote;
 pub mod resp;
 pub mod response;

@@ -18,8 +18,8 @@ use crate::prelude::*;
 
 use crate::block::Block;
 use crate::cache::{LimiterCache, Observation};
-use crate::config::{ClockSource, FailureMode, OnMissing, PluginConfig, RateSource, Rule};
-use crate::key::{extract, hash_slot, write_limiter_name, KeyValue, RequestView};
+use crate::config::{ClockSource, FailureMode, Mode, OnMissing, PluginConfig, RateSource, Rule};
+use crate::key::{extract, hash_slot, match_text, write_limiter_name, KeyValue, RequestView};
 pub use crate::lease::{LeaseAsk, LeaseGrant, Leases};
 use crate::response::{policy_value, rate_limit_headers, retry_after, HeaderValue, Headers, Quota};
 use crate::script::{
@@ -79,6 +79,9 @@ pub struct Report {
     pub retry_ms: Option<u64>,
     /// The first rule (in configuration order) that rejected: named in `x-ratelimited-by`.
     pub rejected_by: Option<usize>,
+    /// The first shadow rule that would have rejected: in the request's filter state, and with
+    /// `shadow_headers` named in `x-shadow-ratelimited-by`.
+    pub shadow_rejected_by: Option<usize>,
 }
 
 impl Report {
@@ -90,6 +93,11 @@ impl Report {
         }
         if let Some(rule) = self.rejected_by.and_then(|index| plan.rules.get(index)) {
             headers.push((REJECTED_BY_HEADER, HeaderValue::Shared(Rc::clone(&rule.name))));
+        }
+        if let Some(rule) = self.shadow_rejected_by.and_then(|index| plan.rules.get(index)) {
+            if config.shadow_headers {
+                headers.push((SHADOW_REJECTED_BY_HEADER, HeaderValue::Shared(Rc::clone(&rule.name))));
+            }
         }
         let quotas: SmallVec<[Quota<'_>; 2]> = self
             .quotas
@@ -113,12 +121,17 @@ impl Report {
 
 /// The response header naming the rule that rejected a request (the first in configuration order).
 pub const REJECTED_BY_HEADER: &str = "x-ratelimited-by";
+/// With `shadow_headers`: the response header naming the first shadow rule that would have rejected the
+/// request.
+pub const SHADOW_REJECTED_BY_HEADER: &str = "x-shadow-ratelimited-by";
 
 /// What happened, for metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     /// No rule applied to the request.
     Unlimited,
+    /// The request matched the configuration's `exempt`: no rule was looked at.
+    Exempt,
     /// Every rule that applied allowed it.
     Allowed,
     /// A limiter in Redis rejected it (or a missing key was denied, or it asked for more than a rate).
@@ -148,12 +161,149 @@ pub struct Decision {
     /// Every Redis call of the request that failed, whatever the decision (a request rejected by one rule
     /// can still carry another rule's failure), for `redis_errors` and the failure log.
     pub failures: Vec<Failure>,
-    /// The rules that rejected it (configuration indexes), for the per-rule counters.
+    /// The enforced rules that rejected it (configuration indexes), in rule order.
     pub rejecting: SmallVec<[usize; 2]>,
+    /// How each rule that applied ended (configuration indexes), for the per-rule counters.
+    pub rules: SmallVec<[(usize, RuleOutcome); 2]>,
     /// What it took and gives back, as it does not go upstream.
     pub give_back: Vec<GiveBack>,
     /// [`Outcome::Local`]: the rules to decide locally, with their limiter names.
     pub local: Vec<(usize, String)>,
+}
+
+/// How one rule ended for a request, for its counters (`rule.<name>.<outcome>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuleOutcome {
+    /// It admitted the request (its permits were taken, or would have been had no other rule rejected).
+    Allowed,
+    /// It rejected the request (Redis, a missing key denied, or the degraded mode's local window).
+    Rejected,
+    /// Its limiter's local block rejected the request, without a Redis call.
+    LocallyRejected,
+    /// A shadow rule that would have rejected the request: the request went on.
+    ShadowRejected,
+    /// Its Redis call failed.
+    Failed,
+}
+
+impl RuleOutcome {
+    /// Every outcome, in counter order.
+    pub const ALL: [RuleOutcome; 5] = [
+        RuleOutcome::Allowed,
+        RuleOutcome::Rejected,
+        RuleOutcome::LocallyRejected,
+        RuleOutcome::ShadowRejected,
+        RuleOutcome::Failed,
+    ];
+
+    /// Its counter's last name part: `rule.<name>.<this>`.
+    pub fn counter(self) -> &'static str {
+        match self {
+            RuleOutcome::Allowed => "allowed",
+            RuleOutcome::Rejected => "rejected",
+            RuleOutcome::LocallyRejected => "local_rejected",
+            RuleOutcome::ShadowRejected => "shadow_rejected",
+            RuleOutcome::Failed => "failures",
+        }
+    }
+}
+
+/// How one rule treats a request, before any Redis call ([`applications`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Applies {
+    /// The request matches the rule's `exempt`: the rule does not apply.
+    Exempt,
+    /// The request has no key value for the rule and `on_missing` is `skip`: the rule does not apply.
+    NoKey,
+    /// The request has no key value and `on_missing` is `deny`: rejected without Redis.
+    Denied,
+    /// The rule applies with this limiter (its Redis name).
+    Limiter {
+        /// The limiter name.
+        name: String,
+    },
+}
+
+/// One rule's [`Applies`] for a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleApplication {
+    /// The rule's name.
+    pub rule: String,
+    /// The index in `config.rules` of the entry that applies (a rule with `rates_by_value` has several:
+    /// this one's `rate`, `interval_ms`, `permits` and `mode` are the rule's for this request).
+    pub entry: usize,
+    /// How it applies.
+    pub applies: Applies,
+}
+
+/// Which rules apply to `request` and with which limiters: what [`start`] acts on, without Redis, for
+/// tools that explain a decision (`erl-admin explain`). `None`: the request matches the configuration's
+/// `exempt`, and no rule is looked at.
+pub fn applications(config: &PluginConfig, request: &impl RequestView) -> Option<Vec<RuleApplication>> {
+    if config.exempt.as_ref().is_some_and(|exempt| exempt.matches(request)) {
+        return None;
+    }
+    let mut applications = Vec::new();
+    let mut name = String::new();
+    let mut first = 0;
+    while let Some(end) = group_end(config, first) {
+        let (entry, applies) = match resolve(config, first, end, request, &mut name) {
+            Resolved::Limiter(entry) => (entry, Applies::Limiter { name: name.clone() }),
+            Resolved::Exempt => (end - 1, Applies::Exempt),
+            Resolved::NoKey => (end - 1, Applies::NoKey),
+            Resolved::Denied => (end - 1, Applies::Denied),
+        };
+        let rule = config.rules.get(entry).map(|r| r.name.clone()).unwrap_or_default();
+        applications.push(RuleApplication { rule, entry, applies });
+        first = end;
+    }
+    Some(applications)
+}
+
+/// The end (exclusive) of the rule whose entries start at `first`: its `rates_by_value` entries and its
+/// default entry, the first with no value match. `None` past the last rule.
+fn group_end(config: &PluginConfig, first: usize) -> Option<usize> {
+    let rest = config.rules.get(first..).filter(|rest| !rest.is_empty())?;
+    Some(first + rest.iter().position(|rule| rule.value_match.is_none()).map_or(rest.len(), |at| at + 1))
+}
+
+/// How the rule with entries `first..end` treats a request.
+enum Resolved {
+    Exempt,
+    NoKey,
+    Denied,
+    /// This entry applies; its limiter name is in the caller's buffer.
+    Limiter(usize),
+}
+
+/// Reads the key value of the rule with entries `first..end` (all share the source, `on_missing`, `exempt`
+/// and limiter base), picks the entry whose value match accepts it (else the default, last), and writes the
+/// limiter name into `name`.
+fn resolve(config: &PluginConfig, first: usize, end: usize, request: &impl RequestView, name: &mut String) -> Resolved {
+    let Some(rule) = config.rules.get(first) else { return Resolved::NoKey };
+    if rule.exempt.as_ref().is_some_and(|exempt| exempt.matches(request)) {
+        return Resolved::Exempt;
+    }
+    let value = match (extract(&rule.source, request), rule.on_missing) {
+        (KeyValue::Missing, OnMissing::Skip) => return Resolved::NoKey,
+        (KeyValue::Missing, OnMissing::Deny) => return Resolved::Denied,
+        (KeyValue::Missing, OnMissing::Share) => KeyValue::Value(Vec::new()),
+        (value, _) => value,
+    };
+    let mut entry = end - 1;
+    if end - first > 1 {
+        if let Some(text) = match_text(&value) {
+            let matched = config.rules.get(first..end - 1).and_then(|entries| {
+                entries.iter().position(|e| e.value_match.as_ref().is_some_and(|m| m.matches(&text)))
+            });
+            entry = matched.map_or(entry, |at| first + at);
+        }
+    }
+    if write_limiter_name(&rule.limiter, &value, name) {
+        Resolved::Limiter(entry)
+    } else {
+        Resolved::NoKey
+    }
 }
 
 /// Something worth one log line, found while deciding (not per request: the caller logs each once).
@@ -464,19 +614,28 @@ pub fn start(
 ) -> Start {
     let mut calls = Vec::new();
     let mut settled = None;
-    for (index, rule) in ctx.config.rules.iter().enumerate() {
-        let value = match (extract(&rule.source, request), rule.on_missing) {
-            (KeyValue::Missing, OnMissing::Skip) => continue,
-            (KeyValue::Missing, OnMissing::Deny) => {
-                settled = Some((index, RuleResult::Denied));
+    if ctx.config.exempt.as_ref().is_some_and(|exempt| exempt.matches(request)) {
+        return Start::Decided(exempt());
+    }
+    let mut first = 0;
+    while let Some(end) = group_end(ctx.config, first) {
+        let resolved = resolve(ctx.config, first, end, request, name);
+        let default_entry = end - 1;
+        first = end;
+        let index = match resolved {
+            Resolved::Exempt | Resolved::NoKey => continue,
+            Resolved::Denied if ctx.config.rules.get(default_entry).is_some_and(|r| r.mode == Mode::Shadow) => {
+                let state = CallState::Done(RuleResult::Denied);
+                calls.push(RuleCall::settled(default_entry, ctx.now_ms, state));
+                continue;
+            }
+            Resolved::Denied => {
+                settled = Some((default_entry, RuleResult::Denied));
                 break;
             }
-            (KeyValue::Missing, OnMissing::Share) => KeyValue::Value(Vec::new()),
-            (value, _) => value,
+            Resolved::Limiter(entry) => entry,
         };
-        if !write_limiter_name(&rule.limiter, &value, name) {
-            continue;
-        }
+        let Some(rule) = ctx.config.rules.get(index) else { continue };
         let clock = match ctx.config.clock {
             ClockSource::Gateway => Clock::Gateway(ctx.now_ms),
             ClockSource::Redis => Clock::Redis,
@@ -504,6 +663,13 @@ pub fn start(
         }
         if rule.local_block_max_ms > 0 {
             if let Some(block) = ctx.blocks.rejecting(name, ctx.now_ms, rule.permits) {
+                if rule.mode == Mode::Shadow {
+                    // A shadow rule blocked locally would have rejected: no Redis call to learn it again.
+                    let (quota, delay_ms) = block_quota(ctx, index, &block);
+                    let state = CallState::Done(RuleResult::Rejected { quota, delay_ms: Some(delay_ms), local: true });
+                    calls.push(RuleCall { name: name.clone(), ..RuleCall::settled(index, ctx.now_ms, state) });
+                    continue;
+                }
                 give_back_leases(&calls, ctx);
                 return Start::Decided(blocked(ctx, index, &block));
             }
@@ -533,7 +699,7 @@ pub fn start(
     for call in pending.calls.iter_mut().filter(|c| c.state == CallState::Waiting) {
         call.ask_for_lease(ctx.config, ctx.leases, ctx.now_ms);
     }
-    pending.sends = group(&pending.calls, ctx.config.redis.redis_cluster);
+    pending.sends = group(&pending.calls, ctx.config);
     if pending.sends.is_empty() && !pending.calls.iter().any(|c| c.state == CallState::Parked) {
         // Nothing to ask Redis (no rule applies, or leases served them all).
         return Start::Decided(pending.decide(ctx.config, ctx.plan));
@@ -543,6 +709,19 @@ pub fn start(
 }
 
 impl RuleCall {
+    /// A call decided without Redis (a shadow rule's denial or local block), for rule entry `rule`.
+    fn settled(rule: usize, now_ms: u64, state: CallState) -> Self {
+        RuleCall {
+            rule,
+            name: String::new(),
+            clock: Clock::Gateway(now_ms),
+            sent_ms: now_ms,
+            member_random: [0; MEMBER_RANDOM_LEN],
+            lease: None,
+            state,
+        }
+    }
+
     /// For a rule with a lease: asks for one in this call, with the previous lease to settle, or parks the
     /// call when this VM's lease acquire of the limiter is on its way already (it waits for that lease
     /// rather than spending a round trip of its own).
@@ -562,13 +741,13 @@ impl RuleCall {
 /// The rejection of a limiter's local block: what `decide` makes of this one result, without the generic
 /// path: the request costs no Redis call, and should cost little else (README.md, "Lean guest").
 fn blocked(ctx: &Context<'_>, rule: usize, block: &Block) -> Decision {
-    // Redisson's delay: 3 ms past the oldest permit's departure.
-    let delay_ms = block.release_ms.saturating_sub(ctx.now_ms).saturating_add(3);
-    let quota = RuleQuota { rule, limit: block.rate, window_ms: block.interval_ms, remaining: 0, reset_ms: delay_ms };
-    let mut report = Report { quotas: SmallVec::new(), retry_ms: Some(delay_ms), rejected_by: Some(rule) };
+    let (quota, delay_ms) = block_quota(ctx, rule, block);
+    let mut report = Report { retry_ms: Some(delay_ms), rejected_by: Some(rule), ..Report::default() };
     report.quotas.push(quota);
     let mut rejecting = SmallVec::new();
     rejecting.push(rule);
+    let mut rules = SmallVec::new();
+    rules.push((rule, RuleOutcome::LocallyRejected));
     Decision {
         verdict: Verdict::Respond {
             status: ctx.config.rejection.status,
@@ -579,6 +758,26 @@ fn blocked(ctx: &Context<'_>, rule: usize, block: &Block) -> Decision {
         outcome: Outcome::LocallyRejected,
         failures: Vec::new(),
         rejecting,
+        rules,
+        give_back: Vec::new(),
+        local: Vec::new(),
+    }
+}
+
+/// The quota a local block reports, and its delay: Redisson's, 3 ms past the oldest permit's departure.
+fn block_quota(ctx: &Context<'_>, rule: usize, block: &Block) -> (RuleQuota, u64) {
+    let delay_ms = block.release_ms.saturating_sub(ctx.now_ms).saturating_add(3);
+    (RuleQuota { rule, limit: block.rate, window_ms: block.interval_ms, remaining: 0, reset_ms: delay_ms }, delay_ms)
+}
+
+/// The decision on a request the configuration's `exempt` matches: it goes on, without headers.
+fn exempt() -> Decision {
+    Decision {
+        verdict: Verdict::Continue { report: Report::default() },
+        outcome: Outcome::Exempt,
+        failures: Vec::new(),
+        rejecting: SmallVec::new(),
+        rules: SmallVec::new(),
         give_back: Vec::new(),
         local: Vec::new(),
     }
@@ -596,12 +795,14 @@ fn give_back_leases(calls: &[RuleCall], ctx: &Context<'_>) {
 }
 
 /// The Redis calls of a request's waiting rule calls: all in one (all or nothing), or with Redis Cluster one
-/// per hash slot of their limiters (a script's keys must share a slot).
-fn group(calls: &[RuleCall], redis_cluster: bool) -> SmallVec<[Send; 1]> {
+/// per hash slot of their limiters (a script's keys must share a slot). Shadow rules are checked in calls
+/// of their own: a shadow rule that would reject must not keep the enforced rules from taking their permits.
+fn group(calls: &[RuleCall], config: &PluginConfig) -> SmallVec<[Send; 1]> {
     let mut sends: SmallVec<[Send; 1]> = SmallVec::new();
-    let mut slots: SmallVec<[u16; 2]> = SmallVec::new();
+    let mut slots: SmallVec<[(u16, bool); 2]> = SmallVec::new();
     for (index, call) in calls.iter().enumerate().filter(|(_, c)| c.state == CallState::Waiting) {
-        let slot = if redis_cluster { hash_slot(&call.name) } else { 0 };
+        let shadow = config.rules.get(call.rule).is_some_and(|r| r.mode == Mode::Shadow);
+        let slot = (if config.redis.redis_cluster { hash_slot(&call.name) } else { 0 }, shadow);
         match slots.iter().position(|&s| s == slot) {
             Some(at) => {
                 if let Some(send) = sends.get_mut(at) {
@@ -789,48 +990,81 @@ impl PendingRequest {
             CallState::Waiting | CallState::Parked => None,
         });
         let decides_locally = config.failure_mode == FailureMode::Local;
+        let shadow = |rule: usize| config.rules.get(rule).is_some_and(|r| r.mode == Mode::Shadow);
         let mut local_rules = Vec::new();
         let mut report = Report::default();
         let mut failures = Vec::new();
         let mut rejecting = SmallVec::new();
-        let (mut local, mut any) = (false, false);
+        let mut rules = SmallVec::new();
+        let (mut local, mut failed) = (false, false);
+        let any = self.settled.is_some() || self.calls.iter().any(|c| matches!(c.state, CallState::Done(_)));
         // A rejected request gives back what the others took: their quotas report it as free already.
         let rejected = self.settled.is_some()
-            || self.calls.iter().any(|c| matches!(c.state, CallState::Done(RuleResult::Rejected { .. })));
+            || self.calls.iter().any(|c| {
+                matches!(c.state, CallState::Done(RuleResult::Rejected { .. }) | CallState::Done(RuleResult::Denied))
+                    && !shadow(c.rule)
+            });
         for (rule, result, name) in self.settled.iter().map(|(rule, result)| (*rule, result, None)).chain(done) {
-            any = true;
+            let shadow = shadow(rule);
+            // A shadow rule's quota shows only with `shadow_headers`.
+            let reported = !shadow || config.shadow_headers;
             let quota = match result {
                 RuleResult::Acquired(quota, _) if rejected => {
+                    rules.push((rule, RuleOutcome::Allowed));
                     let permits = config.rules.get(rule).map_or(0, |r| r.permits);
-                    report.quotas.push(RuleQuota { remaining: quota.remaining.saturating_add(permits), ..*quota });
+                    if reported {
+                        report.quotas.push(RuleQuota { remaining: quota.remaining.saturating_add(permits), ..*quota });
+                    }
                     continue;
                 }
-                RuleResult::Acquired(quota, _) | RuleResult::Untaken(quota) => quota,
+                RuleResult::Acquired(quota, _) | RuleResult::Untaken(quota) => {
+                    rules.push((rule, RuleOutcome::Allowed));
+                    quota
+                }
+                RuleResult::Rejected { quota, .. } if shadow => {
+                    rules.push((rule, RuleOutcome::ShadowRejected));
+                    report.shadow_rejected_by = report.shadow_rejected_by.or(Some(rule));
+                    quota
+                }
                 RuleResult::Rejected { quota, delay_ms, local: by_block } => {
                     rejecting.push(rule);
+                    rules.push((rule, if *by_block { RuleOutcome::LocallyRejected } else { RuleOutcome::Rejected }));
                     local |= *by_block;
                     if let Some(ms) = *delay_ms {
                         report.retry_ms = Some(report.retry_ms.map_or(ms, |d| d.max(ms)));
                     }
                     quota
                 }
+                RuleResult::Denied if shadow => {
+                    rules.push((rule, RuleOutcome::ShadowRejected));
+                    report.shadow_rejected_by = report.shadow_rejected_by.or(Some(rule));
+                    continue;
+                }
                 RuleResult::Denied => {
                     rejecting.push(rule);
+                    rules.push((rule, RuleOutcome::Rejected));
                     continue;
                 }
                 RuleResult::Failed(failure) => {
+                    // A shadow rule's failure is counted, and never decides the request.
+                    rules.push((rule, RuleOutcome::Failed));
                     failures.push(failure.clone());
-                    if decides_locally {
+                    failed |= !shadow;
+                    if decides_locally && !shadow {
                         local_rules.extend(name.map(|name| (rule, name.clone())));
                     }
                     continue;
                 }
                 RuleResult::Skipped => {
-                    local_rules.extend(name.map(|name| (rule, name.clone())));
+                    if !shadow {
+                        local_rules.extend(name.map(|name| (rule, name.clone())));
+                    }
                     continue;
                 }
             };
-            report.quotas.push(*quota);
+            if reported {
+                report.quotas.push(*quota);
+            }
         }
         report.rejected_by = rejecting.first().copied();
         if !rejecting.is_empty() {
@@ -844,6 +1078,7 @@ impl PendingRequest {
                 outcome: if local { Outcome::LocallyRejected } else { Outcome::Rejected },
                 failures,
                 rejecting,
+                rules,
                 give_back: self.give_back(config),
                 local: Vec::new(),
             };
@@ -855,17 +1090,19 @@ impl PendingRequest {
                 outcome: Outcome::Local,
                 failures,
                 rejecting,
+                rules,
                 give_back: self.give_back(config),
                 local: local_rules,
             };
         }
-        if failures.is_empty() {
+        if !failed {
             let outcome = if any { Outcome::Allowed } else { Outcome::Unlimited };
             return Decision {
                 verdict: Verdict::Continue { report },
                 outcome,
                 failures,
                 rejecting,
+                rules,
                 give_back: Vec::new(),
                 local: Vec::new(),
             };
@@ -877,6 +1114,7 @@ impl PendingRequest {
                 outcome: Outcome::FailedOpen,
                 failures,
                 rejecting,
+                rules,
                 give_back: Vec::new(),
                 local: Vec::new(),
             },
@@ -890,6 +1128,7 @@ impl PendingRequest {
                 outcome: Outcome::FailedClosed,
                 failures,
                 rejecting,
+                rules,
                 give_back: self.give_back(config),
                 local: Vec::new(),
             },
@@ -1023,8 +1262,9 @@ mod tests {
     #[test]
     fn the_fullest_reply_leaves_room_for_its_content_type() {
         // Every header a reply can carry: Retry-After, both styles of rate limit headers for two rules, and
-        // x-envoy-ratelimited; the filter adds content-type. `Headers` holds MAX_HEADERS and would panic past it.
-        let json = r#"{"redis":{"cluster":"webdis"},"rate_limit_headers":"both","rules":[
+        // x-envoy-ratelimited, x-ratelimited-by, x-shadow-ratelimited-by; the filter adds content-type.
+        // `Headers` holds MAX_HEADERS and would panic past it.
+        let json = r#"{"redis":{"cluster":"webdis"},"rate_limit_headers":"both","shadow_headers":true,"rules":[
             {"name":"a","limit_by":{"header":"x-a"},"rate":5,"interval":"2s"},
             {"name":"b","limit_by":{"header":"x-b"},"rate":9,"interval":"1m"}]}"#;
         let config = PluginConfig::from_json(json.as_bytes()).unwrap();
@@ -1034,6 +1274,7 @@ mod tests {
             quotas: [quota(0, 5, 2_000), quota(1, 7, 60_000)].into_iter().collect(),
             retry_ms: Some(900),
             rejected_by: Some(0),
+            shadow_rejected_by: Some(1),
         };
         let verdict = Verdict::Respond { status: 429, report, rate_limited: true, body: "no".into() };
         assert_eq!(verdict.headers(&config, &plan).len(), crate::response::MAX_HEADERS - 1);
@@ -1498,5 +1739,132 @@ mod tests {
         let headers = h.headers(&decision);
         assert_eq!(header(&headers, "x-ratelimited-by"), Some("b"));
         assert_eq!(header(&headers, "ratelimit"), Some("\"a\";r=5;t=1, \"b\";r=0;t=1"), "a's permit is given back");
+    }
+
+    fn shadow_and_enforced(top: &str) -> PluginConfig {
+        let json = format!(
+            r#"{{"redis":{{"cluster":"w"}},"rules":[
+            {{"name":"enforced","limit_by":"global","rate":5,"interval":1000}},
+            {{"name":"trial","limit_by":{{"header":"x-user"}},"rate":5,"interval":1000,"mode":"shadow"}}]{top}}}"#
+        );
+        PluginConfig::from_json(json.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn a_shadow_rule_is_asked_in_its_own_call_and_never_rejects() {
+        let mut h = Harness::new(shadow_and_enforced(""));
+        let Start::Send(mut pending, 2) = h.start(&[("x-user", "alice")]) else { panic!("two calls expected") };
+        assert!(h.words(&pending, 0, Invocation::BySha).contains(&"erl:enforced".to_string()));
+        assert!(h.words(&pending, 1, Invocation::BySha).contains(&"erl:trial:alice".to_string()));
+        assert!(matches!(h.reply(&mut pending, 0, Ok(&acquired(4))), Progress::Waiting));
+        let decision = done(h.reply(&mut pending, 1, Ok(&rejected(900))));
+        assert_eq!(decision.outcome, Outcome::Allowed, "the shadow rule's rejection lets the request go on");
+        assert!(decision.give_back.is_empty(), "the enforced rule keeps its permit");
+        assert_eq!(decision.rules.as_slice(), &[(0, RuleOutcome::Allowed), (1, RuleOutcome::ShadowRejected)]);
+        let Verdict::Continue { report } = &decision.verdict else { panic!("continues") };
+        assert_eq!(report.shadow_rejected_by, Some(1));
+        let headers = h.headers(&decision);
+        assert_eq!(
+            header(&headers, "ratelimit"),
+            Some("\"enforced\";r=4;t=1"),
+            "no shadow quota without shadow_headers"
+        );
+        assert_eq!(header(&headers, "x-shadow-ratelimited-by"), None);
+        assert!(h.blocks.0.is_empty() || h.blocks.0.iter().all(|(n, _)| n == "erl:trial:alice"));
+    }
+
+    #[test]
+    fn shadow_headers_show_the_shadow_quota_and_rule_and_a_local_block_spares_redis() {
+        let mut h = Harness::new(shadow_and_enforced(r#","shadow_headers":true"#));
+        let mut pending = sent(h.start(&[("x-user", "bob")]));
+        assert!(matches!(h.reply(&mut pending, 0, Ok(&acquired(4))), Progress::Waiting));
+        let decision = done(h.reply(&mut pending, 1, Ok(&rejected(900))));
+        let headers = h.headers(&decision);
+        assert_eq!(header(&headers, "x-shadow-ratelimited-by"), Some("trial"));
+        assert_eq!(header(&headers, "ratelimit"), Some("\"enforced\";r=4;t=1, \"trial\";r=0;t=1"));
+        // The shadow limiter is blocked now: the next request asks Redis for the enforced rule only.
+        let Start::Send(pending, 1) = h.start(&[("x-user", "bob")]) else { panic!("one call expected") };
+        assert!(!h.words(&pending, 0, Invocation::BySha).contains(&"erl:trial:bob".to_string()));
+    }
+
+    #[test]
+    fn an_enforced_rejection_gives_back_what_a_shadow_rule_took_and_shadow_failures_never_decide() {
+        let mut h = Harness::new(shadow_and_enforced(r#","failure_mode":"deny""#));
+        let mut pending = sent(h.start(&[("x-user", "carol")]));
+        assert!(matches!(h.reply(&mut pending, 1, Ok(&acquired(4))), Progress::Waiting));
+        let decision = done(h.reply(&mut pending, 0, Ok(&rejected(500))));
+        assert_eq!(decision.outcome, Outcome::Rejected);
+        assert!(
+            matches!(decision.give_back.as_slice(), [GiveBack::Redis { name, .. }] if name == "erl:trial:carol"),
+            "as if enforced, the shadow limiter is charged only for requests that go on: {:?}",
+            decision.give_back
+        );
+        let mut h = Harness::new(shadow_and_enforced(r#","failure_mode":"deny""#));
+        let mut pending = sent(h.start(&[("x-user", "dave")]));
+        assert!(matches!(h.reply(&mut pending, 0, Ok(&acquired(3))), Progress::Waiting));
+        let decision = done(h.reply(&mut pending, 1, Err(Failure::NoReply)));
+        assert_eq!(decision.outcome, Outcome::Allowed, "a shadow rule's failure does not fail the request closed");
+        assert_eq!(decision.failures, vec![Failure::NoReply], "but it is counted");
+        assert_eq!(decision.rules.as_slice(), &[(0, RuleOutcome::Allowed), (1, RuleOutcome::Failed)]);
+    }
+
+    #[test]
+    fn global_shadow_mode_and_a_denied_missing_key_in_shadow() {
+        let json = r#"{"redis":{"cluster":"w"},"mode":"shadow","rules":[
+            {"name":"u","limit_by":{"header":"x-user"},"rate":5,"interval":1000,"on_missing":"deny"},
+            {"name":"e","limit_by":"global","rate":5,"interval":1000,"mode":"enforce"}]}"#;
+        let mut h = Harness::new(PluginConfig::from_json(json.as_bytes()).unwrap());
+        assert_eq!(h.config.rules[0].mode, Mode::Shadow);
+        assert_eq!(h.config.rules[1].mode, Mode::Enforce, "a rule's own mode wins");
+        let mut pending = sent(h.start(&[]));
+        let decision = done(h.reply(&mut pending, 0, Ok(&acquired(4))));
+        assert_eq!(decision.outcome, Outcome::Allowed);
+        assert_eq!(decision.rules.as_slice(), &[(0, RuleOutcome::ShadowRejected), (1, RuleOutcome::Allowed)]);
+    }
+
+    #[test]
+    fn exemptions_skip_the_request_or_one_rule() {
+        let json = r#"{"redis":{"cluster":"w"},"exempt":{"headers":{"x-internal":["yes"]}},"rules":[
+            {"name":"u","limit_by":{"header":"x-user"},"rate":5,"interval":1000,"exempt":{"client_ips":["10.0.0.0/8"]}},
+            {"name":"g","limit_by":"global","rate":5,"interval":1000}]}"#;
+        let mut h = Harness::new(PluginConfig::from_json(json.as_bytes()).unwrap());
+        let decision = decided(h.start(&[("x-internal", "yes"), ("x-user", "a")]));
+        assert_eq!(decision.outcome, Outcome::Exempt);
+        assert!(h.headers(&decision).is_empty());
+        // FakeRequest comes from 10.0.0.7: rule u is exempt, rule g applies.
+        let Start::Send(pending, 1) = h.start(&[("x-user", "a")]) else { panic!("one call expected") };
+        assert!(h.words(&pending, 0, Invocation::BySha).contains(&"erl:g".to_string()));
+        let request = FakeRequest::with(&[("x-user", "a")]);
+        let applied = applications(&h.config, &request).unwrap();
+        assert_eq!(applied[0].applies, Applies::Exempt);
+        assert_eq!(applied[1].applies, Applies::Limiter { name: "erl:g".into() });
+        assert!(applications(&h.config, &FakeRequest::with(&[("x-internal", "yes")])).is_none());
+    }
+
+    #[test]
+    fn rates_by_value_pick_the_first_matching_entry_and_its_rate() {
+        let json = r#"{"redis":{"cluster":"w"},"rules":[
+            {"name":"tenant","limit_by":[{"header":"x-tenant"},"path"],"rate":5,"interval":1000,
+             "rates_by_value":[{"values":["gold:/api"],"rate":100},{"values":["silver:/api","gold:/api"],"rate":20,"interval":"2s"}]},
+            {"name":"net","limit_by":{"client_ip":{"ipv4_prefix":24}},"rate":7,"interval":1000}]}"#;
+        let config = PluginConfig::from_json(json.as_bytes()).unwrap();
+        assert_eq!(config.rules.len(), 4, "two value entries, the default, and the second rule");
+        let look = |tenant: &str, path: &str| {
+            let request = FakeRequest::with(&[("x-tenant", tenant), (":path", path)]);
+            let applied = applications(&config, &request).unwrap();
+            let first = &applied[0];
+            let rule = &config.rules[first.entry];
+            (first.applies.clone(), rule.rate, rule.interval_ms, applied[1].applies.clone())
+        };
+        let limiter = |name: &str| Applies::Limiter { name: name.into() };
+        assert_eq!(look("gold", "/api"), (limiter("erl:tenant:gold:/api"), 100, 1000, limiter("erl:net:10.0.0.0/24")));
+        assert_eq!(look("silver", "/api?x=1").1, 20);
+        assert_eq!(look("silver", "/api").2, 2000);
+        assert_eq!(look("bronze", "/api").1, 5, "no match: the rule's own rate");
+        assert_eq!(look("a:b", "/c").0, limiter("erl:tenant:~YTpi:/c"), "a part with `:` is encoded");
+        let mut h = Harness::new(config.clone());
+        let pending = sent(h.start(&[("x-tenant", "gold"), (":path", "/api")]));
+        let words = h.words(&pending, 0, Invocation::BySha);
+        assert!(words.contains(&"100".to_string()), "the entry's rate is sent: {words:?}");
     }
 }

@@ -17,9 +17,9 @@ use crate::config::HeaderStyle;
 pub const INLINE: usize = 38;
 
 /// Most headers a decision carries (`Retry-After`, `x-ratelimited-by`, two draft and three legacy rate limit
-/// headers, `x-envoy-ratelimited`, `content-type`): every header a reply can have, so a [`Headers`] never
-/// fills.
-pub const MAX_HEADERS: usize = 9;
+/// headers, `x-envoy-ratelimited`, `x-shadow-ratelimited-by`, `content-type`): every header a reply can have,
+/// so a [`Headers`] never fills.
+pub const MAX_HEADERS: usize = 10;
 
 /// A header value: a constant, a value prepared once and shared, a short one kept inline, or one made for
 /// this response.

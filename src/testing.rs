@@ -69,6 +69,8 @@ struct Request {
     headers_open: bool,
     end: Option<End>,
     response_headers: Vec<(String, String)>,
+    /// Properties the filter set on the request (`proxy_set_property`), as Envoy's filter state.
+    filter_state: Vec<(String, Vec<u8>)>,
 }
 
 #[derive(Debug, Default)]
@@ -162,6 +164,13 @@ impl FakeHost {
     /// How the request ended, if it did.
     pub fn end(&self, context_id: u32) -> Option<End> {
         self.state.borrow().requests.get(&context_id).and_then(|r| r.end.clone())
+    }
+
+    /// The properties the filter set on request `context_id` (Envoy: filter state `wasm.<path>`).
+    pub fn filter_state(&self, context_id: u32) -> Vec<(String, String)> {
+        let state = self.state.borrow();
+        let set = state.requests.get(&context_id).map(|r| r.filter_state.clone()).unwrap_or_default();
+        set.into_iter().map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned())).collect()
     }
 
     /// The headers the filter added to the request's response.
@@ -344,6 +353,14 @@ impl Host for FakeHost {
             return Ok(Some(b"10.0.0.7:51234".to_vec()));
         }
         Ok(self.state.borrow().properties.get(&key).cloned())
+    }
+
+    fn set_property(&self, path: &str, value: &[u8]) -> Result<(), HostError> {
+        self.with_request(|request| {
+            request.filter_state.retain(|(k, _)| k != path);
+            request.filter_state.push((path.to_string(), value.to_vec()));
+            Ok(())
+        })
     }
 
     fn resume_request(&self) -> Result<(), HostError> {

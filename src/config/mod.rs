@@ -14,6 +14,7 @@ use crate::prelude::*;
 use core::fmt;
 
 use crate::key::KeySource;
+use crate::matching::{Exemption, ValueMatch};
 
 mod duration;
 mod match_rules;
@@ -147,6 +148,27 @@ pub enum RateSource {
     Config,
 }
 
+/// Whether a rule's rejections reject (`mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// A request the rule rejects is rejected.
+    #[default]
+    Enforce,
+    /// The rule decides and counts (its limiter takes permits as if enforced) but never rejects: a request it
+    /// would reject goes on, counted in `rule.<name>.shadow_rejected` (README.md, "Shadow mode").
+    Shadow,
+}
+
+impl Mode {
+    /// The name the configuration uses for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Enforce => "enforce",
+            Mode::Shadow => "shadow",
+        }
+    }
+}
+
 /// Where the acquire time comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ClockSource {
@@ -247,6 +269,14 @@ pub struct Rule {
     pub local_block_max_ms: u64,
     /// Permit leases for a hot limiter (README.md, "Leases"); `None`: one acquire per request.
     pub lease: Option<Lease>,
+    /// Enforce or shadow (the configuration's `mode` unless the rule sets its own).
+    pub mode: Mode,
+    /// Requests the rule leaves alone (`exempt`).
+    pub exempt: Option<Exemption>,
+    /// `rates_by_value`: a rule with per-value rates becomes one entry per value match, in order, followed by
+    /// its default entry (`None`), all with the same name; the first entry whose match accepts the key value
+    /// applies. `Some` only on those generated entries.
+    pub value_match: Option<ValueMatch>,
 }
 
 /// A rule's permit lease: a VM takes up to `max_permits` in one acquire and serves the limiter's requests
@@ -292,6 +322,11 @@ pub struct PluginConfig {
     pub local_block_slots: u32,
     /// The degraded mode's settings, with `failure_mode: "local"` only.
     pub local_fallback: Option<LocalFallback>,
+    /// Requests no rule applies to (`exempt`).
+    pub exempt: Option<Exemption>,
+    /// Whether shadow rules show in the response: their quotas in the rate limit headers, and
+    /// `x-shadow-ratelimited-by` naming the first that would have rejected (`shadow_headers`).
+    pub shadow_headers: bool,
 }
 
 impl PluginConfig {
@@ -489,6 +524,98 @@ mod tests {
         let plain = Plugin::from_json(MINIMAL.as_bytes()).unwrap();
         assert_eq!(plain.global, Some(parse(MINIMAL).unwrap()));
         assert_eq!(Plugin::from_json(b"[1]").unwrap_err().to_string(), "the configuration must be a JSON object");
+    }
+
+    #[test]
+    fn operator_options_are_read_and_refused_with_the_field_named() {
+        let json = r#"{"redis":{"cluster":"c"},"mode":"shadow","shadow_headers":true,
+            "exempt":{"client_ips":["10.0.0.0/8","::1"],"headers":{"X-Internal":["yes"]}},
+            "rules":[{"name":"a","limit_by":[{"header":"x-user"},{"client_ip":{"ipv4_prefix":24,"ipv6_prefix":64}}],
+                      "rate":5,"interval":"1s","mode":"enforce","exempt":{"headers":{"x-bot":["1"]}},
+                      "rates_by_value":[{"values":["vip:10.0.0.0/24"],"rate":50,"interval":"2s","permits":2}]},
+                     {"name":"b","limit_by":{"x_forwarded_for":{"hops":2,"ipv6_prefix":48}},"rate":1,"interval":1}]}"#;
+        let config = parse(json).unwrap();
+        assert!(config.shadow_headers);
+        let exempt = config.exempt.as_ref().unwrap();
+        assert_eq!(exempt.client_ips.len(), 2);
+        assert_eq!(exempt.headers, vec![("x-internal".to_string(), vec![b"yes".to_vec()])]);
+        assert_eq!(config.rules.len(), 3);
+        let (vip, a, b) = (&config.rules[0], &config.rules[1], &config.rules[2]);
+        assert_eq!(
+            (vip.name.as_str(), vip.rate, vip.interval_ms, vip.permits, vip.mode),
+            ("a", 50, 2000, 2, Mode::Enforce)
+        );
+        assert!(vip.value_match.is_some() && a.value_match.is_none());
+        assert_eq!((a.rate, a.interval_ms, a.permits), (5, 1000, 1));
+        assert_eq!(b.mode, Mode::Shadow, "the global mode is every rule's default");
+        assert!(
+            matches!(&b.source, KeySource::Network { of, prefix } if **of == KeySource::XForwardedFor(2) && prefix.ipv6 == 48 && prefix.ipv4 == 32)
+        );
+        let rule = |extra: &str| MINIMAL.replace(r#""limit_by":"global""#, extra);
+        for (json, expected) in [
+            (rule(r#""limit_by":[{"header":"a"}]"#), "rules[0].limit_by: a composite key has 2 to 8 parts"),
+            (rule(r#""limit_by":[{"header":"a"},"global"]"#), "rules[0].limit_by: part 1: `global`"),
+            (rule(r#""limit_by":[{"header":"a"},{"header":""}]"#), "rules[0].limit_by: part 1: the header name"),
+            (
+                rule(r#""limit_by":{"client_ip":{"ipv4_prefix":33}}"#),
+                "rules[0].limit_by: `client_ip.ipv4_prefix` must be",
+            ),
+            (rule(r#""limit_by":{"client_ip":{}}"#), "rules[0].limit_by: `client_ip` needs `ipv4_prefix`"),
+            (rule(r#""limit_by":{"client_ip":{"ipv4":8}}"#), "rules[0].limit_by: `client_ip`: unknown field `ipv4`"),
+            (rule(r#""limit_by":{"x_forwarded_for":{"ipv4_prefix":8}}"#), "rules[0].limit_by: `x_forwarded_for.hops`"),
+            (
+                rule(r#""limit_by":"path","rates_by_value":[{"values":["/a"]}]"#),
+                "rules[0].rates_by_value[0].rate: is required",
+            ),
+            (
+                rule(r#""limit_by":"path","rates_by_value":[{"values":["/a"],"regex":"x","rate":1}]"#),
+                "rules[0].rates_by_value[0]: needs either `values` or `regex`",
+            ),
+            (rule(r#""limit_by":"path","rates_by_value":[]"#), "rules[0].rates_by_value: must hold 1 to"),
+            (
+                rule(r#""limit_by":"path","rates_by_value":[{"values":["/a"],"rate":1,"permits":2}]"#),
+                "rules[0].rates_by_value[0].permits: 2 must be between 1 and the rate (1)",
+            ),
+            (
+                rule(
+                    r#""limit_by":"path","keep_alive":"1s","rates_by_value":[{"values":["/a"],"rate":1,"interval":"1m"}]"#,
+                ),
+                "rules[0].rates_by_value[0].interval: 60000 ms is longer than the rule's keep_alive",
+            ),
+            (
+                rule(r#""limit_by":"global","rates_by_value":[{"values":["x"],"rate":1}]"#),
+                "rules[0].rates_by_value: a global rule",
+            ),
+            (
+                rule(r#""limit_by":"path","rates_by_value":[{"values":[1],"rate":1}]"#),
+                "rules[0].rates_by_value[0].values: values must be strings",
+            ),
+            (
+                rule(r#""limit_by":"path","rates_by_value":[{"values":["/a"],"rate":1,"colour":1}]"#),
+                "rules[0].rates_by_value[0].colour: unknown field",
+            ),
+            (rule(r#""limit_by":"path","mode":"dry""#), "rules[0].mode: unknown variant `dry`"),
+            (rule(r#""limit_by":"path","exempt":{}"#), "rules[0].exempt: needs `client_ips` or `headers`"),
+            (
+                rule(r#""limit_by":"path","exempt":{"client_ips":["10.0.0.0/33"]}"#),
+                "rules[0].exempt.client_ips[0]: \"10.0.0.0/33\" is not",
+            ),
+            (
+                rule(r#""limit_by":"path","exempt":{"headers":{"x":[]}}"#),
+                "rules[0].exempt.headers.x: must be an array of 1 to",
+            ),
+            (MINIMAL.replace("}]}", "}],\"shadow_headers\":1}"), "shadow_headers: must be true or false"),
+            (MINIMAL.replace("}]}", "}],\"exempt\":[]}"), "exempt: must be a JSON object"),
+        ] {
+            let error = error_of(&json);
+            assert!(error.starts_with(expected), "{json}\n  gave: {error}\n  expected: {expected}");
+        }
+        #[cfg(not(feature = "regex"))]
+        assert!(error_of(&rule(r#""limit_by":"path","rates_by_value":[{"regex":"^/a","rate":1}]"#))
+            .starts_with("rules[0].rates_by_value[0].regex: this build has no regular expressions"));
+        #[cfg(feature = "regex")]
+        assert!(error_of(&rule(r#""limit_by":"path","rates_by_value":[{"regex":"(","rate":1}]"#))
+            .starts_with("rules[0].rates_by_value[0].regex: invalid regular expression"));
     }
 
     #[test]

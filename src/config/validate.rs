@@ -8,10 +8,13 @@ use serde_json::Value;
 
 use super::reader::{DurationMs, Object};
 use super::{
-    ClockSource, ConfigError, FailureMode, HeaderStyle, Lease, LimiterType, LocalFallback, OnMissing, PluginConfig,
-    RateSource, RedisConfig, Rejection, Rule, Secret, TransportKind,
+    ClockSource, ConfigError, FailureMode, HeaderStyle, Lease, LimiterType, LocalFallback, Mode, OnMissing,
+    PluginConfig, RateSource, RedisConfig, Rejection, Rule, Secret, TransportKind,
 };
-use crate::key::KeySource;
+use alloc::boxed::Box;
+
+use crate::key::{IpPrefix, KeySource};
+use crate::matching::{parse_network, Exemption, Pattern, ValueMatch};
 use crate::quote::quoted;
 
 /// Default keep-alive of a keyed limiter (per user, per IP...): one hour, so the keys of one-off clients vanish.
@@ -33,7 +36,14 @@ const TOP_FIELDS: &[&str] = &[
     "clock",
     "local_block_slots",
     "local_fallback",
+    "mode",
+    "shadow_headers",
+    "exempt",
 ];
+const EXEMPT_FIELDS: &[&str] = &["client_ips", "headers"];
+const RATE_BY_VALUE_FIELDS: &[&str] = &["values", "regex", "rate", "interval", "permits"];
+/// Most entries of one `rates_by_value`, values of one entry, and networks or header values of an `exempt`.
+const MAX_MATCHES: usize = 1024;
 const LOCAL_FALLBACK_FIELDS: &[&str] = &["gateways", "probe_interval"];
 /// Default `local_fallback.probe_interval`: a dead Redis gets one request per VM per second.
 const DEFAULT_PROBE_INTERVAL_MS: u64 = 1_000;
@@ -62,6 +72,9 @@ const RULE_FIELDS: &[&str] = &[
     "rate_source",
     "local_block_max",
     "lease",
+    "mode",
+    "exempt",
+    "rates_by_value",
 ];
 const LEASE_FIELDS: &[&str] = &["max_permits", "max_age"];
 /// Largest `lease.max_permits`: one lease is one permit member, and a VM serves it alone.
@@ -91,17 +104,18 @@ impl PluginConfig {
         if items.is_empty() {
             return Err(top.error("rules", "at least one rule is required"));
         }
+        let mode = top.choice("mode", &[("enforce", Mode::Enforce), ("shadow", Mode::Shadow)])?.unwrap_or_default();
         let mut rules: Vec<Rule> = Vec::with_capacity(items.len());
         for (index, item) in items.iter().enumerate() {
             let path = format!("{at}[{index}]");
-            let rule = read_rule(Object::new(item, &path)?)?;
-            if rules.iter().any(|r| r.name == rule.name) {
+            let entries = read_rule(Object::new(item, &path)?, mode)?;
+            if let Some(rule) = entries.first().filter(|rule| rules.iter().any(|r| r.name == rule.name)) {
                 return Err(ConfigError::new(
                     format!("{path}.name"),
                     format!("duplicate rule name {}", quoted(&rule.name)),
                 ));
             }
-            rules.push(rule);
+            rules.extend(entries);
         }
         let failure_mode = top.choice(
             "failure_mode",
@@ -136,6 +150,8 @@ impl PluginConfig {
             (_, Some(_)) => return Err(top.error("local_fallback", "only with failure_mode \"local\"")),
             (_, None) => None,
         };
+        let shadow_headers = top.boolean("shadow_headers")?.unwrap_or(false);
+        let exempt = top.object("exempt")?.map(read_exemption).transpose()?;
         top.finish(TOP_FIELDS)?;
         Ok(PluginConfig {
             redis,
@@ -148,8 +164,53 @@ impl PluginConfig {
             clock: clock.unwrap_or_default(),
             local_block_slots,
             local_fallback,
+            exempt,
+            shadow_headers,
         })
     }
+}
+
+/// `exempt`: `client_ips` (networks or addresses) and `headers` (`{"name": ["value", ...]}`); at least one.
+fn read_exemption(mut section: Object<'_>) -> Result<Exemption, ConfigError> {
+    let mut exemption = Exemption::default();
+    if let Some((items, at)) = section.array("client_ips")? {
+        if items.len() > MAX_MATCHES {
+            return Err(section.error("client_ips", format!("at most {MAX_MATCHES} networks")));
+        }
+        for (index, item) in items.iter().enumerate() {
+            let text = item.as_str().ok_or_else(|| ConfigError::new(format!("{at}[{index}]"), "must be a string"))?;
+            exemption
+                .client_ips
+                .push(parse_network(text).map_err(|why| ConfigError::new(format!("{at}[{index}]"), why))?);
+        }
+    }
+    if let Some(headers) = section.get("headers") {
+        let at = section.path_of("headers");
+        let Value::Object(headers) = headers else {
+            return Err(ConfigError::new(at, "must be an object of header names to arrays of values"));
+        };
+        for (name, values) in headers {
+            let field = format!("{at}.{}", crate::quote::escaped(name));
+            let values = match values {
+                Value::Array(values) if !values.is_empty() && values.len() <= MAX_MATCHES => values,
+                _ => return Err(ConfigError::new(field, format!("must be an array of 1 to {MAX_MATCHES} strings"))),
+            };
+            let values = values
+                .iter()
+                .map(|v| v.as_str().map(|v| v.as_bytes().to_vec()))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| ConfigError::new(field.clone(), "values must be strings"))?;
+            if name.trim().is_empty() {
+                return Err(ConfigError::new(field, "the header name must not be empty"));
+            }
+            exemption.headers.push((name.trim().to_ascii_lowercase(), values));
+        }
+    }
+    if exemption.client_ips.is_empty() && exemption.headers.is_empty() {
+        return Err(ConfigError::new(section.path(), "needs `client_ips` or `headers`"));
+    }
+    section.finish(EXEMPT_FIELDS)?;
+    Ok(exemption)
 }
 
 /// `local_fallback`: `gateways` (required, at least 1), `probe_interval` (1 ms to 1 h, default 1 s); the
@@ -251,7 +312,8 @@ fn non_empty(field: &str, value: String) -> Result<String, ConfigError> {
     }
 }
 
-fn read_rule(mut rule: Object<'_>) -> Result<Rule, ConfigError> {
+/// A rule, as its entries: one, or with `rates_by_value` one per value match and the default last.
+fn read_rule(mut rule: Object<'_>, default_mode: Mode) -> Result<Vec<Rule>, ConfigError> {
     let name = rule.required("name", Object::string)?;
     if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
         return Err(rule.error("name", format!("{} must be non-empty and use only A-Z a-z 0-9 _ -", quoted(&name))));
@@ -330,8 +392,12 @@ fn read_rule(mut rule: Object<'_>) -> Result<Rule, ConfigError> {
         Some(lease) => Some(read_lease(lease, rate, interval_ms, permits)?),
         None => None,
     };
+    let mode = rule.choice("mode", &[("enforce", Mode::Enforce), ("shadow", Mode::Shadow)])?.unwrap_or(default_mode);
+    let exempt = rule.object("exempt")?.map(read_exemption).transpose()?;
+    let by_value = rule.array("rates_by_value")?;
+    let explicit_keep_alive = rule.get("keep_alive").is_some();
     rule.finish(RULE_FIELDS)?;
-    Ok(Rule {
+    let base = Rule {
         name,
         source,
         limiter,
@@ -344,7 +410,66 @@ fn read_rule(mut rule: Object<'_>) -> Result<Rule, ConfigError> {
         rate_source,
         local_block_max_ms,
         lease,
-    })
+        mode,
+        exempt,
+        value_match: None,
+    };
+    let Some((items, at)) = by_value else { return Ok(vec![base]) };
+    if base.source == KeySource::Global {
+        return Err(ConfigError::new(at, "a global rule has no key value to match"));
+    }
+    if base.lease.is_some() {
+        return Err(ConfigError::new(at, "cannot be combined with `lease`"));
+    }
+    if items.is_empty() || items.len() > MAX_MATCHES {
+        return Err(ConfigError::new(at, format!("must hold 1 to {MAX_MATCHES} entries")));
+    }
+    let mut entries = Vec::with_capacity(items.len() + 1);
+    for (index, item) in items.iter().enumerate() {
+        let path = format!("{at}[{index}]");
+        entries.push(read_rate_by_value(Object::new(item, &path)?, &base, explicit_keep_alive)?);
+    }
+    entries.push(base);
+    Ok(entries)
+}
+
+/// One entry of `rates_by_value`: `values` (exact) or `regex`, its `rate`, and optionally its own
+/// `interval` and `permits` (default: the rule's). The entry is the rule with those replaced.
+fn read_rate_by_value(mut entry: Object<'_>, rule: &Rule, explicit_keep_alive: bool) -> Result<Rule, ConfigError> {
+    let value_match = match (entry.array("values")?, entry.string("regex")?) {
+        (Some((values, at)), None) => {
+            if values.is_empty() || values.len() > MAX_MATCHES {
+                return Err(ConfigError::new(at, format!("must hold 1 to {MAX_MATCHES} strings")));
+            }
+            let values = values
+                .iter()
+                .map(|v| v.as_str().map(|v| v.as_bytes().to_vec()))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| ConfigError::new(at, "values must be strings"))?;
+            ValueMatch::Values(values)
+        }
+        (None, Some(regex)) => ValueMatch::Regex(Pattern::new(&regex).map_err(|why| entry.error("regex", why))?),
+        _ => return Err(ConfigError::new(entry.path(), "needs either `values` or `regex`")),
+    };
+    let rate = entry.required("rate", Object::u64)?;
+    if rate == 0 || rate > MAX_RATE {
+        return Err(entry.error("rate", format!("must be between 1 and {MAX_RATE}")));
+    }
+    let interval_ms = entry.duration("interval")?.map_or(rule.interval_ms, |DurationMs(ms)| ms);
+    if interval_ms == 0 || interval_ms > MAX_INTERVAL_MS {
+        return Err(entry.error("interval", format!("must be between 1 ms and {MAX_INTERVAL_MS} ms")));
+    }
+    let permits = entry.u64("permits")?.unwrap_or(rule.permits);
+    if permits == 0 || permits > rate {
+        return Err(entry.error("permits", format!("{permits} must be between 1 and the rate ({rate})")));
+    }
+    let keep_alive_ms = if explicit_keep_alive { rule.keep_alive_ms } else { interval_ms.max(DEFAULT_KEEP_ALIVE_MS) };
+    if keep_alive_ms != 0 && keep_alive_ms < interval_ms {
+        return Err(entry
+            .error("interval", format!("{interval_ms} ms is longer than the rule's keep_alive ({keep_alive_ms} ms)")));
+    }
+    entry.finish(RATE_BY_VALUE_FIELDS)?;
+    Ok(Rule { rate, interval_ms, permits, keep_alive_ms, value_match: Some(value_match), ..rule.clone() })
 }
 
 /// `lease`: `max_permits` between `permits` + 1 and the rate, `max_age` from 1 ms to below the interval.
@@ -369,11 +494,20 @@ fn read_lease(mut lease: Object<'_>, rate: u64, interval_ms: u64, permits: u64) 
 }
 
 /// `limit_by`: `"client_ip"`, `"path"`, `"global"`, or one of `{"header": name}`, `{"query": name}`,
-/// `{"cookie": name}`, `{"x_forwarded_for": hops}`.
+/// `{"cookie": name}`, `{"x_forwarded_for": hops}`, `{"client_ip": {"ipv4_prefix": 24, "ipv6_prefix": 64}}`,
+/// `{"x_forwarded_for": {"hops": 1, "ipv4_prefix": 24, "ipv6_prefix": 64}}`; or an array of those (a
+/// composite key).
 fn read_key_source(value: &Value) -> Result<KeySource, String> {
     const UNITS: &str = "`client_ip`, `path`, `global`";
-    const KEYED: &str = "`header`, `query`, `cookie`, `x_forwarded_for`";
+    const KEYED: &str = "`header`, `query`, `cookie`, `x_forwarded_for`, `client_ip`";
     let source = match value {
+        Value::Array(parts) => KeySource::Composite(
+            parts
+                .iter()
+                .enumerate()
+                .map(|(index, part)| read_key_source(part).map_err(|why| format!("part {index}: {why}")))
+                .collect::<Result<_, _>>()?,
+        ),
         Value::String(text) => match text.as_str() {
             "client_ip" => KeySource::ClientIp,
             "path" => KeySource::Path,
@@ -389,6 +523,12 @@ fn read_key_source(value: &Value) -> Result<KeySource, String> {
                 "header" => KeySource::header(&name()?),
                 "query" => KeySource::Query(name()?),
                 "cookie" => KeySource::Cookie(name()?),
+                "client_ip" => read_network(argument, KeySource::ClientIp, kind)?,
+                "x_forwarded_for" if argument.is_object() => {
+                    let hops = argument.get("hops").and_then(Value::as_u64).and_then(|n| u32::try_from(n).ok());
+                    let hops = hops.ok_or("`x_forwarded_for.hops` must be a whole number of trusted hops")?;
+                    read_network(argument, KeySource::XForwardedFor(hops), kind)?
+                }
                 "x_forwarded_for" => {
                     let hops = argument.as_u64().and_then(|n| u32::try_from(n).ok());
                     KeySource::XForwardedFor(hops.ok_or("`x_forwarded_for` must be a whole number of trusted hops")?)
@@ -396,8 +536,33 @@ fn read_key_source(value: &Value) -> Result<KeySource, String> {
                 other => return Err(format!("unknown variant `{other}`, expected one of {KEYED}")),
             }
         }
-        _ => return Err(format!("must be one of {UNITS}, or an object with one of {KEYED}")),
+        _ => return Err(format!("must be one of {UNITS}, an object with one of {KEYED}, or an array of them")),
     };
     source.validate()?;
     Ok(source)
+}
+
+/// The prefixes of `{"client_ip": {...}}` / `{"x_forwarded_for": {"hops": N, ...}}`: `ipv4_prefix` (0..=32,
+/// default 32) and `ipv6_prefix` (0..=128, default 128), at least one given.
+fn read_network(argument: &Value, of: KeySource, kind: &str) -> Result<KeySource, String> {
+    let Value::Object(fields) = argument else {
+        return Err(format!("`{kind}` must be an object with `ipv4_prefix` and/or `ipv6_prefix`"));
+    };
+    if let Some(unknown) = fields.keys().find(|k| !matches!(k.as_str(), "hops" | "ipv4_prefix" | "ipv6_prefix")) {
+        let unknown = crate::quote::escaped(unknown);
+        return Err(format!("`{kind}`: unknown field `{unknown}`, expected `ipv4_prefix`, `ipv6_prefix`"));
+    }
+    let prefix = |name: &str, most: u8| match fields.get(name) {
+        None => Ok(most),
+        Some(value) => value
+            .as_u64()
+            .and_then(|n| u8::try_from(n).ok())
+            .filter(|&n| n <= most)
+            .ok_or_else(|| format!("`{kind}.{name}` must be a whole number from 0 to {most}")),
+    };
+    if !fields.contains_key("ipv4_prefix") && !fields.contains_key("ipv6_prefix") {
+        return Err(format!("`{kind}` needs `ipv4_prefix` and/or `ipv6_prefix`"));
+    }
+    let prefix = IpPrefix { ipv4: prefix("ipv4_prefix", 32)?, ipv6: prefix("ipv6_prefix", 128)? };
+    Ok(KeySource::Network { of: Box::new(of), prefix })
 }

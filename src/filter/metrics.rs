@@ -4,7 +4,7 @@ use crate::prelude::*;
 
 use crate::config::{FailureMode, Plugin};
 use crate::host::{Host, LogLevel};
-use crate::limiter::Outcome;
+use crate::limiter::{Outcome, RuleOutcome};
 use crate::transport::Failure;
 
 use super::{log, NAME};
@@ -24,21 +24,37 @@ pub(super) struct Metrics {
     compensations: Option<u32>,
     fallback_allowed: Option<u32>,
     fallback_rejected: Option<u32>,
-    /// `rule.<name>.rejected`, by configuration index, then rule index.
-    rule_rejected: Vec<(usize, Vec<Option<u32>>)>,
+    exempt: Option<u32>,
+    /// `rule.<name>.<outcome>` ([`RuleOutcome::ALL`] order), by configuration index, then rule entry index.
+    rule_counters: Vec<(usize, Vec<RuleCounters>)>,
 }
 
+/// One rule's counters, in [`RuleOutcome::ALL`] order.
+type RuleCounters = [Option<u32>; RuleOutcome::ALL.len()];
+
 impl Metrics {
-    /// Defines every counter as `edge_rate_limiter.<name>`, and `edge_rate_limiter.rule.<rule>.rejected`
-    /// for each rule of `plugin` (a rule name shared by several configurations shares its counter).
+    /// Defines every counter as `edge_rate_limiter.<name>`, and `edge_rate_limiter.rule.<rule>.<outcome>`
+    /// for each rule of `plugin` (a rule name shared by several configurations, or by the entries of one
+    /// rule's `rates_by_value`, shares its counters).
     pub(super) fn define(host: &impl Host, plugin: &Plugin) -> Self {
         let counter = |name: &str| host.define_counter(&format!("{NAME}.{name}")).ok();
-        let rule_rejected = plugin
-            .configs()
-            .map(|(index, config)| {
-                (index, config.rules.iter().map(|rule| counter(&format!("rule.{}.rejected", rule.name))).collect())
-            })
-            .collect();
+        let mut defined: Vec<(&str, RuleCounters)> = Vec::new();
+        let mut rule_counters = Vec::new();
+        for (index, config) in plugin.configs() {
+            let mut entries = Vec::with_capacity(config.rules.len());
+            for rule in &config.rules {
+                let ids = match defined.iter().find(|(name, _)| *name == rule.name) {
+                    Some((_, ids)) => *ids,
+                    None => {
+                        let ids = RuleOutcome::ALL.map(|o| counter(&format!("rule.{}.{}", rule.name, o.counter())));
+                        defined.push((&rule.name, ids));
+                        ids
+                    }
+                };
+                entries.push(ids);
+            }
+            rule_counters.push((index, entries));
+        }
         Metrics {
             allowed: counter("allowed"),
             rejected: counter("rejected"),
@@ -52,7 +68,8 @@ impl Metrics {
             compensations: counter("compensations"),
             fallback_allowed: counter("fallback_allowed"),
             fallback_rejected: counter("fallback_rejected"),
-            rule_rejected,
+            exempt: counter("exempt"),
+            rule_counters,
         }
     }
 
@@ -68,6 +85,7 @@ impl Metrics {
     pub(super) fn decided(&self, host: &impl Host, outcome: Outcome, failures: usize) {
         let id = match outcome {
             Outcome::Unlimited => None,
+            Outcome::Exempt => self.exempt,
             Outcome::Allowed => self.allowed,
             Outcome::Rejected => self.rejected,
             Outcome::LocallyRejected => {
@@ -103,10 +121,11 @@ impl Metrics {
         Self::add(host, self.redis_errors, 1);
     }
 
-    /// Rule `rule` of configuration `entry` rejected a request.
-    pub(super) fn rule_rejected(&self, host: &impl Host, entry: usize, rule: usize) {
-        let id = self.rule_rejected.iter().find(|(index, _)| *index == entry).and_then(|(_, ids)| ids.get(rule));
-        Self::add(host, id.copied().flatten(), 1);
+    /// Rule entry `rule` of configuration `entry` ended a request with `outcome`.
+    pub(super) fn rule(&self, host: &impl Host, entry: usize, rule: usize, outcome: RuleOutcome) {
+        let Some(position) = RuleOutcome::ALL.iter().position(|o| *o == outcome) else { return };
+        let ids = self.rule_counters.iter().find(|(index, _)| *index == entry).and_then(|(_, ids)| ids.get(rule));
+        Self::add(host, ids.and_then(|ids| ids.get(position)).copied().flatten(), 1);
     }
 
     /// One hostcall on a request's path that the host refused (a context switch, a resume, a local reply).

@@ -36,7 +36,7 @@ use crate::key::RequestView;
 use crate::lease::LeaseTable;
 use crate::limiter::{
     self, Blocks, Decision, Effects, GiveBack, Leases, Outcome, PendingRequest, Plan, Progress, ReplyContext, Report,
-    Start, Verdict,
+    RuleOutcome, Start, Verdict,
 };
 use crate::quote::quoted;
 use crate::response::{seconds_ceil, HeaderValue, Headers, MAX_HEADERS};
@@ -55,6 +55,12 @@ pub const NAME: &str = "edge_rate_limiter";
 pub const CLIENT_ID_KEY: &str = "edge_rate_limiter.client_id";
 /// Period of the root context's tick while requests are paused, ms: the deadline guard's resolution.
 pub const TICK_MS: u32 = 10;
+/// The request property naming the rule that rejected it: Envoy's access logs read it as
+/// `%FILTER_STATE(wasm.edge_rate_limiter.rejected_by:PLAIN)%` (the host prefixes `wasm.`).
+pub const REJECTED_BY_PROPERTY: &str = "edge_rate_limiter.rejected_by";
+/// The request property naming the first shadow rule that would have rejected it (the request went on):
+/// `%FILTER_STATE(wasm.edge_rate_limiter.shadow_rejected_by:PLAIN)%`.
+pub const SHADOW_REJECTED_BY_PROPERTY: &str = "edge_rate_limiter.shadow_rejected_by";
 /// How long after `redis.timeout` the guard ends a call still waiting, ms: the host's own timeout
 /// (Envoy's 504, Higress's status 1) comes first and names the failure better.
 pub const DEADLINE_GRACE_MS: u64 = 10;
@@ -720,9 +726,10 @@ impl<H: Host> Filter<H> {
     fn finish(&mut self, entry: usize, mut decision: Decision) -> Next {
         self.decide_locally(entry, &mut decision);
         self.metrics.decided(&self.host, decision.outcome, decision.failures.len());
-        for &rule in &decision.rejecting {
-            self.metrics.rule_rejected(&self.host, entry, rule);
+        for &(rule, outcome) in &decision.rules {
+            self.metrics.rule(&self.host, entry, rule, outcome);
         }
+
         for give_back in decision.give_back {
             match give_back {
                 GiveBack::Lease { name, permits } => self.leases.put_back(&name, permits),
@@ -786,6 +793,7 @@ impl<H: Host> Filter<H> {
         };
         decision.outcome = Outcome::LocallyRefused;
         decision.rejecting.push(rule);
+        decision.rules.push((rule, RuleOutcome::Rejected));
     }
 
     /// Keeps a request paused until its replies or its deadline; the tick runs while any is paused.
@@ -801,6 +809,7 @@ impl<H: Host> Filter<H> {
 
     /// Ends a request from its own callback (`proxy_on_request_headers`): the context is effective.
     fn end_in_callback(&mut self, context_id: u32, entry: usize, next: Next) -> Action {
+        self.record_rule(entry, &next);
         match next {
             Verdict::Continue { report } => {
                 self.remember_headers(context_id, entry, report);
@@ -822,6 +831,7 @@ impl<H: Host> Filter<H> {
             self.pause(context_id, flow);
             return;
         }
+        self.record_rule(entry, &next);
         match next {
             Verdict::Continue { report } => {
                 self.remember_headers(context_id, entry, report);
@@ -833,9 +843,27 @@ impl<H: Host> Filter<H> {
         }
     }
 
+    /// Names the rule that rejected the effective request, or the shadow rule that would have, in its
+    /// filter state for access logs ([`REJECTED_BY_PROPERTY`], [`SHADOW_REJECTED_BY_PROPERTY`]).
+    fn record_rule(&mut self, entry: usize, verdict: &Verdict) {
+        let (path, rule) = match verdict {
+            Verdict::Respond { report, .. } => (REJECTED_BY_PROPERTY, report.rejected_by),
+            Verdict::Continue { report } => (SHADOW_REJECTED_BY_PROPERTY, report.shadow_rejected_by),
+        };
+        let Some(name) =
+            rule.and_then(|rule| self.prepared(entry)?.plan.rules.get(rule).map(|r| alloc::rc::Rc::clone(&r.name)))
+        else {
+            return;
+        };
+        if self.host.set_property(path, name.as_bytes()).is_err() {
+            self.host_refused("proxy_set_property");
+        }
+    }
+
     fn remember_headers(&mut self, context_id: u32, entry: usize, report: Report) {
         let style = self.plugin.config(entry).map_or(HeaderStyle::None, |c| c.headers);
-        if !report.quotas.is_empty() && style != HeaderStyle::None {
+        let shadow = report.shadow_rejected_by.is_some() && self.plugin.config(entry).is_some_and(|c| c.shadow_headers);
+        if (!report.quotas.is_empty() && style != HeaderStyle::None) || shadow {
             self.response_headers.insert(context_id, (entry, report));
         }
     }

@@ -570,3 +570,49 @@ fn local_fallback_is_refused_without_gateways_or_with_another_failure_mode() {
         assert!(error.starts_with(field), "{error}");
     }
 }
+
+#[test]
+fn each_rule_counts_its_outcomes_and_the_rejecting_rule_is_in_the_filter_state() {
+    let trial = r#"{"name":"trial","limit_by":"global","rate":1,"interval":"1s","mode":"shadow"}"#;
+    let (host, mut filter) = configure(BRIDGE, &format!("{PER_USER},{trial}"), "");
+    let rule = |name: &str, outcome: &str| host.counter(&format!("{NAME}.rule.{name}.{outcome}"));
+    // Rejected by per-user; trial (shadow, its own call) admits.
+    start(&host, &mut filter, 2, "alice");
+    let calls = host.http_calls();
+    assert_eq!(calls.len(), 2, "a shadow rule is asked in a call of its own");
+    answer_http(&host, &mut filter, calls[0].token, 200, &rejected(700));
+    answer_http(&host, &mut filter, calls[1].token, 200, &acquired(0));
+    let (status, headers, _) = local_reply(&host, 2);
+    assert_eq!((status, header(&headers, "x-ratelimited-by")), (429, Some("per-user")));
+    assert_eq!(host.filter_state(2), vec![(REJECTED_BY_PROPERTY.to_string(), "per-user".to_string())]);
+    assert_eq!((rule("per-user", "rejected"), rule("trial", "allowed")), (1, 1));
+    // Allowed by per-user; trial would reject: the request goes on, named in the filter state.
+    start(&host, &mut filter, 3, "bob");
+    let calls = host.http_calls();
+    let (first, second) = (calls[calls.len() - 2].token, calls[calls.len() - 1].token);
+    answer_http(&host, &mut filter, first, 200, &acquired(1));
+    answer_http(&host, &mut filter, second, 200, &rejected(500));
+    assert_eq!(host.end(3), Some(End::Resumed));
+    assert_eq!(host.filter_state(3), vec![(SHADOW_REJECTED_BY_PROPERTY.to_string(), "trial".to_string())]);
+    assert_eq!((rule("per-user", "allowed"), rule("trial", "shadow_rejected")), (1, 1));
+    assert_eq!(counters(&host)[..2], [1, 1], "the shadow rejection counts as allowed");
+    // Trial's limiter is blocked locally now: another request spares its call and counts it again.
+    start(&host, &mut filter, 4, "carol");
+    answer_http(&host, &mut filter, last_token(&host), 200, &acquired(1));
+    assert_eq!(host.end(4), Some(End::Resumed));
+    assert_eq!(rule("trial", "shadow_rejected"), 2);
+    // A failure of per-user is counted as the rule's failure.
+    start(&host, &mut filter, 5, "dave");
+    answer_http(&host, &mut filter, last_token(&host), 503, b"");
+    assert_eq!(rule("per-user", "failures"), 1);
+    assert_eq!(rule("per-user", "local_rejected"), 0);
+}
+
+#[test]
+fn an_exempt_request_is_counted_and_not_limited() {
+    let (host, mut filter) = configure(BRIDGE, PER_USER, r#","exempt":{"client_ips":["10.0.0.0/8"]}"#);
+    assert_eq!(start(&host, &mut filter, 2, "alice"), Action::Continue, "the fake host's client is 10.0.0.7");
+    assert!(host.http_calls().is_empty());
+    assert_eq!(host.counter(&format!("{NAME}.exempt")), 1);
+    assert_eq!(counters(&host), [0; 8]);
+}

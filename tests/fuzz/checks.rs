@@ -1013,6 +1013,33 @@ pub fn reference_value(source: &KeySource, request: &Request) -> KeyValue {
             let index = entries.len().checked_sub(*hops as usize)?;
             reference_ip(std::str::from_utf8(entries.get(index)?).ok()?).map(|ip| ip.to_string().into_bytes())
         }),
+        KeySource::Network { of, prefix } => {
+            // The address the inner source reads, host bits cleared by masking its integer form.
+            let KeyValue::Value(address) = reference_value(of, request) else { return KeyValue::Missing };
+            let Some(ip) = std::str::from_utf8(&address).ok().and_then(|a| a.parse::<IpAddr>().ok()) else {
+                return KeyValue::Missing;
+            };
+            Some(match ip.to_canonical() {
+                IpAddr::V4(v4) => {
+                    let mask = if prefix.ipv4 == 0 { 0 } else { u32::MAX << (32 - u32::from(prefix.ipv4)) };
+                    format!("{}/{}", std::net::Ipv4Addr::from(u32::from(v4) & mask), prefix.ipv4).into_bytes()
+                }
+                IpAddr::V6(v6) => {
+                    let mask = if prefix.ipv6 == 0 { 0 } else { u128::MAX << (128 - u32::from(prefix.ipv6)) };
+                    format!("{}/{}", std::net::Ipv6Addr::from(u128::from(v6) & mask), prefix.ipv6).into_bytes()
+                }
+            })
+        }
+        KeySource::Composite(parts) => {
+            let mut values = Vec::new();
+            for part in parts {
+                match reference_value(part, request) {
+                    KeyValue::Value(value) => values.push(value),
+                    _ => return KeyValue::Missing,
+                }
+            }
+            return KeyValue::Parts(values);
+        }
     };
     value.map_or(KeyValue::Missing, KeyValue::Value)
 }
@@ -1045,23 +1072,50 @@ pub fn check_name(base: &str, value: &KeyValue) -> Option<String> {
             assert_eq!(name.as_deref(), Some(base));
             return name;
         }
+        KeyValue::Parts(parts) => {
+            // `base` then `:` and each part: verbatim without `:`, or `~`/`#` encoded as a single value is.
+            let name = name.expect("parts have a name");
+            let mut rest = name.strip_prefix(base).expect("name = base:parts");
+            for part in parts {
+                rest = rest.strip_prefix(':').expect("`:` before each part");
+                let end = rest.find(':').unwrap_or(rest.len());
+                let written = &rest[..end];
+                if verbatim(part) && !part.contains(&b':') {
+                    assert_eq!(written.as_bytes(), &part[..]);
+                } else {
+                    check_part(written, part);
+                }
+                rest = &rest[end..];
+            }
+            assert_eq!(rest, "", "nothing after the last part");
+            assert!(!name[base.len()..].contains(['{', '}']), "a brace in the parts: {name}");
+            return Some(name);
+        }
         KeyValue::Value(bytes) => bytes,
     };
     let name = name.expect("a value has a name");
     let part = name.strip_prefix(base).and_then(|rest| rest.strip_prefix(':')).expect("name = base:part");
     assert!(part.len() <= MAX_VALUE_PART, "value part of {} bytes", part.len());
     assert!(!part.contains(['{', '}']), "a brace in the value part: {part}");
-    let engine = base64::engine::general_purpose::URL_SAFE_NO_PAD;
     if verbatim(bytes) {
         assert_eq!(part.as_bytes(), &bytes[..]);
-    } else if bytes.len() <= MAX_ENCODED_LEN {
+    } else {
+        check_part(part, bytes);
+    }
+    Some(name)
+}
+
+/// An encoded value part: `~` + base64url of the bytes (at most [`MAX_ENCODED_LEN`]), else `#` + base64url
+/// of their SHA-256.
+fn check_part(part: &str, bytes: &[u8]) {
+    let engine = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    if bytes.len() <= MAX_ENCODED_LEN {
         let encoded = part.strip_prefix('~').expect("~ form");
         assert_eq!(engine.decode(encoded).expect("base64url"), *bytes);
     } else {
         let hashed = part.strip_prefix('#').expect("# form");
         assert_eq!(hashed, engine.encode(Sha256::digest(bytes)));
     }
-    Some(name)
 }
 
 /// CRC-16/XMODEM and the hash tag, written from the Redis Cluster specification.
