@@ -39,6 +39,11 @@ ARTIFACTS := envoy
 CARGO_FLAGS_envoy :=
 ARTIFACTS += higress
 CARGO_FLAGS_higress := --no-default-features --features host-redis
+# The same two with regular expressions in `rates_by_value` (the engine doubles the module).
+ARTIFACTS += envoy-regex
+CARGO_FLAGS_envoy-regex := --features regex
+ARTIFACTS += higress-regex
+CARGO_FLAGS_higress-regex := --no-default-features --features host-redis,regex
 
 DIST := $(ARTIFACTS:%=dist/edge-rate-limiter-%.wasm)
 
@@ -57,10 +62,12 @@ dist/edge-rate-limiter-%.wasm: FORCE | setup
 
 test: build lint test-unit test-wasm test-parity test-host test-e2e
 
-# The hostcall-free core and the operator tool, natively; then the fuzz smoke (tests/fuzz: the property tests
-# of make fuzz, bounded) and the key-safety properties (tests/key_safety.rs).
+# The hostcall-free core (without and with the regex feature) and the operator tool, natively; then the fuzz
+# smoke (tests/fuzz: the property tests of make fuzz, bounded) and the key-safety properties
+# (tests/key_safety.rs).
 test-unit: setup
 	$(CARGO) test -q --lib --no-default-features
+	$(CARGO) test -q --lib --no-default-features --features regex
 	$(CARGO) test -q -p erl-admin
 	$(CARGO) test -q --no-default-features --test fuzz --test key_safety
 
@@ -101,6 +108,7 @@ lint: setup
 	$(CARGO) clippy -q --target $(WASM_TARGET) $(CARGO_FLAGS_envoy) -- -D warnings
 	$(CARGO) clippy -q --target $(WASM_TARGET) $(CARGO_FLAGS_higress) -- -D warnings
 	$(CARGO) clippy -q --no-default-features --lib --tests -- -D warnings
+	$(CARGO) clippy -q --no-default-features --features regex --lib --tests -- -D warnings
 	$(CARGO) clippy -q -p proxy-wasm-host-emulator -p erl-admin -p erl-test-support --all-targets -- -D warnings
 	$(CARGO) fmt --all --check
 	python3 scripts/check_imports.py src tools/admin/src
