@@ -20,7 +20,7 @@ use std::net::{IpAddr, SocketAddr};
 use base64::Engine as _;
 use edge_rate_limiter::config::{ConfigError, Plugin, PluginConfig};
 use edge_rate_limiter::key::{
-    extract, hash_slot, limiter_name, write_limiter_name, KeySource, KeyValue, LimiterKeys, RequestView,
+    extract, hash_slot, limiter_name, write_limiter_name, IpPrefix, KeySource, KeyValue, LimiterKeys, RequestView,
     MAX_ENCODED_LEN, MAX_VERBATIM_LEN,
 };
 use edge_rate_limiter::resp::{
@@ -910,7 +910,7 @@ fn source_and_request(input: &mut Input<'_>) -> (KeySource, Request) {
     } else {
         input.pick(&["x-user-id", " X-User-Id ", "api_key", "session", "a b"]).to_string()
     };
-    let source = match input.below(7) {
+    let single = |input: &mut Input<'_>| match input.below(7) {
         0 => KeySource::header(&name),
         1 => KeySource::Query(name.clone()),
         2 => KeySource::Cookie(name.clone()),
@@ -921,6 +921,22 @@ fn source_and_request(input: &mut Input<'_>) -> (KeySource, Request) {
         4 => KeySource::Path,
         5 => KeySource::ClientIp,
         _ => KeySource::Global,
+    };
+    let network = |input: &mut Input<'_>| {
+        let of =
+            if input.chance(2) { KeySource::ClientIp } else { KeySource::XForwardedFor(1 + input.below(3) as u32) };
+        let prefix = IpPrefix { ipv4: input.below(33) as u8, ipv6: input.below(129) as u8 };
+        KeySource::Network { of: Box::new(of), prefix }
+    };
+    let source = match input.below(10) {
+        0 => network(input),
+        1 => KeySource::Composite(
+            (0..2 + input.below(3))
+                .map(|_| if input.chance(4) { network(input) } else { single(input) })
+                .filter(|s| *s != KeySource::Global)
+                .collect(),
+        ),
+        _ => single(input),
     };
     let names = vec![name.clone(), name.trim().to_string()];
     let mut request = Request { headers: Vec::new(), source: None };
