@@ -157,3 +157,21 @@ def test_exemptions_skip_the_whole_request_or_one_rule(stack: h.Stack) -> None:
     internal = [envoy.send(headers={"x-user-id": "cy", "x-plan": "internal"}).status for _ in range(4)]
     assert internal == [200, 200, 200, 429], "per-user is skipped; the global rule still applies"
     assert envoy.send(headers={"x-user-id": "dee"}).status == 429
+
+
+def test_the_higress_build_shadows_exempts_and_keys_alike_in_the_emulator(stack: h.Stack) -> None:
+    plugin = h.host_plugin_config(
+        h.rule("combo", limit_by=[{"header": "x-user-id"}, "path"], rate=1, interval="10s", mode="shadow"),
+        h.rule("tenant", limit_by={"header": "x-tenant"}, rate=1, interval="10s",
+               rates_by_value=[{"values": ["gold"], "rate": 2}], exempt={"headers": {"x-plan": ["internal"]}}),
+        shadow_headers=True,
+    )
+    emulator = stack.emulator(plugin, vms=1)
+    answers = [emulator.send("/a", headers={"x-user-id": "eve", "x-tenant": "gold"}) for _ in range(3)]
+    assert [a.status for a in answers] == [200, 200, 429]
+    assert answers[1].headers.get("x-shadow-ratelimited-by") == "combo"
+    assert emulator.send("/a", headers={"x-user-id": "eve", "x-tenant": "gold", "x-plan": "internal"}).status == 200
+    metrics = emulator.metrics()
+    assert (metrics["rule.combo.shadow_rejected"], metrics["rule.tenant.rejected"]) == (3, 1), metrics
+    assert stack.redis.client.hget("erl:tenant:gold", "rate") == b"2"
+    assert stack.redis.client.exists("erl:combo:eve:/a")
