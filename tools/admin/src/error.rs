@@ -78,6 +78,14 @@ pub enum AdminError {
     /// `--client-id` is not a UUID.
     #[error("invalid client id {0:?}: expected a UUID (a Redisson client instance id)")]
     BadClientId(String),
+    /// A plugin configuration file (`validate`, `explain`) that cannot be read.
+    #[error("cannot read the plugin configuration {path}: {reason}")]
+    ConfigFile {
+        /// The path given (`-`: stdin).
+        path: String,
+        /// The I/O error.
+        reason: String,
+    },
     /// Arguments that parse but make no sense together.
     #[error("{0}")]
     Usage(String),

@@ -12,15 +12,18 @@
 //! - [`report`]: what each operation returns (`serde` for `--json`).
 //! - [`redis_io`]: one synchronous connection, to a Redis or a Redis Cluster (`--cluster`, see its docs);
 //!   scripts by `EVALSHA`, `EVAL` on `NOSCRIPT`; reply decoding.
+//! - [`plugin`]: plugin configurations loaded by the filter's own code (`validate`).
 //! - [`ops`]: the operations (show, set-rate, update-rate, try-set-rate, delete, list), on the filter's own
 //!   scripts and key layout (the `edge_rate_limiter` crate).
 //! - [`output`]: the reports as text.
-//! - `main` (this file): the command line (`clap`), dispatch, exit codes (0 ok, 1 error, 2 usage).
+//! - `main` (this file): the command line (`clap`), dispatch, exit codes (0 ok, 1 error or an invalid
+//!   configuration, 2 usage).
 
 pub mod error;
 pub mod model;
 pub mod ops;
 pub mod output;
+pub mod plugin;
 pub mod redis_io;
 pub mod report;
 pub mod units;
@@ -35,7 +38,9 @@ use serde::Serialize;
 
 use crate::error::{AdminError, Result};
 use crate::model::{check_keep_alive, Config, Update};
+use crate::plugin::{read_document, refusal_line, summarize, Build};
 use crate::redis_io::{local_now_ms, Redis};
+use crate::report::ValidateReport;
 use crate::units::{parse_duration, parse_interval, parse_keep_alive};
 
 /// Inspect and change edge-rate-limiter limiters in Redis (Redisson RRateLimiter, 4.x layout).
@@ -105,6 +110,25 @@ impl From<TypeArg> for LimiterType {
     }
 }
 
+/// The build that loads a configuration: regular expressions or not is this tool's own build's (cargo
+/// feature `regex`: as the -regex artifacts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BuildArg {
+    /// edge-rate-limiter-envoy[-regex].wasm: stock Envoy, Istio (redis.transport "http" only)
+    Envoy,
+    /// edge-rate-limiter-higress[-regex].wasm: Higress ("host" or "http")
+    Higress,
+}
+
+impl From<BuildArg> for Build {
+    fn from(arg: BuildArg) -> Self {
+        match arg {
+            BuildArg::Envoy => Build::Envoy,
+            BuildArg::Higress => Build::Higress,
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Config, available permits, permits in the window, TTLs (per-client limiters: every client found)
@@ -155,6 +179,27 @@ enum Command {
         #[arg(default_value = "erl:")]
         prefix: String,
     },
+    /// Check a plugin configuration as the filter loads it (no Redis): a summary and exit 0, or the
+    /// filter's own refusal line (`edge-rate-limiter: invalid configuration: ...`) and exit 1
+    Validate {
+        /// The plugin configuration (JSON); - reads stdin
+        config: String,
+        /// The build that loads it
+        #[arg(long, value_enum, default_value_t = BuildArg::Envoy)]
+        build: BuildArg,
+    },
+}
+
+/// What a command prints, and whether it reports a failure (exit code 1) without an error.
+struct Printed {
+    text: String,
+    failed: bool,
+}
+
+impl From<String> for Printed {
+    fn from(text: String) -> Self {
+        Printed { text, failed: false }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -189,9 +234,13 @@ impl RateArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(&cli) {
-        Ok(text) => {
+        Ok(Printed { text, failed }) => {
             print!("{text}");
-            ExitCode::SUCCESS
+            if failed {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            }
         }
         Err(error) => {
             if cli.json {
@@ -205,18 +254,42 @@ fn main() -> ExitCode {
 }
 
 /// Runs the command; returns what to print.
-fn run(cli: &Cli) -> Result<String> {
-    let client_id = match &cli.client_id {
-        Some(id) => Some(validate_client_id(id)?),
-        None => None,
-    };
-    let client_id = client_id.as_deref();
-    let mut redis = connect(cli)?;
-    let now_ms = match cli.clock {
-        ClockArg::Local => local_now_ms(),
-        ClockArg::Redis => redis.time_ms()?,
-    };
+fn run(cli: &Cli) -> Result<Printed> {
     match &cli.command {
+        Command::Validate { config, build } => validate(cli.json, config, (*build).into()),
+        command => on_limiters(cli, command, Session::open(cli)?).map(Printed::from),
+    }
+}
+
+/// A connection to the limiters' Redis, with the client id selected (`--client-id`) and "now" (`--clock`).
+struct Session {
+    redis: Redis,
+    client_id: Option<String>,
+    now_ms: u64,
+}
+
+impl Session {
+    fn open(cli: &Cli) -> Result<Self> {
+        let client_id = match &cli.client_id {
+            Some(id) => Some(validate_client_id(id)?),
+            None => None,
+        };
+        let mut redis = connect(cli)?;
+        let now_ms = match cli.clock {
+            ClockArg::Local => local_now_ms(),
+            ClockArg::Redis => redis.time_ms()?,
+        };
+        Ok(Session { redis, client_id, now_ms })
+    }
+}
+
+/// The commands on one limiter or a list of them; returns what to print.
+fn on_limiters(cli: &Cli, command: &Command, session: Session) -> Result<String> {
+    let Session { mut redis, client_id, now_ms } = session;
+    let client_id = client_id.as_deref();
+    match command {
+        // Answered by `run`.
+        Command::Validate { .. } => Ok(String::new()),
         Command::Show { name } => {
             let report = ops::show(&mut redis, name, client_id, now_ms)?;
             render(cli.json, &report, output::show)
@@ -253,6 +326,25 @@ fn run(cli: &Cli) -> Result<String> {
             render(cli.json, &entries, |entries| output::list(entries))
         }
     }
+}
+
+/// `validate`: loads the configuration as `build` does; exit 1 when it refuses it.
+fn validate(json: bool, path: &str, build: Build) -> Result<Printed> {
+    let bytes = read_document(path)?;
+    let build_name = build.name();
+    let report = match plugin::load(&bytes, build) {
+        Ok(plugin) => {
+            ValidateReport { valid: true, build: build_name, error: None, configurations: summarize(&plugin) }
+        }
+        Err(reason) => ValidateReport {
+            valid: false,
+            build: build_name,
+            error: Some(refusal_line(&reason)),
+            configurations: Vec::new(),
+        },
+    };
+    let text = render(json, &report, output::validate)?;
+    Ok(Printed { text, failed: !report.valid })
 }
 
 /// The connection `--url` and `--cluster` ask for.
@@ -359,5 +451,34 @@ mod tests {
             "6f9619ff-8b86-d011-b42d-00c04fc964ff"
         );
         assert_eq!(validate_client_id("gateway-1"), Err(AdminError::BadClientId("gateway-1".into())));
+    }
+
+    #[test]
+    fn validate_takes_a_file_or_stdin_and_a_build() {
+        assert_eq!(
+            Cli::try_parse_from(["erl-admin", "validate", "p.json", "--build", "istio"]).unwrap_err().exit_code(),
+            2
+        );
+        let cli = Cli::try_parse_from(["erl-admin", "validate", "-", "--build", "higress"]).unwrap();
+        let Command::Validate { config, build } = cli.command else { panic!("validate") };
+        assert_eq!((config.as_str(), Build::from(build)), ("-", Build::Higress));
+    }
+
+    #[test]
+    fn validate_needs_no_redis_and_fails_with_the_refusal() {
+        let dir = std::env::temp_dir().join(format!("erl-admin-validate-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("bad.json");
+        std::fs::write(&path, r#"{"redis":{"cluster":"c"},"rules":[]}"#).unwrap();
+        let path = path.to_string_lossy().into_owned();
+        // An unreachable URL: validate never connects.
+        let cli =
+            Cli::try_parse_from(["erl-admin", "--url", "redis://127.0.0.1:1", "validate", path.as_str()]).unwrap();
+        let printed = run(&cli).unwrap();
+        assert!(printed.failed);
+        assert_eq!(printed.text, "edge-rate-limiter: invalid configuration: rules: at least one rule is required\n");
+        let missing = Cli::try_parse_from(["erl-admin", "validate", "/nonexistent/plugin.json"]).unwrap();
+        assert!(matches!(run(&missing), Err(AdminError::ConfigFile { .. })));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

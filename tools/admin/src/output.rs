@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use edge_rate_limiter::config::LimiterType;
 
 use crate::model::{type_name, Config};
-use crate::report::{ChangeReport, DeleteReport, KeyTtl, ListEntry, ShowReport, State};
+use crate::report::{ChangeReport, DeleteReport, KeyTtl, ListEntry, ShowReport, State, ValidateReport};
 use crate::units::{human_ms, timestamp};
 
 fn ttl_text(ttl_ms: i64) -> String {
@@ -155,15 +155,84 @@ pub fn list(entries: &[ListEntry]) -> String {
         })
         .collect();
     let header = ["NAME", "RATE", "TYPE", "KEEPALIVE", "AVAILABLE"].map(str::to_string);
-    let mut widths = [0usize; 5];
-    for row in std::iter::once(&header).chain(rows.iter()) {
+    table("", &[&[header][..], &rows].concat())
+}
+
+/// `validate` as text: the verdict, then each configuration and its rules (aligned).
+pub fn validate(report: &ValidateReport) -> String {
+    if let Some(error) = &report.error {
+        return format!("{error}\n");
+    }
+    let count = report.configurations.len();
+    let plural = if count == 1 { "" } else { "s" };
+    let mut out = format!("valid: {count} configuration{plural} ({} build)\n", report.build);
+    for config in &report.configurations {
+        let mut scope = Vec::new();
+        if !config.routes.is_empty() {
+            scope.push(format!("routes {}", config.routes.join(", ")));
+        }
+        if !config.domains.is_empty() {
+            scope.push(format!("domains {}", config.domains.join(", ")));
+        }
+        scope.push(format!("redis {}", config.redis));
+        scope.push(format!("failure_mode {}", config.failure_mode));
+        if let Some(exempt) = &config.exempt {
+            scope.push(format!("exempt {exempt}"));
+        }
+        let _ = writeln!(out, "{}: {}", config.name, scope.join("; "));
+        let rows: Vec<[String; 4]> = config
+            .rules
+            .iter()
+            .map(|rule| {
+                let mut extras = Vec::new();
+                if let Some(value_match) = &rule.value_match {
+                    extras.push(format!("for {value_match}"));
+                }
+                if rule.permits != 1 {
+                    extras.push(format!("{} permits a request", rule.permits));
+                }
+                if rule.limiter_type != "overall" {
+                    extras.push(rule.limiter_type.to_string());
+                }
+                if rule.limiter != format!("erl:{}", rule.name) {
+                    extras.push(format!("limiter {}", rule.limiter));
+                }
+                if let Some(exempt) = &rule.exempt {
+                    extras.push(format!("exempt {exempt}"));
+                }
+                let mode = [rule.mode.to_string()].into_iter().chain(extras).collect::<Vec<_>>().join(", ");
+                [
+                    rule.name.clone(),
+                    limit_by_text(&rule.limit_by),
+                    format!("{} per {}", rule.rate, human_ms(rule.interval_ms)),
+                    mode,
+                ]
+            })
+            .collect();
+        out.push_str(&table("  ", &rows));
+    }
+    out
+}
+
+/// A `limit_by` in a summary: a name as it is (`client_ip`), an object or list as compact JSON.
+fn limit_by_text(limit_by: &serde_json::Value) -> String {
+    match limit_by {
+        serde_json::Value::String(name) => name.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Rows as aligned columns, each line after `indent`, trailing blanks trimmed.
+fn table<const N: usize>(indent: &str, rows: &[[String; N]]) -> String {
+    let mut widths = [0usize; N];
+    for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.len());
         }
     }
     let mut out = String::new();
-    for row in std::iter::once(&header).chain(rows.iter()) {
-        let mut line = String::new();
+    for row in rows {
+        let mut line = indent.to_string();
         for (index, (width, cell)) in widths.iter().zip(row).enumerate() {
             if index > 0 {
                 line.push_str("  ");
@@ -189,5 +258,40 @@ mod tests {
         assert_eq!(ttl_text(-1), "no expiry");
         assert_eq!(ttl_text(-2), "no such key");
         assert_eq!(ttl_text(1_500), "1s 500ms (1500 ms)");
+    }
+
+    #[test]
+    fn validate_shows_the_refusal_alone_or_each_configuration_and_rule() {
+        let refused = ValidateReport {
+            valid: false,
+            build: "envoy",
+            error: Some("edge-rate-limiter: invalid configuration: rules[0].rate: must be at least 1".into()),
+            configurations: Vec::new(),
+        };
+        assert_eq!(validate(&refused), "edge-rate-limiter: invalid configuration: rules[0].rate: must be at least 1\n");
+        let json = r#"{"redis":{"cluster":"webdis"},"rules":[
+            {"name":"per-user","limit_by":{"header":"x-user-id"},"rate":100,"interval":"1m","permits":2},
+            {"name":"per-ip","limit_by":"client_ip","rate":20,"interval":"1s","type":"per_client","mode":"shadow"}],
+            "_rules_":[{"_match_route_":["login"],"_match_domain_":["*.example.com"],"exempt":{"client_ips":["10.0.0.0/8"]},
+              "rules":[{"name":"login","limit_by":[{"header":"x-user-id"},"path"],"rate":2,"interval":"1m","limiter":"auth:login",
+                "rates_by_value":[{"values":["bob:/x"],"rate":1}]}]}]}"#;
+        let plugin = crate::plugin::load(json.as_bytes(), crate::plugin::Build::Envoy).unwrap();
+        let report = ValidateReport {
+            valid: true,
+            build: "envoy",
+            error: None,
+            configurations: crate::plugin::summarize(&plugin),
+        };
+        assert_eq!(
+            validate(&report),
+            r#"valid: 2 configurations (envoy build)
+global: redis cluster webdis (http); failure_mode allow
+  per-user  {"header":"x-user-id"}  100 per 1m  enforce, 2 permits a request
+  per-ip    client_ip               20 per 1s   shadow, per-client
+_rules_[0]: routes login; domains *.example.com; redis cluster webdis (http); failure_mode allow; exempt client_ips 10.0.0.0/8
+  login  [{"header":"x-user-id"},"path"]  1 per 1m  enforce, for values ["bob:/x"], limiter auth:login
+  login  [{"header":"x-user-id"},"path"]  2 per 1m  enforce, limiter auth:login
+"#
+        );
     }
 }

@@ -84,3 +84,61 @@ pub struct ListEntry {
     /// Overall limiters: permits available now; per-client ones: `None` (see `show`).
     pub available: Option<u64>,
 }
+
+/// What `validate` reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ValidateReport {
+    /// Whether the filter loads the configuration.
+    pub valid: bool,
+    /// The build it was loaded as: `envoy` or `higress`.
+    pub build: &'static str,
+    /// The refusal, as the filter logs it (`edge-rate-limiter: invalid configuration: <field>: <reason>`).
+    pub error: Option<String>,
+    /// Each configuration: the global one, then each `_rules_` entry (none when invalid).
+    pub configurations: Vec<ConfigSummary>,
+}
+
+/// One configuration of a plugin, as `validate` summarizes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ConfigSummary {
+    /// `global`, or `_rules_[i]`.
+    pub name: String,
+    /// The route names it applies to (`_rules_` only).
+    pub routes: Vec<String>,
+    /// The domains it applies to (`_rules_` only).
+    pub domains: Vec<String>,
+    /// The Envoy cluster Redis is reached through, and how (`http`, `host`).
+    pub redis: String,
+    /// `allow`, `deny` or `local`.
+    pub failure_mode: &'static str,
+    /// Its `exempt` section, in words (none: `None`).
+    pub exempt: Option<String>,
+    /// Its rules' entries in order (a rule with `rates_by_value`: one per value match, then its default).
+    pub rules: Vec<RuleSummary>,
+}
+
+/// One entry of a configuration's rules.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RuleSummary {
+    /// The rule's name.
+    pub name: String,
+    /// Where its key value comes from, as the configuration writes it (`{"header":"x-user-id"}`).
+    pub limit_by: serde_json::Value,
+    /// `rates_by_value` entries: the values it applies to (`values [...]`, `regex ...`).
+    pub value_match: Option<String>,
+    /// Permits per interval.
+    pub rate: u64,
+    /// The window, ms.
+    pub interval_ms: u64,
+    /// Permits a request takes.
+    pub permits: u64,
+    /// `overall` or `per-client`.
+    #[serde(rename = "type")]
+    pub limiter_type: &'static str,
+    /// `enforce` or `shadow`.
+    pub mode: &'static str,
+    /// The base of its limiter names.
+    pub limiter: String,
+    /// Its own `exempt` section, in words.
+    pub exempt: Option<String>,
+}

@@ -1,0 +1,317 @@
+//! Plugin configurations as the filter loads them, for `validate` and `explain`: the JSON read from a file
+//! or stdin, then handed to the filter's own `Filter::configure` (the code `proxy_on_configure` runs) on a
+//! host that does nothing ([`NullHost`]), so a configuration is refused here exactly when, and with the
+//! words with which, a gateway refuses it: the parser's checks (`Plugin::from_json`) and the load-time
+//! ones besides (a `redis.transport: "host"` in the stock Envoy build).
+
+use std::io::Read as _;
+use std::path::Path;
+
+use edge_rate_limiter::config::{FailureMode, Plugin, PluginConfig, Rule, TransportKind};
+use edge_rate_limiter::filter::Filter;
+use edge_rate_limiter::host::{HeaderMap, Host, HostError, LogLevel};
+use edge_rate_limiter::key::KeySource;
+use edge_rate_limiter::matching::{Exemption, ValueMatch};
+
+use crate::error::{AdminError, Result};
+use crate::model::type_name;
+use crate::report::{ConfigSummary, RuleSummary};
+
+/// What the filter writes before the reason when it refuses a configuration (`proxy_on_configure` in the
+/// crate's `abi` module, which logs it at error level; the crate exports no constant for it).
+pub const REFUSAL_PREFIX: &str = "edge-rate-limiter: invalid configuration: ";
+
+/// The build a configuration is loaded by (README.md, "Builds"). Whether it has regular expressions
+/// (`rates_by_value`'s `regex`: the -regex artifacts) is this tool's own build's: its feature `regex`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Build {
+    /// `edge-rate-limiter-envoy[-regex].wasm`: stock Envoy and Istio; `redis.transport: "http"` only.
+    Envoy,
+    /// `edge-rate-limiter-higress[-regex].wasm`: Higress; `"host"` and `"http"`.
+    Higress,
+}
+
+impl Build {
+    /// Its artifact's name part: `envoy`, `higress`, with `-regex` when this tool has regular expressions.
+    pub fn name(self) -> &'static str {
+        match (self, cfg!(feature = "regex")) {
+            (Build::Envoy, false) => "envoy",
+            (Build::Higress, false) => "higress",
+            (Build::Envoy, true) => "envoy-regex",
+            (Build::Higress, true) => "higress-regex",
+        }
+    }
+}
+
+/// The log line of a gateway that refuses a configuration for `reason`.
+pub fn refusal_line(reason: &str) -> String {
+    format!("{REFUSAL_PREFIX}{reason}")
+}
+
+/// The bytes of a configuration file, or of stdin for `-`.
+///
+/// # Errors
+/// [`AdminError::ConfigFile`] when it cannot be read.
+pub fn read_document(path: &str) -> Result<Vec<u8>> {
+    let failed = |error: std::io::Error| AdminError::ConfigFile { path: path.to_string(), reason: error.to_string() };
+    if path == "-" {
+        let mut bytes = Vec::new();
+        std::io::stdin().read_to_end(&mut bytes).map_err(failed)?;
+        return Ok(bytes);
+    }
+    std::fs::read(Path::new(path)).map_err(failed)
+}
+
+/// Loads a configuration as `build` does at `proxy_on_configure`: the parsed configuration, or the reason
+/// the filter refuses it (what it logs after [`REFUSAL_PREFIX`]).
+///
+/// # Errors
+/// The filter's reason, naming the field (`rules[0].rate: must be at least 1`).
+pub fn load(bytes: &[u8], build: Build) -> Result<Plugin, String> {
+    Filter::configure(NullHost, bytes, build == Build::Higress)?;
+    // Accepted by the filter, so parsed by it too: the same function, the same bytes.
+    Plugin::from_json(bytes).map_err(|error| error.to_string())
+}
+
+/// Each configuration of a plugin with its name as the operator reads it: `global`, `_rules_[0]`...
+pub fn named_configs(plugin: &Plugin) -> impl Iterator<Item = (String, &PluginConfig)> {
+    plugin.configs().map(|(index, config)| (config_name(index), config))
+}
+
+/// The name of configuration `index` of [`Plugin::configs`]: `global` (0) or `_rules_[index - 1]`.
+pub fn config_name(index: usize) -> String {
+    match index.checked_sub(1) {
+        None => "global".to_string(),
+        Some(rule) => format!("_rules_[{rule}]"),
+    }
+}
+
+/// Each configuration of `plugin` as `validate` lists it.
+pub fn summarize(plugin: &Plugin) -> Vec<ConfigSummary> {
+    plugin
+        .configs()
+        .map(|(index, config)| {
+            let (routes, domains) = match index.checked_sub(1).and_then(|i| plugin.overrides.get(i)) {
+                Some(rule) => (rule.routes.clone(), rule.domains.clone()),
+                None => (Vec::new(), Vec::new()),
+            };
+            let transport = match config.redis.transport {
+                TransportKind::Http => "http",
+                TransportKind::Host => "host",
+            };
+            let failure_mode = match config.failure_mode {
+                FailureMode::Allow => "allow",
+                FailureMode::Deny => "deny",
+                FailureMode::Local => "local",
+            };
+            ConfigSummary {
+                name: config_name(index),
+                routes,
+                domains,
+                redis: format!("cluster {} ({transport})", config.redis.cluster),
+                failure_mode,
+                exempt: config.exempt.as_ref().map(exemption_text),
+                rules: config.rules.iter().map(rule_summary).collect(),
+            }
+        })
+        .collect()
+}
+
+fn rule_summary(rule: &Rule) -> RuleSummary {
+    RuleSummary {
+        name: rule.name.clone(),
+        limit_by: key_source(&rule.source),
+        value_match: rule.value_match.as_ref().map(value_match_text),
+        rate: rule.rate,
+        interval_ms: rule.interval_ms,
+        permits: rule.permits,
+        limiter_type: type_name(rule.limiter_type),
+        mode: rule.mode.name(),
+        limiter: rule.limiter.clone(),
+        exempt: rule.exempt.as_ref().map(exemption_text),
+    }
+}
+
+/// A `rates_by_value` entry's match in words: `values ["a","b"]`, `regex ^vip`.
+pub fn value_match_text(value_match: &ValueMatch) -> String {
+    match value_match {
+        ValueMatch::Values(values) => format!("values {}", serde_json::Value::from(texts(values))),
+        ValueMatch::Regex(pattern) => format!("regex {}", pattern.source()),
+    }
+}
+
+/// A `limit_by` as the configuration writes it (`"client_ip"`, `{"header":"x-user-id"}`, `[...]`).
+pub fn key_source(source: &KeySource) -> serde_json::Value {
+    use serde_json::json;
+    match source {
+        KeySource::Header(name) => json!({ "header": name }),
+        KeySource::Query(name) => json!({ "query": name }),
+        KeySource::Cookie(name) => json!({ "cookie": name }),
+        KeySource::ClientIp => json!("client_ip"),
+        KeySource::XForwardedFor(hops) => json!({ "x_forwarded_for": hops }),
+        KeySource::Path => json!("path"),
+        KeySource::Global => json!("global"),
+        KeySource::Network { of, prefix } => {
+            let (ipv4, ipv6) = (prefix.ipv4, prefix.ipv6);
+            match **of {
+                KeySource::XForwardedFor(hops) => {
+                    json!({ "x_forwarded_for": { "hops": hops, "ipv4_prefix": ipv4, "ipv6_prefix": ipv6 } })
+                }
+                _ => json!({ "client_ip": { "ipv4_prefix": ipv4, "ipv6_prefix": ipv6 } }),
+            }
+        }
+        KeySource::Composite(parts) => serde_json::Value::Array(parts.iter().map(key_source).collect()),
+    }
+}
+
+/// An `exempt` section in words: `client_ips 10.0.0.0/8; headers x-internal ["yes"]`.
+fn exemption_text(exemption: &Exemption) -> String {
+    let mut parts = Vec::new();
+    if !exemption.client_ips.is_empty() {
+        let networks: Vec<String> = exemption.client_ips.iter().map(ToString::to_string).collect();
+        parts.push(format!("client_ips {}", networks.join(", ")));
+    }
+    for (name, values) in &exemption.headers {
+        parts.push(format!("header {name} {}", serde_json::Value::from(texts(values))));
+    }
+    parts.join("; ")
+}
+
+/// Byte strings as text (invalid UTF-8 replaced), for a summary.
+fn texts(values: &[Vec<u8>]) -> Vec<String> {
+    values.iter().map(|value| String::from_utf8_lossy(value).into_owned()).collect()
+}
+
+/// A host without a gateway behind it: `Filter::configure` needs one to define its counters, publish its
+/// client id and set up its transports; nothing it does there reaches anything, and a configuration is
+/// accepted or refused before (and regardless of) any of it.
+struct NullHost;
+
+impl Host for NullHost {
+    fn now_ms(&self) -> u64 {
+        crate::redis_io::local_now_ms()
+    }
+
+    fn random_seed(&self) -> u64 {
+        0
+    }
+
+    fn log(&self, _level: LogLevel, _message: &str) {}
+
+    fn plugin_configuration(&self) -> Result<Option<Vec<u8>>, HostError> {
+        Ok(None)
+    }
+
+    fn define_counter(&self, _name: &str) -> Result<u32, HostError> {
+        Ok(0)
+    }
+
+    fn increment_counter(&self, _id: u32, _delta: u64) -> Result<(), HostError> {
+        Ok(())
+    }
+
+    fn set_effective_context(&self, _context_id: u32) -> Result<(), HostError> {
+        Err(HostError::NotFound)
+    }
+
+    fn request_header(&self, _name: &str) -> Result<Option<Vec<u8>>, HostError> {
+        Ok(None)
+    }
+
+    fn property(&self, _path: &[&str]) -> Result<Option<Vec<u8>>, HostError> {
+        Ok(None)
+    }
+
+    fn set_property(&self, _path: &str, _value: &[u8]) -> Result<(), HostError> {
+        Err(HostError::NotFound)
+    }
+
+    fn resume_request(&self) -> Result<(), HostError> {
+        Err(HostError::NotFound)
+    }
+
+    fn send_local_reply(&self, _status: u16, _headers: &HeaderMap, _body: &[u8]) -> Result<(), HostError> {
+        Err(HostError::NotFound)
+    }
+
+    fn add_response_header(&self, _name: &str, _value: &str) -> Result<(), HostError> {
+        Err(HostError::NotFound)
+    }
+
+    fn set_tick_period_ms(&self, _period_ms: u32) -> Result<(), HostError> {
+        Ok(())
+    }
+
+    fn get_shared_data(&self, _key: &str) -> Result<(Option<Vec<u8>>, u32), HostError> {
+        Ok((None, 0))
+    }
+
+    fn set_shared_data(&self, _key: &str, _value: &[u8], _cas: u32) -> Result<(), HostError> {
+        Ok(())
+    }
+
+    fn http_call(&self, _cluster: &str, _headers: &HeaderMap, _body: &[u8], _timeout: u32) -> Result<u32, HostError> {
+        Err(HostError::Unimplemented)
+    }
+
+    fn http_call_response_header(&self, _name: &str) -> Result<Option<Vec<u8>>, HostError> {
+        Err(HostError::NotFound)
+    }
+
+    fn http_call_response_body(&self, _size: usize) -> Result<Vec<u8>, HostError> {
+        Err(HostError::NotFound)
+    }
+
+    fn redis_init(&self, _service: &str, _username: &str, _password: &str, _timeout: u32) -> Result<(), HostError> {
+        Ok(())
+    }
+
+    fn redis_call(&self, _service: &str, _query: &[u8]) -> Result<u32, HostError> {
+        Err(HostError::Unimplemented)
+    }
+
+    fn redis_call_response(&self, _size: usize) -> Result<Vec<u8>, HostError> {
+        Err(HostError::NotFound)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str =
+        r#"{"redis":{"cluster":"webdis"},"rules":[{"name":"r","limit_by":"global","rate":5,"interval":"1s"}]}"#;
+
+    #[test]
+    fn a_valid_configuration_loads_in_both_builds() {
+        for build in [Build::Envoy, Build::Higress] {
+            let plugin = load(MINIMAL.as_bytes(), build).unwrap();
+            assert_eq!(plugin.global.unwrap().rules[0].name, "r");
+        }
+    }
+
+    #[test]
+    fn refusals_are_the_filters_own_words() {
+        let zero = MINIMAL.replace("\"rate\":5", "\"rate\":0");
+        assert_eq!(load(zero.as_bytes(), Build::Envoy).unwrap_err(), "rules[0].rate: must be at least 1");
+        assert_eq!(
+            refusal_line("rules[0].rate: must be at least 1"),
+            "edge-rate-limiter: invalid configuration: rules[0].rate: must be at least 1"
+        );
+        assert!(load(b"", Build::Envoy).unwrap_err().starts_with("EOF while parsing"));
+    }
+
+    #[test]
+    fn the_host_transport_needs_the_higress_build() {
+        let host = MINIMAL.replace(r#""cluster":"webdis""#, r#""cluster":"redis","transport":"host""#);
+        let refused = load(host.as_bytes(), Build::Envoy).unwrap_err();
+        assert!(refused.starts_with("redis.transport: \"host\" needs the host-redis build"), "{refused}");
+        assert!(load(host.as_bytes(), Build::Higress).is_ok());
+    }
+
+    #[test]
+    fn configurations_are_named_global_then_by_match_rule() {
+        assert_eq!(config_name(0), "global");
+        assert_eq!(config_name(2), "_rules_[1]");
+    }
+}
