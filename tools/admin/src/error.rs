@@ -86,6 +86,9 @@ pub enum AdminError {
         /// The I/O error.
         reason: String,
     },
+    /// `explain` with a plugin configuration the filter refuses: the refusal as the filter logs it.
+    #[error("{0}")]
+    InvalidPlugin(String),
     /// Arguments that parse but make no sense together.
     #[error("{0}")]
     Usage(String),

@@ -8,26 +8,32 @@
 //!
 //! - [`error`]: every failure, worded for the operator.
 //! - [`units`]: durations and times in ms, parsed from the options and written for humans.
-//! - [`model`]: the limiter's Redisson layout without I/O: config fields, permit members, window summary.
+//! - [`model`]: the limiter's Redisson layout without I/O: config fields, permit members, window summary,
+//!   and what an acquire would meet in a window (as the acquire script counts it).
+//! - [`request`]: the request `explain` asks about, from its options, as the filter's key code sees it.
 //! - [`report`]: what each operation returns (`serde` for `--json`).
 //! - [`redis_io`]: one synchronous connection, to a Redis or a Redis Cluster (`--cluster`, see its docs);
 //!   scripts by `EVALSHA`, `EVAL` on `NOSCRIPT`; reply decoding.
-//! - [`plugin`]: plugin configurations loaded by the filter's own code (`validate`).
+//! - [`plugin`]: plugin configurations loaded by the filter's own code (`validate`, `explain`).
 //! - [`ops`]: the operations (show, set-rate, update-rate, try-set-rate, delete, list), on the filter's own
-//!   scripts and key layout (the `edge_rate_limiter` crate).
+//!   scripts and key layout (the `edge_rate_limiter` crate), and the read-only reads `explain` makes.
+//! - [`explain`]: a request's rules, limiters and verdict.
 //! - [`output`]: the reports as text.
 //! - `main` (this file): the command line (`clap`), dispatch, exit codes (0 ok, 1 error or an invalid
 //!   configuration, 2 usage).
 
 pub mod error;
+pub mod explain;
 pub mod model;
 pub mod ops;
 pub mod output;
 pub mod plugin;
 pub mod redis_io;
 pub mod report;
+pub mod request;
 pub mod units;
 
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -41,6 +47,7 @@ use crate::model::{check_keep_alive, Config, Update};
 use crate::plugin::{read_document, refusal_line, summarize, Build};
 use crate::redis_io::{local_now_ms, Redis};
 use crate::report::ValidateReport;
+use crate::request::{parse_client_ip, parse_header, Header, Request};
 use crate::units::{parse_duration, parse_interval, parse_keep_alive};
 
 /// Inspect and change edge-rate-limiter limiters in Redis (Redisson RRateLimiter, 4.x layout).
@@ -188,6 +195,46 @@ enum Command {
         #[arg(long, value_enum, default_value_t = BuildArg::Envoy)]
         build: BuildArg,
     },
+    /// Which rules a request meets, their limiters' state in Redis, and whether and when it is allowed
+    /// (reads only: nothing is written)
+    Explain {
+        /// The plugin configuration (JSON); - reads stdin
+        config: String,
+        #[command(flatten)]
+        request: RequestArgs,
+    },
+}
+
+/// The request `explain` asks about.
+#[derive(Debug, Args)]
+struct RequestArgs {
+    /// A request header, name:value (repeatable; a pseudo-header as :name:value)
+    #[arg(long = "header", short = 'H', value_name = "NAME:VALUE", value_parser = parse_header)]
+    headers: Vec<Header>,
+    /// The :path, query string included [default: /]
+    #[arg(long)]
+    path: Option<String>,
+    /// The :authority, host[:port] (selects a _rules_ entry by domain)
+    #[arg(long)]
+    authority: Option<String>,
+    /// The route name (Envoy: the route's name; Higress: namespace/name) (selects a _rules_ entry)
+    #[arg(long)]
+    route: Option<String>,
+    /// The client address (the source.address property), with or without a port
+    #[arg(long, value_name = "IP", value_parser = parse_client_ip)]
+    client_ip: Option<SocketAddr>,
+}
+
+impl RequestArgs {
+    fn request(&self) -> Request {
+        Request::new(
+            &self.headers,
+            self.path.as_deref(),
+            self.authority.as_deref(),
+            self.client_ip,
+            self.route.as_deref(),
+        )
+    }
 }
 
 /// What a command prints, and whether it reports a failure (exit code 1) without an error.
@@ -257,6 +304,16 @@ fn main() -> ExitCode {
 fn run(cli: &Cli) -> Result<Printed> {
     match &cli.command {
         Command::Validate { config, build } => validate(cli.json, config, (*build).into()),
+        Command::Explain { config, request } => {
+            // Refused before connecting: an invalid configuration needs no Redis. Either transport: which
+            // rules apply does not depend on the build.
+            let plugin = plugin::load(&read_document(config)?, Build::Higress)
+                .map_err(|reason| AdminError::InvalidPlugin(refusal_line(&reason)))?;
+            let mut session = Session::open(cli)?;
+            let client_id = session.client_id.as_deref();
+            let report = explain::explain(&mut session.redis, &plugin, request.request(), client_id, session.now_ms)?;
+            render(cli.json, &report, output::explain).map(Printed::from)
+        }
         command => on_limiters(cli, command, Session::open(cli)?).map(Printed::from),
     }
 }
@@ -289,7 +346,7 @@ fn on_limiters(cli: &Cli, command: &Command, session: Session) -> Result<String>
     let client_id = client_id.as_deref();
     match command {
         // Answered by `run`.
-        Command::Validate { .. } => Ok(String::new()),
+        Command::Validate { .. } | Command::Explain { .. } => Ok(String::new()),
         Command::Show { name } => {
             let report = ops::show(&mut redis, name, client_id, now_ms)?;
             render(cli.json, &report, output::show)
@@ -454,11 +511,52 @@ mod tests {
     }
 
     #[test]
-    fn validate_takes_a_file_or_stdin_and_a_build() {
-        assert_eq!(
-            Cli::try_parse_from(["erl-admin", "validate", "p.json", "--build", "istio"]).unwrap_err().exit_code(),
-            2
-        );
+    fn explain_takes_a_request_as_options() {
+        let cli = Cli::try_parse_from([
+            "erl-admin",
+            "explain",
+            "plugin.json",
+            "-H",
+            "X-User-Id: alice",
+            "--header",
+            "x-api-key:k:1",
+            "--path",
+            "/login?next=/",
+            "--authority",
+            "api.example:8443",
+            "--route",
+            "default/login",
+            "--client-ip",
+            "10.0.0.7",
+            "--client-id",
+            "6f9619ff-8b86-d011-b42d-00c04fc964ff",
+            "--json",
+        ])
+        .unwrap();
+        assert!(cli.json);
+        let Command::Explain { config, request } = cli.command else { panic!("explain") };
+        assert_eq!(config, "plugin.json");
+        let request = request.request();
+        let view = |name: &str| edge_rate_limiter::key::RequestView::header(&request, name);
+        assert_eq!(view("x-user-id"), Some(b"alice".to_vec()));
+        assert_eq!(view("x-api-key"), Some(b"k:1".to_vec()));
+        assert_eq!(view(":path"), Some(b"/login?next=/".to_vec()));
+        assert_eq!(request.authority(), Some("api.example:8443"));
+        assert_eq!(request.route.as_deref(), Some("default/login"));
+        assert_eq!(request.client_address.as_deref(), Some("10.0.0.7:0"));
+    }
+
+    #[test]
+    fn explain_and_validate_refuse_malformed_options() {
+        for args in [
+            &["erl-admin", "explain", "p.json", "--header", "no-colon"][..],
+            &["erl-admin", "explain", "p.json", "--client-ip", "gateway-1"],
+            &["erl-admin", "explain"],
+            &["erl-admin", "validate", "p.json", "--build", "istio"],
+        ] {
+            let error = Cli::try_parse_from(args).unwrap_err();
+            assert_eq!(error.exit_code(), 2, "{args:?}");
+        }
         let cli = Cli::try_parse_from(["erl-admin", "validate", "-", "--build", "higress"]).unwrap();
         let Command::Validate { config, build } = cli.command else { panic!("validate") };
         assert_eq!((config.as_str(), Build::from(build)), ("-", Build::Higress));

@@ -193,6 +193,158 @@ fn score_ms(score: f64) -> u64 {
     }
 }
 
+/// A permit member as the scripts count it: its score (acquire time, or a lease's end, ms since the epoch)
+/// and the permits it took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Permit {
+    /// Score, ms since the epoch.
+    pub score_ms: u64,
+    /// Permits (0 for a member the tool cannot decode).
+    pub permits: u64,
+}
+
+/// A count as the scripts read a value key (`tonumber`): a negative or unreadable one counts 0.
+pub fn parse_count(bytes: &[u8]) -> u64 {
+    let text = String::from_utf8_lossy(bytes);
+    text.trim().parse::<i64>().map_or(0, |n| u64::try_from(n).unwrap_or(0))
+}
+
+/// The permits of `(member, score)` pairs, oldest first.
+pub fn permits_of(members: &[(Vec<u8>, f64)]) -> Vec<Permit> {
+    let mut permits: Vec<Permit> = members
+        .iter()
+        .map(|(member, score)| Permit {
+            score_ms: score_ms(*score),
+            permits: decode_member(member).map_or(0, |m| u64::from(m.permits)),
+        })
+        .collect();
+    permits.sort_by_key(|permit| permit.score_ms);
+    permits
+}
+
+/// One window of a limiter as Redis holds it: the value key (available permits as last written; `None`:
+/// no such key) and every permit member, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stored {
+    /// The value key.
+    pub value: Option<u64>,
+    /// The permit members, oldest first.
+    pub permits: Vec<Permit>,
+}
+
+/// What the next acquire of a request would meet in one window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outlook {
+    /// Admitted now; `remaining` such requests are admitted after it.
+    Allowed {
+        /// Requests asking as many permits admitted after this one (no other traffic).
+        remaining: u64,
+    },
+    /// Rejected now.
+    Rejected {
+        /// Ms until enough permits left the window for it; `None` when the permits in the window never
+        /// free enough (the value key counts fewer than the rate minus them).
+        wait_ms: Option<u64>,
+        /// Redisson's delay, the one the filter's `Retry-After` rounds up: 3 ms past the oldest permit's
+        /// departure.
+        delay_ms: u64,
+    },
+    /// It asks for more permits than the rate: no wait admits it.
+    Never,
+}
+
+impl Stored {
+    /// Permits free for an acquire at `at_ms`, as the acquire script counts them: a window without a value
+    /// key is full; otherwise the value key plus the permits that left the window by then (scored at or
+    /// before `at_ms - interval`), and when that passes the rate, the rate minus the permits still in it.
+    pub fn available_at(&self, rate: u64, interval_ms: u64, at_ms: u64) -> u64 {
+        let Some(value) = self.value else { return rate };
+        let cutoff = at_ms.saturating_sub(interval_ms);
+        let (gone, kept): (Vec<&Permit>, Vec<&Permit>) = self.permits.iter().partition(|p| p.score_ms <= cutoff);
+        let released: u64 = gone.iter().map(|p| p.permits).sum();
+        if released == 0 {
+            return value;
+        }
+        let value = value.saturating_add(released);
+        if value > rate {
+            rate.saturating_sub(kept.iter().map(|p| p.permits).sum())
+        } else {
+            value
+        }
+    }
+
+    /// What an acquire of `permits` at `now_ms` meets: admitted (and how many more after it), or rejected
+    /// and when enough permits will have left the window, or never (more than the rate).
+    pub fn outlook(&self, rate: u64, interval_ms: u64, permits: u64, now_ms: u64) -> Outlook {
+        if permits > rate {
+            return Outlook::Never;
+        }
+        let available = self.available_at(rate, interval_ms, now_ms);
+        if available >= permits {
+            return Outlook::Allowed { remaining: (available - permits) / permits.max(1) };
+        }
+        let cutoff = now_ms.saturating_sub(interval_ms);
+        let in_window = self.permits.iter().filter(|p| p.score_ms > cutoff);
+        // Redisson's delay counts from the oldest permit still in the window (none: a whole interval).
+        let oldest = in_window.clone().map(|p| p.score_ms).min().unwrap_or(now_ms);
+        let delay_ms = oldest.saturating_add(interval_ms).saturating_add(3).saturating_sub(now_ms);
+        let wait_ms = in_window
+            .map(|p| p.score_ms.saturating_add(interval_ms))
+            .find(|&leaves| self.available_at(rate, interval_ms, leaves) >= permits)
+            .map(|leaves| leaves.saturating_sub(now_ms));
+        Outlook::Rejected { wait_ms, delay_ms }
+    }
+
+    /// The window after `updateRate` to `rate` per `interval_ms` at `now_ms` (same type): the permits that
+    /// left the new window dropped, the value key the rate minus the permits still in it.
+    pub fn updated(&self, rate: u64, interval_ms: u64, now_ms: u64) -> Stored {
+        let cutoff = now_ms.saturating_sub(interval_ms);
+        let permits: Vec<Permit> = self.permits.iter().copied().filter(|p| p.score_ms > cutoff).collect();
+        let used: u64 = permits.iter().map(|p| p.permits).sum();
+        Stored { value: Some(rate.saturating_sub(used)), permits }
+    }
+}
+
+/// What the next acquire of a rule does to its limiter's config before acquiring (the acquire script).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ConfigStep {
+    /// No limiter (or one not initialized): created with the rule's config, starting full.
+    Create,
+    /// The limiter's config is obeyed as Redis holds it (the rule's, or `rate_source: "redis"`).
+    Obey,
+    /// `rate_source: "config"`: updated to the rule's config keeping consumed permits.
+    Update,
+    /// `rate_source: "config"`, but another writer changed the config after the rule: it stands.
+    Stand,
+}
+
+/// A config as the `erlRuleConfig` field records it: `rate:interval:type:keepAliveTime`.
+pub fn config_record(config: &Config) -> String {
+    format!(
+        "{}:{}:{}:{}",
+        config.rate,
+        config.interval_ms,
+        config.limiter_type.redisson_ordinal(),
+        config.keep_alive_ms
+    )
+}
+
+/// The config the next acquire of a rule obeys, and how it gets there: `rule` is the rule's config,
+/// `apply` whether it has `rate_source: "config"`, `held` the config in Redis (`None`: no limiter, or not
+/// initialized) and `record` its `erlRuleConfig` field.
+pub fn next_config(rule: &Config, apply: bool, held: Option<&Config>, record: Option<&str>) -> (ConfigStep, Config) {
+    let Some(held) = held else { return (ConfigStep::Create, *rule) };
+    if !apply || held == rule {
+        return (ConfigStep::Obey, *held);
+    }
+    if record.is_none_or(|record| record == config_record(held)) {
+        (ConfigStep::Update, *rule)
+    } else {
+        (ConfigStep::Stand, *held)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,5 +421,72 @@ mod tests {
         assert_eq!(Update::default().apply(&current), current);
         let update = Update { rate: Some(9), keep_alive_ms: Some(120_000), ..Update::default() };
         assert_eq!(update.apply(&current), Config { rate: 9, keep_alive_ms: 120_000, ..current });
+    }
+
+    fn permit(score_ms: u64, permits: u64) -> Permit {
+        Permit { score_ms, permits }
+    }
+
+    #[test]
+    fn counts_and_permits_read_as_the_scripts_read_them() {
+        assert_eq!((parse_count(b"7"), parse_count(b"-3"), parse_count(b"x")), (7, 0, 0));
+        let member = |permits: u32| [vec![16u8], vec![1u8; 16], permits.to_le_bytes().to_vec()].concat();
+        let members = vec![(member(2), 2_000.0), (member(1), 1_000.0), (b"junk".to_vec(), 1_500.0)];
+        assert_eq!(permits_of(&members), vec![permit(1_000, 1), permit(1_500, 0), permit(2_000, 2)]);
+    }
+
+    #[test]
+    fn available_permits_count_what_left_the_window_as_the_acquire_does() {
+        // 5 per 1 s; three permits taken at 1000, 1200 and 1900 ms.
+        let stored = Stored { value: Some(2), permits: vec![permit(1_000, 1), permit(1_200, 1), permit(1_900, 1)] };
+        assert_eq!(stored.available_at(5, 1_000, 1_999), 2, "none left yet");
+        assert_eq!(stored.available_at(5, 1_000, 2_000), 3, "a permit leaves at its score + interval");
+        assert_eq!(stored.available_at(5, 1_000, 2_900), 5);
+        assert_eq!(Stored::default().available_at(5, 1_000, 0), 5, "no value key: full");
+        // A value key above the rate minus the permits in the window is capped once something is released.
+        let skewed = Stored { value: Some(5), permits: vec![permit(1_000, 1), permit(1_900, 2)] };
+        assert_eq!(skewed.available_at(5, 1_000, 1_500), 5, "nothing released: the value key as it is");
+        assert_eq!(skewed.available_at(5, 1_000, 2_000), 3, "released: the rate minus the 2 still in the window");
+    }
+
+    #[test]
+    fn outlooks_say_how_many_more_or_how_long_to_wait() {
+        let full = Stored { value: Some(0), permits: vec![permit(1_000, 1), permit(1_200, 1), permit(1_900, 1)] };
+        assert_eq!(
+            full.outlook(3, 1_000, 1, 1_500),
+            Outlook::Rejected { wait_ms: Some(500), delay_ms: 503 },
+            "the oldest leaves at 2000; Redisson's delay adds 3 ms"
+        );
+        assert_eq!(
+            full.outlook(3, 1_000, 2, 1_500),
+            Outlook::Rejected { wait_ms: Some(700), delay_ms: 503 },
+            "two permits: until the second oldest leaves too (Retry-After counts only the oldest)"
+        );
+        assert_eq!(full.outlook(3, 1_000, 4, 1_500), Outlook::Never);
+        let room = Stored { value: Some(7), permits: vec![permit(1_000, 3)] };
+        assert_eq!(room.outlook(10, 1_000, 2, 1_500), Outlook::Allowed { remaining: 2 });
+        assert_eq!(room.outlook(10, 1_000, 1, 1_500), Outlook::Allowed { remaining: 6 });
+        let stuck = Stored { value: Some(0), permits: Vec::new() };
+        assert_eq!(stuck.outlook(3, 1_000, 1, 1_500), Outlook::Rejected { wait_ms: None, delay_ms: 1_003 });
+    }
+
+    #[test]
+    fn an_update_keeps_the_permits_of_the_new_window() {
+        let stored = Stored { value: Some(0), permits: vec![permit(1_000, 1), permit(1_900, 2)] };
+        assert_eq!(stored.updated(10, 500, 2_000), Stored { value: Some(8), permits: vec![permit(1_900, 2)] });
+        assert_eq!(stored.updated(2, 5_000, 2_000).value, Some(0), "never below 0");
+    }
+
+    #[test]
+    fn the_next_acquire_creates_obeys_updates_or_leaves_a_config() {
+        let rule = Config { rate: 5, interval_ms: 1_000, limiter_type: LimiterType::Overall, keep_alive_ms: 0 };
+        let other = Config { rate: 9, ..rule };
+        assert_eq!(next_config(&rule, false, None, None), (ConfigStep::Create, rule));
+        assert_eq!(next_config(&rule, false, Some(&other), None), (ConfigStep::Obey, other), "rate_source redis");
+        assert_eq!(next_config(&rule, true, Some(&rule), None), (ConfigStep::Obey, rule));
+        assert_eq!(next_config(&rule, true, Some(&other), None), (ConfigStep::Update, rule), "no record");
+        assert_eq!(config_record(&other), "9:1000:0:0");
+        assert_eq!(next_config(&rule, true, Some(&other), Some("9:1000:0:0")), (ConfigStep::Update, rule));
+        assert_eq!(next_config(&rule, true, Some(&other), Some("5:1000:0:0")), (ConfigStep::Stand, other));
     }
 }

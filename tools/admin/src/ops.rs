@@ -12,7 +12,9 @@
 
 use edge_rate_limiter::config::LimiterType;
 use edge_rate_limiter::key::{redisson_suffix, LimiterKeys};
-use edge_rate_limiter::script::{Script, AVAILABLE_PERMITS, DELETE, SET_RATE, TRY_SET_RATE, UPDATE_RATE};
+use edge_rate_limiter::script::{
+    Script, AVAILABLE_PERMITS, DELETE, RULE_CONFIG_FIELD, SET_RATE, TRY_SET_RATE, UPDATE_RATE,
+};
 use redis::Value;
 
 use crate::error::{AdminError, Result};
@@ -67,6 +69,48 @@ fn hash_exists(redis: &mut Redis, name: &str) -> Result<bool> {
         "hash" => Ok(true),
         found => Err(AdminError::WrongType { key: name.to_string(), found: found.to_string() }),
     }
+}
+
+/// Limiter `name`'s config hash read without writing: `None` if there is no key `name`; else its config
+/// (or why it is not one) and its `erlRuleConfig` record (the config a rule wrote, `rate_source: "config"`).
+///
+/// # Errors
+/// [`AdminError::WrongType`], Redis errors.
+pub fn peek_config(redis: &mut Redis, name: &str) -> Result<Option<(Result<Config>, Option<String>)>> {
+    let Some(config) = read_config_if_any(redis, name)? else { return Ok(None) };
+    let mut hget = redis::cmd("HGET");
+    hget.arg(name).arg(RULE_CONFIG_FIELD);
+    let record = bytes(&redis.query(&hget, &format!("reading the rule config record of {name}"))?)
+        .map(|record| String::from_utf8_lossy(&record).into_owned());
+    Ok(Some((config, record)))
+}
+
+/// One window of a limiter as [`peek_window`] reads it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Peeked {
+    /// The value key (`None`: no such key).
+    pub value: Option<Vec<u8>>,
+    /// Every permit member with its score.
+    pub members: Vec<(Vec<u8>, f64)>,
+    /// The TTLs of the value and permits keys.
+    pub ttl: Vec<KeyTtl>,
+}
+
+/// One window of limiter `name` read without writing (no script, unlike `show`'s availablePermits): its
+/// value key, its permit members with their scores, and the TTLs of both keys.
+///
+/// # Errors
+/// Redis errors (a key of another type: [`AdminError::Redis`] with `WRONGTYPE`).
+pub fn peek_window(redis: &mut Redis, name: &str, value_key: &str, permits_key: &str) -> Result<Peeked> {
+    let value = bytes(&redis.query(redis::cmd("GET").arg(value_key), &format!("reading the value of {name}"))?);
+    let mut range = redis::cmd("ZRANGE");
+    range.arg(permits_key).arg(0).arg(-1).arg("WITHSCORES");
+    let members = scored_members(&redis.query(&range, &format!("reading the permits of {name}"))?);
+    let ttl = vec![
+        KeyTtl { key: value_key.to_string(), ttl_ms: redis.pttl(value_key)? },
+        KeyTtl { key: permits_key.to_string(), ttl_ms: redis.pttl(permits_key)? },
+    ];
+    Ok(Peeked { value, members, ttl })
 }
 
 /// `show`: config, available permits, the window and TTLs; for a per-client limiter every client's (and

@@ -6,8 +6,12 @@ use std::fmt::Write as _;
 
 use edge_rate_limiter::config::LimiterType;
 
-use crate::model::{type_name, Config};
-use crate::report::{ChangeReport, DeleteReport, KeyTtl, ListEntry, ShowReport, State, ValidateReport};
+use crate::explain::retry_after_s;
+use crate::model::{type_name, Config, ConfigStep};
+use crate::report::{
+    Applies, ChangeReport, DeleteReport, ExplainReport, KeyTtl, ListEntry, RuleExplain, RuleVerdict, ShowReport, State,
+    ValidateReport, Verdict,
+};
 use crate::units::{human_ms, timestamp};
 
 fn ttl_text(ttl_ms: i64) -> String {
@@ -245,9 +249,157 @@ fn table<const N: usize>(indent: &str, rows: &[[String; N]]) -> String {
     out
 }
 
+/// A wait as text: `1s 234ms`, or why no wait helps.
+fn wait_text(wait_ms: Option<u64>, delay_ms: Option<u64>) -> String {
+    let retry = delay_ms.map(|delay| format!(" (Retry-After: {})", retry_after_s(delay))).unwrap_or_default();
+    match wait_ms {
+        Some(wait) => format!("allowed in {}{retry}", human_ms(wait)),
+        None => format!("no wait admits it{retry}"),
+    }
+}
+
+fn remaining_text(remaining: Option<u64>) -> String {
+    match remaining {
+        Some(1) => "1 more such request after this one".to_string(),
+        Some(n) => format!("{n} more such requests after this one"),
+        None => "no limiter applies".to_string(),
+    }
+}
+
+/// `explain` as text: the configuration and verdict, then each rule with its limiter's state.
+pub fn explain(report: &ExplainReport) -> String {
+    let mut out = String::new();
+    let Some(configuration) = &report.configuration else {
+        return "configuration  none: no global rules and no _rules_ entry matches\nverdict        unlimited\n"
+            .to_string();
+    };
+    let _ = writeln!(out, "configuration  {configuration}");
+    let verdict = match report.verdict {
+        Verdict::Unlimited => "unlimited".to_string(),
+        Verdict::Exempt => "exempt: the configuration's exempt matches the request, no rule applies".to_string(),
+        Verdict::Allowed => format!("allowed: {}", remaining_text(report.remaining)),
+        Verdict::Rejected => {
+            let by = report.rejected_by.as_deref().unwrap_or("?");
+            let status = report.status.map(|s| format!(" ({s})")).unwrap_or_default();
+            let retry = report.retry_after_s.map(|s| format!(" (Retry-After: {s})")).unwrap_or_default();
+            let denied = report.rules.iter().any(|r| r.rule == by && r.verdict == RuleVerdict::Denied);
+            match report.wait_ms {
+                _ if denied => format!("rejected{status} by {by}: the request has no key value for it"),
+                Some(wait) => format!("rejected{status} by {by}: allowed in {}{retry}", human_ms(wait)),
+                None => format!("rejected{status} by {by}: no wait admits it{retry}"),
+            }
+        }
+    };
+    let _ = writeln!(out, "verdict        {verdict}");
+    if !report.shadow_rejected_by.is_empty() {
+        let _ = writeln!(
+            out,
+            "shadow         would be rejected by {} (shadow: not enforced)",
+            report.shadow_rejected_by.join(", ")
+        );
+    }
+    let _ = writeln!(out, "now            {}", timestamp(report.now_ms));
+    for rule in &report.rules {
+        rule_lines(&mut out, rule);
+    }
+    out
+}
+
+fn rule_lines(out: &mut String, rule: &RuleExplain) {
+    let permits = if rule.permits == 1 { String::new() } else { format!(", {} permits a request", rule.permits) };
+    let entry = rule.value_match.as_ref().map(|m| format!(", rates_by_value {m}")).unwrap_or_default();
+    let _ = write!(
+        out,
+        "rule {} ({}{entry}): {} per {}{permits}",
+        rule.rule,
+        rule.mode,
+        rule.rate,
+        human_ms(rule.interval_ms)
+    );
+    match rule.applies {
+        Applies::Exempt => {
+            let _ = writeln!(out, ": skipped: the rule's exempt matches");
+            return;
+        }
+        Applies::NoKey => {
+            let _ = writeln!(out, ": skipped: the request has no key value");
+            return;
+        }
+        Applies::Denied => {
+            let _ = writeln!(out, ": denied: the request has no key value (on_missing deny), without Redis");
+            return;
+        }
+        Applies::Limiter => out.push('\n'),
+    }
+    let _ = writeln!(out, "  limiter      {}", rule.limiter.as_deref().unwrap_or("?"));
+    if let Some(problem) = &rule.problem {
+        let _ = writeln!(out, "  problem      {problem}");
+        return;
+    }
+    let brief = |config: &Config| {
+        let (rate, interval, kind) = (config.rate, human_ms(config.interval_ms), type_name(config.limiter_type));
+        format!("{rate} per {interval} ({kind}, keepAlive {})", keep_alive_brief(config.keep_alive_ms))
+    };
+    match (rule.config_step, &rule.redis_config) {
+        (Some(ConfigStep::Create), _) => {
+            let _ = writeln!(out, "  config       none in Redis: the next acquire creates it with the rule's, full");
+        }
+        (Some(ConfigStep::Update), Some(held)) => {
+            let _ = writeln!(
+                out,
+                "  config       Redis holds {}: the next acquire updates it to the rule's (rate_source config), keeping consumed permits",
+                brief(held)
+            );
+        }
+        (Some(ConfigStep::Stand), Some(held)) => {
+            let _ = writeln!(
+                out,
+                "  config       Redis holds {}, set by another writer after the rule: it stands",
+                brief(held)
+            );
+        }
+        (_, Some(held)) => {
+            let _ = writeln!(out, "  config       Redis holds {}: it wins (rate_source redis)", brief(held));
+        }
+        _ => {}
+    }
+    if let Some(ttl) = rule.config_ttl_ms.filter(|&ttl| ttl != -2) {
+        let _ = writeln!(out, "  ttl  {}  {}", rule.limiter.as_deref().unwrap_or("?"), ttl_text(ttl));
+    }
+    let Some(effective) = &rule.effective else { return };
+    for window in &rule.windows {
+        if effective.limiter_type == LimiterType::PerClient {
+            let client = window.state.client_id.as_deref().unwrap_or("any (no gateway has a window yet)");
+            let _ = writeln!(out, "  client       {client}");
+        }
+        state_lines(out, "  ", &window.state, effective);
+        if rule.windows.len() > 1 {
+            let _ = writeln!(
+                out,
+                "  answer       {}",
+                verdict_text(window.verdict, window.remaining, window.wait_ms, window.delay_ms)
+            );
+        }
+    }
+    let _ = writeln!(out, "  verdict      {}", verdict_text(rule.verdict, rule.remaining, rule.wait_ms, rule.delay_ms));
+}
+
+fn verdict_text(verdict: RuleVerdict, remaining: Option<u64>, wait_ms: Option<u64>, delay_ms: Option<u64>) -> String {
+    match verdict {
+        RuleVerdict::Allowed => format!("allowed: {}", remaining_text(remaining)),
+        RuleVerdict::Rejected => format!("rejected: {}", wait_text(wait_ms, delay_ms)),
+        RuleVerdict::Never => "rejected: it asks more permits than the rate, no wait admits it".to_string(),
+        RuleVerdict::Denied => "denied".to_string(),
+        RuleVerdict::Skipped => "skipped".to_string(),
+        RuleVerdict::Unknown => "unknown".to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Window;
+    use crate::report::WindowExplain;
 
     #[test]
     fn durations_and_times_are_human() {
@@ -293,5 +445,88 @@ _rules_[0]: routes login; domains *.example.com; redis cluster webdis (http); fa
   login  [{"header":"x-user-id"},"path"]  2 per 1m  enforce, limiter auth:login
 "#
         );
+    }
+
+    #[test]
+    fn explain_shows_the_verdict_then_each_rule_and_its_window() {
+        let window = Window {
+            acquires: 3,
+            permits: 3,
+            oldest_ms: Some(1_000),
+            oldest_age_ms: Some(1_500),
+            newest_ms: Some(2_000),
+            newest_age_ms: Some(500),
+            unreadable: 0,
+        };
+        let ttl = vec![KeyTtl { key: "{erl:u:alice}:value".into(), ttl_ms: 3_000 }];
+        let state = State { client_id: None, available: 0, window, expired: 1, ttl };
+        let config = Config { rate: 3, interval_ms: 4_000, limiter_type: LimiterType::Overall, keep_alive_ms: 0 };
+        let limited = RuleExplain {
+            rule: "u".into(),
+            entry: 0,
+            mode: "enforce",
+            value_match: None,
+            rate: 5,
+            interval_ms: 4_000,
+            permits: 1,
+            applies: Applies::Limiter,
+            limiter: Some("erl:u:alice".into()),
+            redis_config: Some(config),
+            config_step: Some(ConfigStep::Obey),
+            effective: Some(config),
+            config_ttl_ms: Some(-1),
+            windows: vec![WindowExplain {
+                state,
+                verdict: RuleVerdict::Rejected,
+                remaining: None,
+                wait_ms: Some(1_500),
+                delay_ms: Some(1_503),
+            }],
+            verdict: RuleVerdict::Rejected,
+            remaining: None,
+            wait_ms: Some(1_500),
+            delay_ms: Some(1_503),
+            problem: None,
+        };
+        let skipped = RuleExplain {
+            rule: "ip".into(),
+            applies: Applies::NoKey,
+            verdict: RuleVerdict::Skipped,
+            mode: "shadow",
+            limiter: None,
+            windows: Vec::new(),
+            ..limited.clone()
+        };
+        let report = ExplainReport {
+            configuration: Some("global".into()),
+            verdict: Verdict::Rejected,
+            status: Some(429),
+            rejected_by: Some("u".into()),
+            wait_ms: Some(1_500),
+            retry_after_s: Some(2),
+            rules: vec![limited, skipped],
+            ..ExplainReport::unlimited(crate::request::Request::new(&[], None, None, None, None), 2_500)
+        };
+        assert_eq!(
+            explain(&report),
+            "configuration  global
+verdict        rejected (429) by u: allowed in 1s 500ms (Retry-After: 2)
+now            1970-01-01T00:00:02.500Z
+rule u (enforce): 5 per 4s
+  limiter      erl:u:alice
+  config       Redis holds 3 per 4s (overall, keepAlive none): it wins (rate_source redis)
+  ttl  erl:u:alice  no expiry
+  available    0 of 3
+  in window    3 permits in 3 acquires (last 4s)
+    oldest     1970-01-01T00:00:01.000Z (1s 500ms ago)
+    newest     1970-01-01T00:00:02.000Z (500ms ago)
+    expired    1 members older than the window (released by the next acquire)
+  ttl  {erl:u:alice}:value  3s (3000 ms)
+  verdict      rejected: allowed in 1s 500ms (Retry-After: 2)
+rule ip (shadow): 5 per 4s: skipped: the request has no key value
+"
+        );
+        let unlimited = ExplainReport::unlimited(report.request, 0);
+        assert!(explain(&unlimited).ends_with("verdict        unlimited\n"));
     }
 }

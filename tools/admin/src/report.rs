@@ -142,3 +142,157 @@ pub struct RuleSummary {
     /// Its own `exempt` section, in words.
     pub exempt: Option<String>,
 }
+
+/// `explain`'s overall answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    /// Every enforced rule that applies admits the request.
+    Allowed,
+    /// An enforced rule rejects it.
+    Rejected,
+    /// The configuration's `exempt` matches: no rule applies.
+    Exempt,
+    /// No configuration applies to the request (only `_rules_`, none of them matching).
+    Unlimited,
+}
+
+/// What `explain` reports.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ExplainReport {
+    /// The request, as the filter would see it.
+    pub request: crate::request::Request,
+    /// The configuration that applies: `global`, `_rules_[i]` (none: unlimited).
+    pub configuration: Option<String>,
+    /// "now" of the report, ms since the epoch.
+    pub now_ms: u64,
+    /// The answer.
+    pub verdict: Verdict,
+    /// The status of a rejection.
+    pub status: Option<u16>,
+    /// The first enforced rule, in configuration order, that rejects (`x-ratelimited-by`).
+    pub rejected_by: Option<String>,
+    /// Allowed: requests like this one admitted after it (the fewest left of its limiters; none when no
+    /// limiter applies).
+    pub remaining: Option<u64>,
+    /// Rejected: ms until it would be allowed (every rejecting limiter freed enough); `None` when no wait
+    /// helps (a missing key denied, more permits than a rate, a value key counting short).
+    pub wait_ms: Option<u64>,
+    /// Rejected: the `Retry-After` the filter sends, seconds (the longest rejecting limiter's delay).
+    pub retry_after_s: Option<u64>,
+    /// Shadow rules that would reject it (they never do).
+    pub shadow_rejected_by: Vec<String>,
+    /// Each rule of the configuration.
+    pub rules: Vec<RuleExplain>,
+}
+
+impl ExplainReport {
+    /// The report of a request no configuration applies to, before anything is known.
+    pub fn unlimited(request: crate::request::Request, now_ms: u64) -> Self {
+        ExplainReport {
+            request,
+            configuration: None,
+            now_ms,
+            verdict: Verdict::Unlimited,
+            status: None,
+            rejected_by: None,
+            remaining: None,
+            wait_ms: None,
+            retry_after_s: None,
+            shadow_rejected_by: Vec::new(),
+            rules: Vec::new(),
+        }
+    }
+}
+
+/// How a rule meets the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Applies {
+    /// The rule's `exempt` matches.
+    Exempt,
+    /// The request has no key value and the rule skips such requests.
+    NoKey,
+    /// The request has no key value and the rule denies such requests, without asking Redis.
+    Denied,
+    /// The rule acquires from a limiter.
+    Limiter,
+}
+
+/// A rule's answer, or a window's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RuleVerdict {
+    /// The rule does not apply (exempt, no key value).
+    Skipped,
+    /// A missing key value: denied.
+    Denied,
+    /// Its limiter admits the request.
+    Allowed,
+    /// Its limiter rejects the request now.
+    Rejected,
+    /// More permits than the limiter's rate: rejected, and no wait admits it.
+    Never,
+    /// Its limiter could not be read (see `problem`).
+    Unknown,
+}
+
+/// One rule of `explain`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RuleExplain {
+    /// The rule's name.
+    pub rule: String,
+    /// The index of its effective entry in the configuration's rules.
+    pub entry: usize,
+    /// `enforce` or `shadow`.
+    pub mode: &'static str,
+    /// A `rates_by_value` entry: the values it applies to (`values [...]`, `regex ...`).
+    pub value_match: Option<String>,
+    /// The effective entry's rate, permits per interval.
+    pub rate: u64,
+    /// Its interval, ms.
+    pub interval_ms: u64,
+    /// Permits the request takes.
+    pub permits: u64,
+    /// Whether and how it applies.
+    pub applies: Applies,
+    /// Its limiter name.
+    pub limiter: Option<String>,
+    /// The limiter's config in Redis, when it differs from the entry's.
+    pub redis_config: Option<Config>,
+    /// What the next acquire does to the config first.
+    pub config_step: Option<crate::model::ConfigStep>,
+    /// The config the next acquire obeys.
+    pub effective: Option<Config>,
+    /// TTL of the limiter's config hash, ms (`PTTL`: `-1` no expiry, `-2` no such key).
+    pub config_ttl_ms: Option<i64>,
+    /// The limiter's window (per-client limiters: each client's, or the one `--client-id` selects), as
+    /// `show` reports it, with its answer.
+    pub windows: Vec<WindowExplain>,
+    /// The rule's answer (per-client limiters: the worst of its windows).
+    pub verdict: RuleVerdict,
+    /// Allowed: requests like this one admitted after it.
+    pub remaining: Option<u64>,
+    /// Rejected: ms until it would admit the request.
+    pub wait_ms: Option<u64>,
+    /// Rejected: Redisson's delay, ms (what `Retry-After` rounds up).
+    pub delay_ms: Option<u64>,
+    /// Why the limiter could not be read.
+    pub problem: Option<String>,
+}
+
+/// One window of a rule's limiter, with its answer.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WindowExplain {
+    /// Its state, as `show` reports it (available permits read without writing: what an acquire counts).
+    #[serde(flatten)]
+    pub state: State,
+    /// Its answer.
+    pub verdict: RuleVerdict,
+    /// Allowed: requests like this one admitted after it.
+    pub remaining: Option<u64>,
+    /// Rejected: ms until it would admit the request.
+    pub wait_ms: Option<u64>,
+    /// Rejected: Redisson's delay, ms.
+    pub delay_ms: Option<u64>,
+}

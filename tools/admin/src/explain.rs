@@ -1,0 +1,367 @@
+//! `explain`: which rules a request would meet, the limiters it would acquire from, their state in Redis,
+//! and whether it would be allowed now or when.
+//!
+//! Which configuration applies is the filter's `Plugin::select`; which rules apply to the request and with
+//! which limiter names is the filter's own `limiter::applications`, never worked out here. What the
+//! acquire would find is read without writing anything (no script runs: `GET`, `ZRANGE`, `HMGET`, `PTTL`,
+//! `SCAN`) and counted as the acquire script counts it (`model::Stored`): the config step first (a
+//! missing limiter is created full, `rate_source: "config"` may update it), then the permits that left the
+//! window come back.
+//!
+//! What it cannot see: a gateway's local block and leases (in the gateway's memory; both agree with Redis
+//! on the answer, README.md "Local block"), and traffic between the read and the request.
+
+use edge_rate_limiter::config::{LimiterType, Mode, Plugin, PluginConfig, RateSource, Rule};
+use edge_rate_limiter::key::LimiterKeys;
+use edge_rate_limiter::limiter::{applications, Applies as Applied};
+use edge_rate_limiter::response::retry_after;
+
+use crate::error::{AdminError, Result};
+use crate::model::{next_config, parse_count, permits_of, summarize, Config, ConfigStep, Outlook, Stored};
+use crate::ops::{client_ids, peek_config, peek_window, Peeked};
+use crate::plugin::{config_name, value_match_text};
+use crate::redis_io::Redis;
+use crate::report::{Applies, ExplainReport, RuleExplain, RuleVerdict, State, Verdict, WindowExplain};
+use crate::request::Request;
+
+/// `explain`: the request's configuration, each of its rules' limiter and state, and the verdict at
+/// `now_ms`; for per-client limiters the window of `client_id`, or of every client found.
+///
+/// # Errors
+/// Redis unreachable or refusing the credentials; a limiter that cannot be read is a rule's `problem`.
+pub fn explain(
+    redis: &mut Redis,
+    plugin: &Plugin,
+    request: Request,
+    client_id: Option<&str>,
+    now_ms: u64,
+) -> Result<ExplainReport> {
+    let mut report = ExplainReport::unlimited(request, now_ms);
+    let Some((index, config)) = plugin.select(report.request.route.as_deref(), report.request.authority()) else {
+        return Ok(report);
+    };
+    report.configuration = Some(config_name(index));
+    let Some(applied) = applications(config, &report.request) else {
+        report.verdict = Verdict::Exempt;
+        return Ok(report);
+    };
+    for application in applied {
+        let Some(rule) = config.rules.get(application.entry) else { continue };
+        let explained = match application.applies {
+            Applied::Exempt => not_acquiring(rule, application.entry, Applies::Exempt, RuleVerdict::Skipped),
+            Applied::NoKey => not_acquiring(rule, application.entry, Applies::NoKey, RuleVerdict::Skipped),
+            Applied::Denied => not_acquiring(rule, application.entry, Applies::Denied, RuleVerdict::Denied),
+            Applied::Limiter { name } => limiter_rule(redis, rule, application.entry, name, client_id, now_ms)?,
+        };
+        report.rules.push(explained);
+    }
+    decide(&mut report, config);
+    Ok(report)
+}
+
+/// A rule that takes no permit from a limiter for this request.
+fn not_acquiring(rule: &Rule, entry: usize, applies: Applies, verdict: RuleVerdict) -> RuleExplain {
+    RuleExplain {
+        rule: rule.name.clone(),
+        entry,
+        mode: rule.mode.name(),
+        value_match: rule.value_match.as_ref().map(value_match_text),
+        rate: rule.rate,
+        interval_ms: rule.interval_ms,
+        permits: rule.permits,
+        applies,
+        limiter: None,
+        redis_config: None,
+        config_step: None,
+        effective: None,
+        config_ttl_ms: None,
+        windows: Vec::new(),
+        verdict,
+        remaining: None,
+        wait_ms: None,
+        delay_ms: None,
+        problem: None,
+    }
+}
+
+/// The config a rule's acquire sends (Redis's fields: rate, interval, type, keepAliveTime).
+fn rule_config(rule: &Rule) -> Config {
+    Config {
+        rate: rule.rate,
+        interval_ms: rule.interval_ms,
+        limiter_type: rule.limiter_type,
+        keep_alive_ms: rule.keep_alive_ms,
+    }
+}
+
+/// A rule that acquires from limiter `name`: its config in Redis, the config the acquire obeys, each
+/// window and its answer. Only an unreachable Redis fails; any other error is the rule's `problem`.
+fn limiter_rule(
+    redis: &mut Redis,
+    rule: &Rule,
+    entry: usize,
+    name: String,
+    client_id: Option<&str>,
+    now_ms: u64,
+) -> Result<RuleExplain> {
+    let mut explained = not_acquiring(rule, entry, Applies::Limiter, RuleVerdict::Unknown);
+    explained.limiter = Some(name.clone());
+    match read_limiter(redis, rule, &name, client_id, now_ms, &mut explained) {
+        Ok(()) => {}
+        Err(error @ (AdminError::Unreachable { .. } | AdminError::AuthFailed { .. })) => return Err(error),
+        Err(error) => explained.problem = Some(error.to_string()),
+    }
+    Ok(explained)
+}
+
+fn read_limiter(
+    redis: &mut Redis,
+    rule: &Rule,
+    name: &str,
+    client_id: Option<&str>,
+    now_ms: u64,
+    explained: &mut RuleExplain,
+) -> Result<()> {
+    let wanted = rule_config(rule);
+    let (held, record) = match peek_config(redis, name)? {
+        None => (None, None),
+        // Not initialized: the acquire's trySetRate fills in the missing fields (and, with no `type`,
+        // starts afresh); an invalid field fails the acquire.
+        Some((Err(AdminError::NotInitialized { .. }), _)) => (None, None),
+        Some((held, record)) => (Some(held?), record),
+    };
+    let apply = rule.rate_source == RateSource::Config;
+    // As the filter tells them apart: rate, interval and type; the keep-alive too when the rule applies its
+    // config.
+    let differs = |held: &Config| {
+        (held.rate, held.interval_ms, held.limiter_type) != (wanted.rate, wanted.interval_ms, wanted.limiter_type)
+            || apply && held.keep_alive_ms != wanted.keep_alive_ms
+    };
+    explained.redis_config = held.filter(differs);
+    let (step, effective) = next_config(&wanted, apply, held.as_ref(), record.as_deref());
+    explained.config_step = Some(step);
+    explained.effective = Some(effective);
+    explained.config_ttl_ms = Some(redis.pttl(name)?);
+    let keys_of = |id: Option<&str>| LimiterKeys::new(name, id.unwrap_or(crate::ops::NO_CLIENT));
+    let clients: Vec<Option<String>> = match (effective.limiter_type, client_id) {
+        (LimiterType::Overall, _) => vec![None],
+        (LimiterType::PerClient, Some(id)) => vec![Some(id.to_string())],
+        (LimiterType::PerClient, None) => {
+            let found = client_ids(redis, name)?;
+            if found.is_empty() {
+                // No gateway has a window yet: each starts full.
+                vec![None]
+            } else {
+                found.into_iter().map(Some).collect()
+            }
+        }
+    };
+    let type_changed = held.is_some_and(|held| held.limiter_type != effective.limiter_type);
+    for id in clients {
+        let keys = keys_of(id.as_deref());
+        let (value_key, permits_key) = match effective.limiter_type {
+            LimiterType::Overall => (&keys.value, &keys.permits),
+            LimiterType::PerClient => (&keys.client_value, &keys.client_permits),
+        };
+        let Peeked { value, members, ttl } = match (effective.limiter_type, &id) {
+            // A per-client limiter no gateway has used yet: nothing to read.
+            (LimiterType::PerClient, None) => Peeked::default(),
+            _ => peek_window(redis, name, value_key, permits_key)?,
+        };
+        let read = Stored { value: value.as_deref().map(parse_count), permits: permits_of(&members) };
+        // What the acquire finds after its config step.
+        let stored = match step {
+            ConfigStep::Create => Stored::default(),
+            ConfigStep::Update if type_changed => Stored::default(),
+            ConfigStep::Update => read.updated(effective.rate, effective.interval_ms, now_ms),
+            ConfigStep::Obey | ConfigStep::Stand => read,
+        };
+        let fresh = stored == Stored::default();
+        // Keys the acquire deletes (a new or retyped limiter) or none at all: no TTL to show.
+        let ttl = if fresh { Vec::new() } else { ttl };
+        let window_members = if fresh { Vec::new() } else { in_window(&members, effective.interval_ms, now_ms) };
+        let expired = if fresh { 0 } else { members.len() as u64 - window_members.len() as u64 };
+        let state = State {
+            client_id: id,
+            available: stored.available_at(effective.rate, effective.interval_ms, now_ms),
+            window: summarize(&window_members, now_ms),
+            expired,
+            ttl,
+        };
+        let outlook = stored.outlook(effective.rate, effective.interval_ms, rule.permits, now_ms);
+        explained.windows.push(window_explain(state, outlook));
+    }
+    let (verdict, remaining, wait_ms, delay_ms) = worst(&explained.windows);
+    explained.verdict = verdict;
+    explained.remaining = remaining;
+    explained.wait_ms = wait_ms;
+    explained.delay_ms = delay_ms;
+    Ok(())
+}
+
+/// The members scored after `now_ms - interval_ms`: those still in the window.
+fn in_window(members: &[(Vec<u8>, f64)], interval_ms: u64, now_ms: u64) -> Vec<(Vec<u8>, f64)> {
+    let cutoff = now_ms.saturating_sub(interval_ms) as f64;
+    members.iter().filter(|(_, score)| *score > cutoff).cloned().collect()
+}
+
+fn window_explain(state: State, outlook: Outlook) -> WindowExplain {
+    let (verdict, remaining, wait_ms, delay_ms) = match outlook {
+        Outlook::Allowed { remaining } => (RuleVerdict::Allowed, Some(remaining), None, None),
+        Outlook::Rejected { wait_ms, delay_ms } => (RuleVerdict::Rejected, None, wait_ms, Some(delay_ms)),
+        Outlook::Never => (RuleVerdict::Never, None, None, None),
+    };
+    WindowExplain { state, verdict, remaining, wait_ms, delay_ms }
+}
+
+/// A rule's answer from its windows: the worst one (never, then rejected with the longest wait, then
+/// allowed with the fewest left): a per-client limiter without `--client-id` answers for every gateway.
+fn worst(windows: &[WindowExplain]) -> (RuleVerdict, Option<u64>, Option<u64>, Option<u64>) {
+    if windows.iter().any(|w| w.verdict == RuleVerdict::Never) {
+        return (RuleVerdict::Never, None, None, None);
+    }
+    let rejected: Vec<&WindowExplain> = windows.iter().filter(|w| w.verdict == RuleVerdict::Rejected).collect();
+    if !rejected.is_empty() {
+        let wait = rejected.iter().map(|w| w.wait_ms).try_fold(0, |most, wait| wait.map(|wait| wait.max(most)));
+        let delay = rejected.iter().filter_map(|w| w.delay_ms).max();
+        return (RuleVerdict::Rejected, None, wait, delay);
+    }
+    let remaining = windows.iter().filter_map(|w| w.remaining).min();
+    (RuleVerdict::Allowed, remaining, None, None)
+}
+
+/// The overall verdict from the rules' answers, as the filter decides: a denied rule rejects at once
+/// (without Redis); otherwise the first enforced rule that rejects names the rejection, the longest delay
+/// is `Retry-After` and the longest wait is when every limiter admits; shadow rules never reject.
+fn decide(report: &mut ExplainReport, config: &PluginConfig) {
+    let enforced = |rule: &&RuleExplain| rule.mode == Mode::Enforce.name();
+    let rejecting =
+        |rule: &&RuleExplain| matches!(rule.verdict, RuleVerdict::Denied | RuleVerdict::Rejected | RuleVerdict::Never);
+    report.shadow_rejected_by =
+        report.rules.iter().filter(|r| !enforced(r) && rejecting(r)).map(|r| r.rule.clone()).collect();
+    let denied = report.rules.iter().filter(enforced).find(|r| r.verdict == RuleVerdict::Denied);
+    let rejected: Vec<&RuleExplain> = report.rules.iter().filter(enforced).filter(rejecting).collect();
+    if let Some(denied) = denied {
+        report.verdict = Verdict::Rejected;
+        report.rejected_by = Some(denied.rule.clone());
+    } else if let Some(first) = rejected.first() {
+        report.verdict = Verdict::Rejected;
+        report.rejected_by = Some(first.rule.clone());
+        report.wait_ms = rejected.iter().map(|r| r.wait_ms).try_fold(0, |most, wait| wait.map(|w| w.max(most)));
+        if rejected.iter().all(|r| r.verdict == RuleVerdict::Rejected) {
+            report.retry_after_s = rejected.iter().filter_map(|r| r.delay_ms).max().map(retry_after_s);
+        }
+    } else {
+        report.verdict = Verdict::Allowed;
+        report.remaining = report.rules.iter().filter(enforced).filter_map(|r| r.remaining).min();
+    }
+    if report.verdict == Verdict::Rejected {
+        report.status = Some(config.rejection.status);
+    }
+}
+
+/// `Retry-After` of a delay, seconds: the filter's own header value (`response::retry_after`).
+pub fn retry_after_s(delay_ms: u64) -> u64 {
+    let (_, value) = retry_after(delay_ms);
+    value.parse().unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(
+        verdict: RuleVerdict,
+        remaining: Option<u64>,
+        wait_ms: Option<u64>,
+        delay_ms: Option<u64>,
+    ) -> WindowExplain {
+        let empty = summarize(&[], 0);
+        let state = State { client_id: None, available: 0, window: empty, expired: 0, ttl: Vec::new() };
+        WindowExplain { state, verdict, remaining, wait_ms, delay_ms }
+    }
+
+    fn rule(name: &str, mode: Mode, verdict: RuleVerdict) -> RuleExplain {
+        let config = PluginConfig::from_json(
+            br#"{"redis":{"cluster":"c"},"rules":[{"name":"r","limit_by":"global","rate":5,"interval":1000}]}"#,
+        )
+        .unwrap();
+        let rule = Rule { name: name.to_string(), mode, ..config.rules[0].clone() };
+        not_acquiring(&rule, 0, Applies::Limiter, verdict)
+    }
+
+    fn allowed(name: &str, mode: Mode, remaining: u64) -> RuleExplain {
+        RuleExplain { remaining: Some(remaining), ..rule(name, mode, RuleVerdict::Allowed) }
+    }
+
+    fn rejected(name: &str, mode: Mode, wait_ms: u64, delay_ms: u64) -> RuleExplain {
+        RuleExplain { wait_ms: Some(wait_ms), delay_ms: Some(delay_ms), ..rule(name, mode, RuleVerdict::Rejected) }
+    }
+
+    fn decided(rules: Vec<RuleExplain>) -> ExplainReport {
+        let config = PluginConfig::from_json(
+            br#"{"redis":{"cluster":"c"},"rejected_status":503,"rules":[{"name":"r","limit_by":"global","rate":5,"interval":1000}]}"#,
+        )
+        .unwrap();
+        let mut report = ExplainReport {
+            configuration: Some("global".into()),
+            rules,
+            ..ExplainReport::unlimited(Request::new(&[], None, None, None, None), 0)
+        };
+        decide(&mut report, &config);
+        report
+    }
+
+    #[test]
+    fn the_first_enforced_rejection_names_it_and_the_longest_wait_allows_it() {
+        let report = decided(vec![
+            allowed("a", Mode::Enforce, 7),
+            rejected("b", Mode::Enforce, 1_500, 1_503),
+            rejected("c", Mode::Enforce, 2_500, 900),
+            rejected("d", Mode::Shadow, 9_000, 9_003),
+        ]);
+        assert_eq!((report.verdict, report.status), (Verdict::Rejected, Some(503)));
+        assert_eq!(report.rejected_by.as_deref(), Some("b"));
+        assert_eq!((report.wait_ms, report.retry_after_s), (Some(2_500), Some(2)), "a shadow rule never counts");
+        assert_eq!(report.shadow_rejected_by, ["d"]);
+    }
+
+    #[test]
+    fn a_denial_rejects_without_a_wait_and_shadow_rejections_let_the_request_go() {
+        let denied =
+            decided(vec![rejected("a", Mode::Enforce, 100, 103), rule("b", Mode::Enforce, RuleVerdict::Denied)]);
+        assert_eq!((denied.rejected_by.as_deref(), denied.wait_ms, denied.retry_after_s), (Some("b"), None, None));
+        let never = decided(vec![rule("a", Mode::Enforce, RuleVerdict::Never)]);
+        assert_eq!((never.verdict, never.wait_ms, never.retry_after_s), (Verdict::Rejected, None, None));
+        let shadow = decided(vec![
+            allowed("a", Mode::Enforce, 3),
+            allowed("b", Mode::Enforce, 1),
+            rule("c", Mode::Shadow, RuleVerdict::Denied),
+            rule("d", Mode::Enforce, RuleVerdict::Skipped),
+        ]);
+        assert_eq!((shadow.verdict, shadow.remaining, shadow.status), (Verdict::Allowed, Some(1), None));
+        assert_eq!(shadow.shadow_rejected_by, ["c"]);
+    }
+
+    #[test]
+    fn a_per_client_rule_answers_with_its_worst_window() {
+        let allowed =
+            [window(RuleVerdict::Allowed, Some(4), None, None), window(RuleVerdict::Allowed, Some(2), None, None)];
+        assert_eq!(worst(&allowed), (RuleVerdict::Allowed, Some(2), None, None));
+        let mixed = [
+            window(RuleVerdict::Allowed, Some(4), None, None),
+            window(RuleVerdict::Rejected, None, Some(300), Some(303)),
+            window(RuleVerdict::Rejected, None, Some(900), Some(100)),
+        ];
+        assert_eq!(worst(&mixed), (RuleVerdict::Rejected, None, Some(900), Some(303)));
+        let stuck =
+            [window(RuleVerdict::Rejected, None, None, Some(5)), window(RuleVerdict::Rejected, None, Some(1), Some(4))];
+        assert_eq!(worst(&stuck).2, None, "a window no wait frees: no wait for the rule");
+        assert_eq!(worst(&[window(RuleVerdict::Never, None, None, None)]).0, RuleVerdict::Never);
+    }
+
+    #[test]
+    fn retry_after_is_the_filters_header_value() {
+        assert_eq!((retry_after_s(3), retry_after_s(1_000), retry_after_s(1_001)), (1, 1, 2));
+    }
+}
