@@ -186,6 +186,7 @@ BROKEN = {
     "host-transport-in-the-envoy-build": plugin_config(rule(), redis={"transport": "host"}),
     "match-rule": plugin_config(rule(), _rules_=[{"_match_route_": ["r"], "rules": [rule(interval=0)]}]),
     "not-json": "{\"redis\": ",
+    "regex-in-a-build-without": plugin_config(rule(rates_by_value=[{"regex": "^vip", "rate": 10}])),
 }
 
 
