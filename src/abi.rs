@@ -447,7 +447,7 @@ pub extern "C" fn proxy_on_configure(context_id: u32, _plugin_configuration_size
     let filter = match configured {
         Ok(filter) => filter,
         Err(reason) => {
-            AbiHost.log(LogLevel::Error, &format!("edge-rate-limiter: invalid configuration: {reason}"));
+            AbiHost.log(LogLevel::Error, &format!("{}{reason}", crate::filter::REFUSAL_PREFIX));
             return false;
         }
     };

@@ -55,6 +55,27 @@ pub const NAME: &str = "edge_rate_limiter";
 pub const CLIENT_ID_KEY: &str = "edge_rate_limiter.client_id";
 /// Period of the root context's tick while requests are paused, ms: the deadline guard's resolution.
 pub const TICK_MS: u32 = 10;
+/// What the filter logs (at error level) before the reason when it refuses a configuration.
+pub const REFUSAL_PREFIX: &str = "edge-rate-limiter: invalid configuration: ";
+
+/// Loads a plugin configuration as a build does in `proxy_on_configure`, without a host: parsed and
+/// validated ([`Plugin::from_json`]), and refused when it needs what this build lacks (`transport: "host"`
+/// without `host_redis_build`). Tools (`erl-admin validate`) refuse exactly what a gateway refuses.
+///
+/// # Errors
+/// The reason, naming the field (`rules[0].rate: must be at least 1`): what the filter logs after
+/// [`REFUSAL_PREFIX`].
+pub fn load(configuration: &[u8], host_redis_build: bool) -> Result<Plugin, String> {
+    let plugin = Plugin::from_json(configuration).map_err(|e| e.to_string())?;
+    for (index, config) in plugin.configs() {
+        if config.redis.transport == TransportKind::Host && !host_redis_build {
+            let at = if index == 0 { String::new() } else { format!("_rules_[{}].", index - 1) };
+            return Err(format!("{at}redis.transport: \"host\" needs the host-redis build (edge-rate-limiter-higress.wasm); this is the stock Envoy build, which supports \"http\""));
+        }
+    }
+    Ok(plugin)
+}
+
 /// The request property naming the rule that rejected it: Envoy's access logs read it as
 /// `%FILTER_STATE(wasm.edge_rate_limiter.rejected_by:PLAIN)%` (the host prefixes `wasm.`).
 pub const REJECTED_BY_PROPERTY: &str = "edge_rate_limiter.rejected_by";
@@ -338,13 +359,7 @@ impl<H: Host> Filter<H> {
     /// # Errors
     /// The reason the configuration is refused, naming the field (`rules[0].rate: must be at least 1`).
     pub fn configure(host: H, configuration: &[u8], host_redis_build: bool) -> Result<Self, String> {
-        let plugin = Plugin::from_json(configuration).map_err(|e| e.to_string())?;
-        for (index, config) in plugin.configs() {
-            if config.redis.transport == TransportKind::Host && !host_redis_build {
-                let at = if index == 0 { String::new() } else { format!("_rules_[{}].", index - 1) };
-                return Err(format!("{at}redis.transport: \"host\" needs the host-redis build (edge-rate-limiter-higress.wasm); this is the stock Envoy build, which supports \"http\""));
-            }
-        }
+        let plugin = load(configuration, host_redis_build)?;
         let mut random = fastrand::Rng::with_seed(host.random_seed());
         let client_id = client_id(&host, &mut random);
         let generation = generation_of(configuration);

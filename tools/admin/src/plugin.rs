@@ -1,15 +1,14 @@
 //! Plugin configurations as the filter loads them, for `validate` and `explain`: the JSON read from a file
-//! or stdin, then handed to the filter's own `Filter::configure` (the code `proxy_on_configure` runs) on a
-//! host that does nothing ([`NullHost`]), so a configuration is refused here exactly when, and with the
-//! words with which, a gateway refuses it: the parser's checks (`Plugin::from_json`) and the load-time
-//! ones besides (a `redis.transport: "host"` in the stock Envoy build).
+//! or stdin, then handed to the filter's own `filter::load` (what `proxy_on_configure` runs before it
+//! touches the host), so a configuration is refused here exactly when, and with the words with which, a
+//! gateway refuses it: the parser's checks (`Plugin::from_json`) and the load-time ones besides (a
+//! `redis.transport: "host"` in the stock Envoy build).
 
 use std::io::Read as _;
 use std::path::Path;
 
 use edge_rate_limiter::config::{FailureMode, Plugin, PluginConfig, Rule, TransportKind};
-use edge_rate_limiter::filter::Filter;
-use edge_rate_limiter::host::{HeaderMap, Host, HostError, LogLevel};
+use edge_rate_limiter::filter;
 use edge_rate_limiter::key::KeySource;
 use edge_rate_limiter::matching::{Exemption, ValueMatch};
 
@@ -17,9 +16,8 @@ use crate::error::{AdminError, Result};
 use crate::model::type_name;
 use crate::report::{ConfigSummary, RuleSummary};
 
-/// What the filter writes before the reason when it refuses a configuration (`proxy_on_configure` in the
-/// crate's `abi` module, which logs it at error level; the crate exports no constant for it).
-pub const REFUSAL_PREFIX: &str = "edge-rate-limiter: invalid configuration: ";
+/// What the filter writes before the reason when it refuses a configuration.
+pub use edge_rate_limiter::filter::REFUSAL_PREFIX;
 
 /// The build a configuration is loaded by (README.md, "Builds"). Whether it has regular expressions
 /// (`rates_by_value`'s `regex`: the -regex artifacts) is this tool's own build's: its feature `regex`.
@@ -68,9 +66,7 @@ pub fn read_document(path: &str) -> Result<Vec<u8>> {
 /// # Errors
 /// The filter's reason, naming the field (`rules[0].rate: must be at least 1`).
 pub fn load(bytes: &[u8], build: Build) -> Result<Plugin, String> {
-    Filter::configure(NullHost, bytes, build == Build::Higress)?;
-    // Accepted by the filter, so parsed by it too: the same function, the same bytes.
-    Plugin::from_json(bytes).map_err(|error| error.to_string())
+    filter::load(bytes, build == Build::Higress)
 }
 
 /// Each configuration of a plugin with its name as the operator reads it: `global`, `_rules_[0]`...
@@ -180,99 +176,6 @@ fn exemption_text(exemption: &Exemption) -> String {
 /// Byte strings as text (invalid UTF-8 replaced), for a summary.
 fn texts(values: &[Vec<u8>]) -> Vec<String> {
     values.iter().map(|value| String::from_utf8_lossy(value).into_owned()).collect()
-}
-
-/// A host without a gateway behind it: `Filter::configure` needs one to define its counters, publish its
-/// client id and set up its transports; nothing it does there reaches anything, and a configuration is
-/// accepted or refused before (and regardless of) any of it.
-struct NullHost;
-
-impl Host for NullHost {
-    fn now_ms(&self) -> u64 {
-        crate::redis_io::local_now_ms()
-    }
-
-    fn random_seed(&self) -> u64 {
-        0
-    }
-
-    fn log(&self, _level: LogLevel, _message: &str) {}
-
-    fn plugin_configuration(&self) -> Result<Option<Vec<u8>>, HostError> {
-        Ok(None)
-    }
-
-    fn define_counter(&self, _name: &str) -> Result<u32, HostError> {
-        Ok(0)
-    }
-
-    fn increment_counter(&self, _id: u32, _delta: u64) -> Result<(), HostError> {
-        Ok(())
-    }
-
-    fn set_effective_context(&self, _context_id: u32) -> Result<(), HostError> {
-        Err(HostError::NotFound)
-    }
-
-    fn request_header(&self, _name: &str) -> Result<Option<Vec<u8>>, HostError> {
-        Ok(None)
-    }
-
-    fn property(&self, _path: &[&str]) -> Result<Option<Vec<u8>>, HostError> {
-        Ok(None)
-    }
-
-    fn set_property(&self, _path: &str, _value: &[u8]) -> Result<(), HostError> {
-        Err(HostError::NotFound)
-    }
-
-    fn resume_request(&self) -> Result<(), HostError> {
-        Err(HostError::NotFound)
-    }
-
-    fn send_local_reply(&self, _status: u16, _headers: &HeaderMap, _body: &[u8]) -> Result<(), HostError> {
-        Err(HostError::NotFound)
-    }
-
-    fn add_response_header(&self, _name: &str, _value: &str) -> Result<(), HostError> {
-        Err(HostError::NotFound)
-    }
-
-    fn set_tick_period_ms(&self, _period_ms: u32) -> Result<(), HostError> {
-        Ok(())
-    }
-
-    fn get_shared_data(&self, _key: &str) -> Result<(Option<Vec<u8>>, u32), HostError> {
-        Ok((None, 0))
-    }
-
-    fn set_shared_data(&self, _key: &str, _value: &[u8], _cas: u32) -> Result<(), HostError> {
-        Ok(())
-    }
-
-    fn http_call(&self, _cluster: &str, _headers: &HeaderMap, _body: &[u8], _timeout: u32) -> Result<u32, HostError> {
-        Err(HostError::Unimplemented)
-    }
-
-    fn http_call_response_header(&self, _name: &str) -> Result<Option<Vec<u8>>, HostError> {
-        Err(HostError::NotFound)
-    }
-
-    fn http_call_response_body(&self, _size: usize) -> Result<Vec<u8>, HostError> {
-        Err(HostError::NotFound)
-    }
-
-    fn redis_init(&self, _service: &str, _username: &str, _password: &str, _timeout: u32) -> Result<(), HostError> {
-        Ok(())
-    }
-
-    fn redis_call(&self, _service: &str, _query: &[u8]) -> Result<u32, HostError> {
-        Err(HostError::Unimplemented)
-    }
-
-    fn redis_call_response(&self, _size: usize) -> Result<Vec<u8>, HostError> {
-        Err(HostError::NotFound)
-    }
 }
 
 #[cfg(test)]
