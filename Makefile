@@ -116,9 +116,13 @@ lint: setup
 # Gateway overhead (Envoy with and without the filter, under wrk), Redis cost per decision (ACQUIRE vs
 # Redisson's tryAcquire), Redis round trips per request, module sizes: bench/bench.py, which also lists its
 # BENCH_* settings (e.g. make bench BENCH_DURATION=10 BENCH_ONLY=1,3).
+# Section 9's peer rate limit service (bench/rls, not in the workspace) is built when 9 runs; if it does not
+# build, section 9 says why and the others run.
 bench: export SETUP_BENCH := 1
 bench: build
 	$(CARGO) build -q -p proxy-wasm-host-emulator --bin wasm-host
+	@only="$${BENCH_ONLY:-9}"; if [[ ",$${only// /}," == *,9,* ]]; then \
+		bench/rls/build.sh || echo "bench: bench/rls/build.sh failed; section 9 is skipped" >&2; fi
 	$(PYTHON) bench/bench.py
 
 # Long runs, not in CI: memory over time (bench/soak.py) and fuzzing (scripts/fuzz.sh).

@@ -36,6 +36,11 @@
    Redis stopped, paused, out of memory, asking for a password, SCRIPT FLUSH) under load in both builds, as
    tests/e2e/test_faults.py runs them but longer: worst added latency against a no-fault baseline, recovery
    after Redis is healthy again, failure mode held, requests counted, traps.
+9. Peers (bench/peer_bench.py): Envoy's native global rate limit filter with a rate limit service on
+   Kuadrant's limitador crate (bench/rls, its Redis storage and its cached Redis storage) on the same Redis,
+   Envoy's local_ratelimit (the in-process floor) and Envoy without a limit, each next to our stock build:
+   (a) every request allowed, req/s, latency, CPU per request by process, Redis calls per request; (b) 2
+   gateways saturating one global limit (6's rate and length): admitted per window against the rate.
 
 Every process (redis-server, webdis, Envoys, wrk) is started by tests/e2e/harness.py on 127.0.0.1 with
 free ports and stopped by its PID, also on Ctrl-C or SIGTERM. Figures vary from run to run (the machine,
@@ -47,7 +52,7 @@ BENCH_THREADS wrk threads [2], BENCH_CONCURRENCY Envoy workers [2], BENCH_USERS 
 values [64], BENCH_N script calls per script and case [20000], BENCH_LEASE_RATE the saturated limiter's
 permits per second in 6 [1000], BENCH_LEASE_SECONDS its load [7], BENCH_CLUSTER_USERS the users of 7 [10000],
 BENCH_FAULT_SECONDS each fault of 8 and the load after it [3], BENCH_ONLY sections to run, e.g. "2,4"
-[1,2,3,4,5,6,7,8; 3 needs 1].
+[1,2,3,4,5,6,7,8,9; 3 needs 1].
 """
 
 from __future__ import annotations
@@ -102,7 +107,7 @@ THREADS = min(_env_int("BENCH_THREADS", 2), CONNECTIONS)
 CONCURRENCY = _env_int("BENCH_CONCURRENCY", 2)
 USERS = _env_int("BENCH_USERS", 64)
 N_CALLS = _env_int("BENCH_N", 20_000)
-ONLY = {part.strip() for part in os.environ.get("BENCH_ONLY", "1,2,3,4,5,6,7,8").split(",") if part.strip()}
+ONLY = {part.strip() for part in os.environ.get("BENCH_ONLY", "1,2,3,4,5,6,7,8,9").split(",") if part.strip()}
 
 WRK = os.environ.get("WRK_BIN", "wrk")
 WRK_SCRIPT = REPO / "bench" / "users.lua"
@@ -1762,6 +1767,9 @@ def main() -> int:
         if "8" in ONLY:
             import reliability_bench  # bench/reliability_bench.py (it imports this file as `bench`)
             reliability_bench.run_reliability()
+        if "9" in ONLY:
+            import peer_bench  # bench/peer_bench.py (it imports this file as `bench`)
+            peer_bench.run_peers()
     except KeyboardInterrupt:
         print("\nbench: interrupted; every process it started is stopped", file=sys.stderr)
         return 130
