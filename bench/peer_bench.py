@@ -486,7 +486,8 @@ def print_saturated(rows: list[SaturatedRow]) -> None:
         if row is None or not row.run.counts():
             return "-"
         counts, most = row.run.counts(), b.max_in_sliding_window(row.run.admitted, INTERVAL_MS)[0]
-        return (f"{100 * min(counts) / RATE:.0f}-{100 * max(counts) / RATE:.0f}% of the rate per fixed window and "
+        low, high = (f"{100 * n / RATE:.0f}" for n in (min(counts), max(counts)))
+        return (f"{low if low == high else f'{low}-{high}'}% of the rate per fixed window and "
                 f"{100 * most / RATE:.0f}% in the worst sliding window")
 
     out(f"Reading: beyond the rate on {GATEWAYS} gateways, our filter admitted {worst('ours')} (a sliding window: "
