@@ -28,6 +28,17 @@ pub enum HostError {
     /// The module declares no proxy-wasm ABI version this host supports.
     #[error("missing or unknown Proxy-Wasm ABI version (exports no proxy_abi_version_0_2_0/0_2_1/0_2_100)")]
     UnknownAbi,
+    /// The module's only ABI version is one this flavour's host does not know (stock Envoy 1.40 and
+    /// `proxy_abi_version_0_2_100`: "Missing or unknown Proxy-Wasm ABI version").
+    #[error(
+        "missing or unknown Proxy-Wasm ABI version: the module exports {export}, which the {host} host does not know"
+    )]
+    AbiNotSupported {
+        /// The module's ABI export.
+        export: String,
+        /// The host played.
+        host: crate::HostFlavour,
+    },
     /// An export the host calls has the wrong type.
     #[error("export {name} has the wrong type: {detail}")]
     ExportType {

@@ -25,6 +25,7 @@ use crate::abi::{AbiVersion, LogLevel};
 use crate::error::HostError;
 use crate::exchange::{Cost, Outcome, RequestSpec};
 use crate::faults::{CallKind, Fate, Faults, MISROUTE_OFFSET};
+use crate::flavour::HostFlavour;
 use crate::profile::{FunctionProfile, FunctionProfiler};
 use crate::shared::{lock, LogLine, LogSource, MetricValue, Shared};
 use crate::stream::StreamRun;
@@ -36,6 +37,8 @@ use crate::{hostcalls, profile, redis, wasi};
 pub struct HostBuilder {
     module: ModuleSource,
     setup: Setup,
+    /// [`HostBuilder::higress_properties`], if given: overrides the flavour's choice.
+    higress_properties: Option<bool>,
     vms: usize,
     log_level: LogLevel,
     echo_logs: bool,
@@ -82,7 +85,9 @@ impl HostBuilder {
                 redis_connect_timeout: Duration::from_secs(1),
                 fail_open: false,
                 higress_properties: true,
+                flavour: HostFlavour::default(),
             },
+            higress_properties: None,
             vms: 1,
             log_level: LogLevel::Info,
             echo_logs: false,
@@ -230,10 +235,17 @@ impl HostBuilder {
         self
     }
 
-    /// Serve Higress's top-level `route_name`/`cluster_name` properties (default true); false answers
-    /// NotFound for them, as stock Envoy 1.40 does.
+    /// Serve Higress's top-level `route_name`/`cluster_name` properties (default: as the flavour does, on
+    /// but for [`HostFlavour::Envoy`]); false answers NotFound for them, as stock Envoy 1.40 does.
     pub fn higress_properties(mut self, on: bool) -> Self {
-        self.setup.higress_properties = on;
+        self.higress_properties = Some(on);
+        self
+    }
+
+    /// The host to play (default [`HostFlavour::Compat`], see [`crate::flavour`]): which ABI versions, WASI
+    /// functions, hostcalls, foreign functions and properties the module finds.
+    pub fn host_flavour(mut self, flavour: HostFlavour) -> Self {
+        self.setup.flavour = flavour;
         self
     }
 
@@ -257,12 +269,14 @@ impl HostBuilder {
         HostBuilder { clock_offset, ..self }
     }
 
-    /// Compiles the module, checks its imports and ABI, and starts every VM.
+    /// Checks the module's ABI and imports, compiles it and starts every VM.
     ///
     /// # Errors
     /// Reading, compiling or linking the module; an import this host does not provide
-    /// ([`HostError::MissingImports`], naming each `module.name`); no supported ABI version; an export
-    /// with the wrong type. A plugin that refuses its configuration is not an error: see [`Host::refusal`].
+    /// ([`HostError::MissingImports`], naming each `module.name`); no ABI version the flavour supports
+    /// ([`HostError::UnknownAbi`], [`HostError::AbiNotSupported`]); an export with the wrong type. The ABI and
+    /// the imports are checked before the module is compiled (a refusal costs no compilation). A plugin that
+    /// refuses its configuration is not an error: see [`Host::refusal`].
     pub fn build(self) -> Result<Host, HostError> {
         let bytes = match &self.module {
             ModuleSource::Path(path) => {
@@ -273,34 +287,41 @@ impl HostBuilder {
         let mut config = Config::new();
         config.consume_fuel(true);
         let engine = Engine::new(&config).map_err(|e| HostError::Engine(e.to_string()))?;
-        let (module, functions) = if self.function_profile {
-            let instrumented = profile::instrument(&bytes).map_err(HostError::Instrument)?;
-            let module = Module::new(&engine, &instrumented.wasm).map_err(|e| {
-                // The original's own error if it does not compile either; else the instrumentation's fault.
-                match Module::validate(&engine, &bytes) {
-                    Err(original) => HostError::Compile(format!("{original:?}")),
-                    Ok(()) => HostError::Instrument(format!("the instrumented module does not compile: {e:?}")),
-                }
-            })?;
-            (module, Some(instrumented.functions))
-        } else {
-            (Module::new(&engine, &bytes).map_err(|e| HostError::Compile(format!("{e:?}")))?, None)
+        // The imports and exports from the module's header sections; a module wasmparser cannot read is
+        // compiled first, for wasmtime's own error.
+        let mut compiled = None;
+        let surface = match Surface::read(&bytes) {
+            Some(surface) => surface,
+            None => {
+                let module = self.compile(&engine, &bytes)?;
+                let surface = Surface::of(&module.0);
+                compiled = Some(module);
+                surface
+            }
         };
-        let abi = AbiVersion::detect(module.exports().map(|e| e.name())).ok_or(HostError::UnknownAbi)?;
-
+        let flavour = self.setup.flavour;
+        let abi = detect_abi(flavour, &surface.exports)?;
         let mut linker: Linker<VmState> = Linker::new(&engine);
-        hostcalls::link(&mut linker, abi).map_err(|e| HostError::Engine(e.to_string()))?;
-        redis::link(&mut linker).map_err(|e| HostError::Engine(e.to_string()))?;
-        wasi::link(&mut linker).map_err(|e| HostError::Engine(e.to_string()))?;
-        if functions.is_some() {
+        hostcalls::link(&mut linker, abi, flavour).map_err(|e| HostError::Engine(e.to_string()))?;
+        if flavour.redis_extension() {
+            redis::link(&mut linker).map_err(|e| HostError::Engine(e.to_string()))?;
+        }
+        wasi::link(&mut linker, flavour).map_err(|e| HostError::Engine(e.to_string()))?;
+        if self.function_profile {
             profile::link(&mut linker).map_err(|e| HostError::Engine(e.to_string()))?;
         }
-        check_imports(&module, &linker)?;
+        check_imports(&engine, &surface.imports, &linker)?;
+        let (module, functions) = match compiled {
+            Some(module) => module,
+            None => self.compile(&engine, &bytes)?,
+        };
 
         let shared = Shared::with_profile(self.log_level, self.echo_logs, self.fuel_profile);
         *lock(&shared.faults) = self.faults;
         shared.advance_clock(self.clock_offset);
-        let setup = Arc::new(self.setup);
+        let mut setup = self.setup;
+        setup.higress_properties = self.higress_properties.unwrap_or(flavour.higress_properties());
+        let setup = Arc::new(setup);
         let (sender, receiver) = mpsc::channel();
         let mut host = Host {
             shared,
@@ -338,18 +359,93 @@ impl HostBuilder {
     }
 }
 
+/// A compiled module and, with a function profile, its function table.
+type Compiled = (Module, Option<Arc<profile::FunctionTable>>);
+
+impl HostBuilder {
+    /// Compiles the module (instrumented first with a function profile).
+    fn compile(&self, engine: &Engine, bytes: &[u8]) -> Result<Compiled, HostError> {
+        if !self.function_profile {
+            return Ok((Module::new(engine, bytes).map_err(|e| HostError::Compile(format!("{e:?}")))?, None));
+        }
+        let instrumented = profile::instrument(bytes).map_err(HostError::Instrument)?;
+        let module = Module::new(engine, &instrumented.wasm).map_err(|e| {
+            // The original's own error if it does not compile either; else the instrumentation's fault.
+            match Module::validate(engine, bytes) {
+                Err(original) => HostError::Compile(format!("{original:?}")),
+                Ok(()) => HostError::Instrument(format!("the instrumented module does not compile: {e:?}")),
+            }
+        })?;
+        Ok((module, Some(instrumented.functions)))
+    }
+}
+
+/// What a module imports (`module.name`) and exports (names), as linking and ABI detection need them.
+struct Surface {
+    imports: Vec<(String, String)>,
+    exports: Vec<String>,
+}
+
+impl Surface {
+    /// From the module's import and export sections, without compiling it; `None` if they cannot be read.
+    fn read(bytes: &[u8]) -> Option<Self> {
+        use wasmparser::{Parser, Payload};
+        let mut surface = Surface { imports: Vec::new(), exports: Vec::new() };
+        for payload in Parser::new(0).parse_all(bytes) {
+            match payload.ok()? {
+                Payload::Version { encoding: wasmparser::Encoding::Module, .. } => {}
+                Payload::Version { .. } => return None,
+                Payload::ImportSection(reader) => {
+                    for import in reader.into_imports() {
+                        let import = import.ok()?;
+                        surface.imports.push((import.module.to_string(), import.name.to_string()));
+                    }
+                }
+                Payload::ExportSection(reader) => {
+                    for export in reader {
+                        surface.exports.push(export.ok()?.name.to_string());
+                    }
+                }
+                // The sections after the exports (code, data) are not needed.
+                Payload::CodeSectionStart { .. } | Payload::DataSection(_) | Payload::End(_) => break,
+                _ => {}
+            }
+        }
+        Some(surface)
+    }
+
+    /// From a compiled module.
+    fn of(module: &Module) -> Self {
+        Surface {
+            imports: module.imports().map(|i| (i.module().to_string(), i.name().to_string())).collect(),
+            exports: module.exports().map(|e| e.name().to_string()).collect(),
+        }
+    }
+}
+
+/// The module's ABI version, as the flavour's host reads it: stock Envoy 1.40 knows no
+/// `proxy_abi_version_0_2_100` ([`crate::flavour`]).
+fn detect_abi(flavour: HostFlavour, exports: &[String]) -> Result<AbiVersion, HostError> {
+    let known = exports.iter().map(String::as_str).filter(|name| flavour.abi_0_2_100() || *name != ABI_0_2_100);
+    match AbiVersion::detect(known) {
+        Some(abi) => Ok(abi),
+        None if exports.iter().any(|name| name == ABI_0_2_100) => {
+            Err(HostError::AbiNotSupported { export: ABI_0_2_100.to_string(), host: flavour })
+        }
+        None => Err(HostError::UnknownAbi),
+    }
+}
+
+/// Higress's ABI version export.
+const ABI_0_2_100: &str = "proxy_abi_version_0_2_100";
+
 /// Fails loudly, before anything runs, for every import the host does not provide.
-fn check_imports(module: &Module, linker: &Linker<VmState>) -> Result<(), HostError> {
+fn check_imports(engine: &Engine, imports: &[(String, String)], linker: &Linker<VmState>) -> Result<(), HostError> {
     // Listing a linker's definitions needs a store of its type; an idle one serves.
-    let defined: std::collections::HashSet<(String, String)> = linker
-        .iter(&mut Store::new(module.engine(), dummy_state()))
-        .map(|(m, n, _)| (m.to_string(), n.to_string()))
-        .collect();
-    let missing: Vec<String> = module
-        .imports()
-        .filter(|i| !defined.contains(&(i.module().to_string(), i.name().to_string())))
-        .map(|i| format!("{}.{}", i.module(), i.name()))
-        .collect();
+    let defined: std::collections::HashSet<(String, String)> =
+        linker.iter(&mut Store::new(engine, dummy_state())).map(|(m, n, _)| (m.to_string(), n.to_string())).collect();
+    let missing: Vec<String> =
+        imports.iter().filter(|import| !defined.contains(*import)).map(|(m, n)| format!("{m}.{n}")).collect();
     if missing.is_empty() {
         Ok(())
     } else {
@@ -476,6 +572,11 @@ impl Host {
     /// failed while starting), with the module's log lines; `None` if it loaded.
     pub fn refusal(&self) -> Option<&str> {
         self.refusal.as_deref()
+    }
+
+    /// The host played ([`HostBuilder::host_flavour`]).
+    pub fn flavour(&self) -> HostFlavour {
+        self.setup.flavour
     }
 
     /// How many VMs there are.

@@ -4,14 +4,20 @@
 //! wasm32; `proxy_increment_metric`/`proxy_record_metric` take an i64). Behaviour: proxy-wasm-cpp-host
 //! `src/exports.cc` and Envoy `source/extensions/common/wasm/context.cc`, checked with `probe/` in Envoy
 //! 1.40. A pointer outside guest memory answers `InvalidMemoryAccess`; a trap in the guest's allocator
-//! fails the VM. The Higress Redis calls are in [`crate::redis`], WASI in [`crate::wasi`].
+//! fails the VM. The Higress Redis calls are in [`crate::redis`], WASI in [`crate::wasi`], what else the
+//! Higress flavour adds (three hostcalls, a foreign function, a property) in [`crate::higress`].
 //!
 //! Every hostcall body runs in [`hostcall`]: the VM-start restriction first, then the body, whose `?`
 //! answers the first failing status (or traps); a body that ends answers Ok.
 
 use wasmtime::{Caller, Linker};
 
-use crate::abi::{decode_pairs, encode_pairs, AbiVersion, BufferType, LogLevel, MapType, Status, Stop, StreamType};
+use crate::abi::{
+    decode_pairs, encode_pairs, split_property_path, AbiVersion, BufferType, LogLevel, MapType, Status, Stop,
+    StreamType,
+};
+use crate::flavour::HostFlavour;
+use crate::higress;
 use crate::http_call;
 use crate::memory::{copy_out, read, write_u32, write_u64};
 use crate::properties;
@@ -105,8 +111,9 @@ pub(crate) fn start_call(
     Ok(write_u32(c, token_ptr, token)?)
 }
 
-/// Adds every `env` hostcall of proxy-wasm ABI 0.2.x (those Envoy registers for the module's ABI).
-pub fn link(linker: &mut Linker<VmState>, abi: AbiVersion) -> wasmtime::Result<()> {
+/// Adds every `env` hostcall of proxy-wasm ABI 0.2.x (those Envoy registers for the module's ABI), and
+/// Higress's extra ones for [`HostFlavour::Higress`] (the Redis calls are [`crate::redis::link`]).
+pub fn link(linker: &mut Linker<VmState>, abi: AbiVersion, flavour: HostFlavour) -> wasmtime::Result<()> {
     link_hostcall!(linker, fn proxy_log(c, level: u32, ptr: u32, size: u32) {
         let level = LogLevel::from_u32(level).ok_or(Status::BadArgument)?;
         let message = read(c, ptr, size)?;
@@ -136,6 +143,9 @@ pub fn link(linker: &mut Linker<VmState>, abi: AbiVersion) -> wasmtime::Result<(
     link_shared(linker)?;
     link_metrics(linker)?;
     link_calls(linker)?;
+    if flavour.higress_host() {
+        higress::link_hostcalls(linker)?;
+    }
     Ok(())
 }
 
@@ -165,14 +175,20 @@ fn buffer(state: &VmState, buffer_type: BufferType) -> Result<Vec<u8>, Status> {
     })
 }
 
-fn buffer_type(kind: u32) -> Result<BufferType, Status> {
-    BufferType::from_u32(kind).ok_or(Status::BadArgument)
+/// The buffer type of a number; BadArgument for an unknown one, and for 9 (Higress's Redis reply) in a host
+/// without the Redis extension.
+fn buffer_type(state: &VmState, kind: u32) -> Result<BufferType, Status> {
+    match BufferType::from_u32(kind) {
+        Some(BufferType::RedisCallResponse) if !state.setup.flavour.redis_extension() => Err(Status::BadArgument),
+        Some(buffer) => Ok(buffer),
+        None => Err(Status::BadArgument),
+    }
 }
 
 fn link_buffers(linker: &mut Linker<VmState>) -> wasmtime::Result<()> {
     link_hostcall!(linker, fn proxy_get_buffer_bytes(c, kind: u32, start: u32, length: u32, ptr_ptr: u32,
             size_ptr: u32) {
-        let bytes = buffer(c.data(), buffer_type(kind)?)?;
+        let bytes = buffer(c.data(), buffer_type(c.data(), kind)?)?;
         // Envoy: clip to the buffer; nothing to copy stores 0/0 and answers Ok.
         let start = usize::try_from(start).unwrap_or(usize::MAX);
         let length = usize::try_from(length).unwrap_or(usize::MAX);
@@ -180,13 +196,13 @@ fn link_buffers(linker: &mut Linker<VmState>) -> wasmtime::Result<()> {
         copy_out(c, bytes.get(start..end).unwrap_or_default(), ptr_ptr, size_ptr)
     });
     link_hostcall!(linker, fn proxy_get_buffer_status(c, kind: u32, length_ptr: u32, flags_ptr: u32) {
-        let length = buffer(c.data(), buffer_type(kind)?)?.len();
+        let length = buffer(c.data(), buffer_type(c.data(), kind)?)?.len();
         write_u32(c, length_ptr, u32::try_from(length).unwrap_or(u32::MAX))?;
         Ok(write_u32(c, flags_ptr, 0)?)
     });
     link_hostcall!(linker, fn proxy_set_buffer_bytes(c, kind: u32, start: u32, length: u32, data_ptr: u32,
             data_size: u32) {
-        let kind = buffer_type(kind)?;
+        let kind = buffer_type(c.data(), kind)?;
         buffer(c.data(), kind)?;
         let data = read(c, data_ptr, data_size)?;
         let stream = c.data_mut().stream_mut().ok_or(Status::BadArgument)?;
@@ -295,7 +311,12 @@ fn link_maps(linker: &mut Linker<VmState>) -> wasmtime::Result<()> {
     });
     link_hostcall!(linker, fn proxy_get_property(c, path_ptr: u32, path_size: u32, ptr_ptr: u32, size_ptr: u32) {
         let path = read(c, path_ptr, path_size)?;
-        let value = properties::lookup(c.data(), &path)?;
+        let value = match properties::lookup(c.data(), &path) {
+            Err(Status::NotFound) if is_vm_memory(c.data(), &path) => {
+                higress::vm_memory_property(c).ok_or(Status::NotFound)?
+            }
+            other => other?,
+        };
         copy_out(c, &value, ptr_ptr, size_ptr)
     });
     link_hostcall!(linker, fn proxy_set_property(c, path_ptr: u32, path_size: u32, value_ptr: u32, value_size: u32) {
@@ -308,6 +329,11 @@ fn link_maps(linker: &mut Linker<VmState>) -> wasmtime::Result<()> {
         Ok(())
     });
     Ok(())
+}
+
+/// Higress's `plugin_vm_memory` property, served by [`higress::vm_memory_property`].
+fn is_vm_memory(state: &VmState, path: &[u8]) -> bool {
+    state.setup.flavour.higress_host() && split_property_path(path) == [b"plugin_vm_memory".as_slice()]
 }
 
 fn stream_type(kind: u32) -> Result<StreamType, Status> {
@@ -495,21 +521,38 @@ fn link_calls(linker: &mut Linker<VmState>) -> wasmtime::Result<()> {
         write_u32(c, code_ptr, 0)?;
         copy_out(c, &[], ptr_ptr, size_ptr)
     });
-    // Envoy registers a few foreign functions (compression, signatures, filter state); none is emulated.
-    link_hostcall!(linker, fn proxy_call_foreign_function(c, name_ptr: u32, name_size: u32, _args: u32,
-            _args_size: u32, _results: u32, _size: u32) {
-        if let Ok(name) = read(c, name_ptr, name_size) {
-            let name = String::from_utf8_lossy(&name);
-            let note = format!("proxy_call_foreign_function({name:?}): no foreign functions in this host");
-            c.data().log(LogLevel::Warn, LogSource::Host, note);
+    // Envoy registers a few foreign functions (compression, signatures, filter state); none is emulated
+    // (stock Envoy 1.40 answers NotFound for `get_log_level`). Higress's host adds `get_log_level`, answered
+    // as cpp-host's `call_foreign_function` answers ([`higress`]).
+    link_hostcall!(linker, fn proxy_call_foreign_function(c, name_ptr: u32, name_size: u32, args: u32,
+            args_size: u32, results: u32, results_size: u32) {
+        if !c.data().setup.flavour.higress_host() {
+            if let Ok(name) = read(c, name_ptr, name_size) {
+                foreign_function_missing(c, &name);
+            }
+            return refuse(Status::NotFound);
         }
-        refuse(Status::NotFound)
+        let name = read(c, name_ptr, name_size)?;
+        read(c, args, args_size)?;
+        let Some(result) = higress::foreign_function(c.data(), &name) else {
+            foreign_function_missing(c, &name);
+            return refuse(Status::NotFound);
+        };
+        higress::deliver_foreign_result(c, &result, results, results_size)
     });
     // Emscripten and pthread helpers Envoy registers in `env`.
     linker
         .func_wrap("env", "pthread_equal", |_c: Call<'_>, left: u32, right: u32| -> u32 { u32::from(left == right) })?;
     linker.func_wrap("env", "emscripten_notify_memory_growth", |_c: Call<'_>, _index: u32| {})?;
     Ok(())
+}
+
+/// Logs a call of a foreign function this host does not have (the call answers NotFound).
+fn foreign_function_missing(c: &Call<'_>, name: &[u8]) {
+    let name = String::from_utf8_lossy(name);
+    let host = c.data().setup.flavour;
+    let note = format!("proxy_call_foreign_function({name:?}): no such foreign function in the {host} host");
+    c.data().log(LogLevel::Warn, LogSource::Host, note);
 }
 
 fn grpc_refused(c: &mut Call<'_>, service_ptr: u32, service_size: u32) -> Body {

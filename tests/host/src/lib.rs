@@ -1,5 +1,7 @@
 //! A proxy-wasm host emulator, faithful to Envoy (1.40) and to Higress's Redis extension, for testing and
-//! measuring proxy-wasm filters without a gateway.
+//! measuring proxy-wasm filters without a gateway. It plays one of three hosts ([`HostFlavour`]): stock
+//! Envoy 1.40, its original mix of Envoy and Higress's Redis extension (the default), or Higress, whose
+//! ABI 0.2.100, extra hostcalls, foreign function and properties run real Higress (wasm-go) plugins.
 //!
 //! It loads a module (ABI `proxy_abi_version_0_2_1` or `_0_2_100`) into K VMs on wasmtime, starts them as
 //! Envoy does, and plays HTTP streams through them: the filter's HTTP calls go to real HTTP/1.1 servers,
@@ -25,7 +27,9 @@
 //! - `stream`: one HTTP stream through the filter, callback by callback, as Envoy drives it.
 //! - [`exchange`]: [`RequestSpec`] in, [`Outcome`] and [`Cost`] out.
 //! - [`vm`]: a VM's state as hostcalls see it: contexts, maps, deferred actions, callback-only buffers.
-//! - [`hostcalls`]: the `env.proxy_*` functions; [`wasi`]: the WASI functions Envoy provides.
+//! - [`flavour`]: [`HostFlavour`], which host is played (Envoy 1.40, the original mix, Higress); [`higress`]:
+//!   what Higress adds (hostcalls, a foreign function, a property).
+//! - [`hostcalls`]: the `env.proxy_*` functions; [`wasi`]: the WASI functions Envoy (or Higress) provides.
 //! - [`http_call`]: `proxy_http_call` over real HTTP/1.1, with Envoy's synthesized 503/504.
 //! - [`redis`]: Higress's `proxy_redis_init`/`proxy_redis_call` over real Redis connections.
 //! - [`properties`]: `proxy_get_property` attributes, encoded as Envoy encodes them.
@@ -43,12 +47,16 @@
 //! Every behaviour follows proxy-wasm-cpp-host and Envoy's `source/extensions/common/wasm`, and was
 //! checked where possible in Envoy 1.40 with the probe module in `probe/` (its observations are in
 //! `probe/envoy-1.40-observed.txt`; `tests/envoy_parity.rs` replays them against this host). The Redis
-//! extension follows DESIGN.md and Higress's Envoy fork. Each module says which facts it relies on.
+//! extension follows DESIGN.md and Higress's Envoy fork; the Higress flavour follows Higress's forks of
+//! proxy-wasm-cpp-host and Envoy and its Go SDK ([`flavour`], [`wasi`]). Each module says which facts it
+//! relies on.
 
 pub mod abi;
 pub mod error;
 pub mod exchange;
 pub mod faults;
+pub mod flavour;
+pub mod higress;
 pub mod host;
 pub mod hostcalls;
 pub mod http_call;
@@ -66,6 +74,7 @@ pub use abi::LogLevel;
 pub use error::HostError;
 pub use exchange::{header, Cost, Headers, Outcome, RequestSpec};
 pub use faults::Faults;
+pub use flavour::HostFlavour;
 pub use host::{Host, HostBuilder};
 pub use profile::{FunctionProfile, FunctionStats};
 pub use shared::{LogLine, LogSource, MetricKind, MetricValue, SharedDataUsage};

@@ -24,6 +24,7 @@ use wasmtime::{Memory, TypedFunc};
 use crate::abi::{AbiVersion, LogLevel, MapType, Status, StreamType};
 use crate::exchange::Headers;
 use crate::faults::{CallKind, PendingCall};
+use crate::flavour::HostFlavour;
 use crate::profile::FunctionProfiler;
 use crate::redis::RedisClients;
 use crate::shared::{lock, LogSource, Shared};
@@ -64,6 +65,8 @@ pub struct Setup {
     /// Serve Higress's top-level `route_name` and `cluster_name` properties (stock Envoy 1.40 answers
     /// NotFound for them; it has `xds.route_name` and `xds.cluster_name`).
     pub higress_properties: bool,
+    /// The host played ([`crate::flavour`]): which imports, properties and foreign functions exist.
+    pub flavour: HostFlavour,
 }
 
 /// The emulated upstream's response.

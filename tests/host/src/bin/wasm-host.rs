@@ -28,6 +28,8 @@
 //! request (the top 40 by exclusive and by inclusive fuel, with calls per request), exact to the
 //! instruction (the library's `profile` module).
 //!
+//! `--host envoy|compat|higress` picks the host played (the library's `flavour` module; default compat).
+//!
 //! When the plugin refuses its configuration, both print the module's log lines on stderr and exit 2.
 
 use std::collections::BTreeMap;
@@ -38,7 +40,9 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
 use proxy_wasm_host::summary::Distribution;
-use proxy_wasm_host::{Faults, FunctionProfile, FunctionStats, Host, HostBuilder, LogLevel, Outcome, RequestSpec};
+use proxy_wasm_host::{
+    Faults, FunctionProfile, FunctionStats, Host, HostBuilder, HostFlavour, LogLevel, Outcome, RequestSpec,
+};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -81,6 +85,10 @@ struct Common {
     /// The proxy-wasm module.
     #[arg(long)]
     module: PathBuf,
+    /// The host to play: envoy (stock Envoy 1.40: no ABI 0.2.100, no Redis extension), compat (the
+    /// emulator's original mix, Envoy with Higress's Redis extension) or higress (Higress's gateway).
+    #[arg(long = "host", default_value_t = HostFlavour::Compat, value_name = "envoy|compat|higress")]
+    host: HostFlavour,
     /// File with the plugin configuration (e.g. JSON); none if omitted.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -201,6 +209,7 @@ fn build(common: &Common) -> Result<Host, String> {
 
 fn build_with(common: &Common, fuel_profile: bool, function_profile: bool) -> Result<Host, String> {
     let mut builder = HostBuilder::new(&common.module)
+        .host_flavour(common.host)
         .fuel_profile(fuel_profile)
         .function_profile(function_profile)
         .vms(common.vms)
