@@ -30,7 +30,7 @@ use crate::profile::{FunctionProfile, FunctionProfiler};
 use crate::shared::{lock, LogLine, LogSource, MetricValue, Shared};
 use crate::stream::StreamRun;
 use crate::vm::{Context, Event, Setup, UpstreamSpec, VmState};
-use crate::{hostcalls, profile, redis, wasi};
+use crate::{cache, hostcalls, profile, redis, wasi};
 
 /// Builds a [`Host`].
 #[derive(Clone, Debug)]
@@ -48,6 +48,7 @@ pub struct HostBuilder {
     fuel_per_call: u64,
     faults: Faults,
     clock_offset: Duration,
+    compile_cache: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug)]
@@ -97,6 +98,7 @@ impl HostBuilder {
             fuel_per_call: 5_000_000_000,
             faults: Faults::NONE,
             clock_offset: Duration::ZERO,
+            compile_cache: None,
         }
     }
 
@@ -269,6 +271,14 @@ impl HostBuilder {
         HostBuilder { clock_offset, ..self }
     }
 
+    /// Keep compiled modules in `dir` and load them from there next time (default: none, every build
+    /// compiles). A debug build compiles a Go module of several MB in minutes and loads it from the cache in
+    /// milliseconds; see [`crate::cache`] (the directory must be one no one else writes).
+    pub fn compile_cache(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.compile_cache = Some(dir.into());
+        self
+    }
+
     /// Checks the module's ABI and imports, compiles it and starts every VM.
     ///
     /// # Errors
@@ -363,13 +373,17 @@ impl HostBuilder {
 type Compiled = (Module, Option<Arc<profile::FunctionTable>>);
 
 impl HostBuilder {
-    /// Compiles the module (instrumented first with a function profile).
+    /// Compiles the module (instrumented first with a function profile), through the compile cache if any.
     fn compile(&self, engine: &Engine, bytes: &[u8]) -> Result<Compiled, HostError> {
+        let compile = |wasm: &[u8]| match &self.compile_cache {
+            Some(dir) => cache::load_or_compile(engine, dir, wasm),
+            None => Module::new(engine, wasm),
+        };
         if !self.function_profile {
-            return Ok((Module::new(engine, bytes).map_err(|e| HostError::Compile(format!("{e:?}")))?, None));
+            return Ok((compile(bytes).map_err(|e| HostError::Compile(format!("{e:?}")))?, None));
         }
         let instrumented = profile::instrument(bytes).map_err(HostError::Instrument)?;
-        let module = Module::new(engine, &instrumented.wasm).map_err(|e| {
+        let module = compile(&instrumented.wasm).map_err(|e| {
             // The original's own error if it does not compile either; else the instrumentation's fault.
             match Module::validate(engine, bytes) {
                 Err(original) => HostError::Compile(format!("{original:?}")),

@@ -23,7 +23,8 @@
 //!
 //! # Layout
 //!
-//! - [`host`]: [`HostBuilder`], [`Host`]: loading, VM start, the event loop (replies, ticks, deadlines).
+//! - [`host`]: [`HostBuilder`], [`Host`]: loading, VM start, the event loop (replies, ticks, deadlines);
+//!   [`cache`]: compiled modules kept on disk ([`HostBuilder::compile_cache`]).
 //! - `stream`: one HTTP stream through the filter, callback by callback, as Envoy drives it.
 //! - [`exchange`]: [`RequestSpec`] in, [`Outcome`] and [`Cost`] out.
 //! - [`vm`]: a VM's state as hostcalls see it: contexts, maps, deferred actions, callback-only buffers.
@@ -52,6 +53,7 @@
 //! relies on.
 
 pub mod abi;
+pub mod cache;
 pub mod error;
 pub mod exchange;
 pub mod faults;
