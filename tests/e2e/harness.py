@@ -838,7 +838,9 @@ class Emulator:
 
     def __init__(self, workdir: Path, plugin: dict | str, *, clusters: dict[str, int], wasm: Path | str = WASM,
                  vms: int = 2, name: str = "emulator", pause_deadline_ms: int = 5000,
-                 redis_clusters: dict[str, list[int]] | None = None):
+                 redis_clusters: dict[str, list[int]] | None = None, args: tuple[str, ...] = ()):
+        # `args`: more `wasm-host serve` options, e.g. ("--host", "higress", "--compile-cache", DIR,
+        # "--property", "cluster_name=..."), for modules other than the filter (test_higress_plugins.py).
         self.workdir = workdir
         self.name = name
         self.plugin = plugin
@@ -848,6 +850,7 @@ class Emulator:
         # Clusters of type envoy.clusters.redis ({name: seed ports}): Higress's Redis client gets no host.
         self.redis_clusters = dict(redis_clusters or {})
         self.pause_deadline_ms = pause_deadline_ms
+        self.args = tuple(args)
         self.config_path = workdir / f"{name}.json"
         self.err_path = workdir / f"{name}.err"
         self.config_path.write_text(plugin if isinstance(plugin, str) else json.dumps(plugin))
@@ -872,6 +875,7 @@ class Emulator:
             argv += ["--cluster", f"{cluster}={HOST}:{port}"]
         for cluster, ports in self.redis_clusters.items():
             argv += ["--redis-cluster", f"{cluster}=" + ",".join(f"{HOST}:{port}" for port in ports)]
+        argv += self.args
         self.process = Process(self.name, argv, self.err_path, pipes=True)
         threading.Thread(target=self._read_lines, args=(self.process.popen.stdout,), name=f"{self.name}-stdout",
                          daemon=True).start()
