@@ -121,11 +121,21 @@ impl Metrics {
         Self::add(host, self.redis_errors, 1);
     }
 
-    /// Rule entry `rule` of configuration `entry` ended a request with `outcome`.
+    /// Rule entry `rule` of configuration `entry` ended a request with `outcome` (a rejection by the local
+    /// block counts in `rejected` too: `local_rejected` is a part of it, as for the global counters).
     pub(super) fn rule(&self, host: &impl Host, entry: usize, rule: usize, outcome: RuleOutcome) {
-        let Some(position) = RuleOutcome::ALL.iter().position(|o| *o == outcome) else { return };
-        let ids = self.rule_counters.iter().find(|(index, _)| *index == entry).and_then(|(_, ids)| ids.get(rule));
-        Self::add(host, ids.and_then(|ids| ids.get(position)).copied().flatten(), 1);
+        let Some(ids) = self.rule_counters.iter().find(|(index, _)| *index == entry).and_then(|(_, ids)| ids.get(rule))
+        else {
+            return;
+        };
+        let count = |outcome: RuleOutcome| {
+            let position = RuleOutcome::ALL.iter().position(|o| *o == outcome);
+            Self::add(host, position.and_then(|at| ids.get(at)).copied().flatten(), 1);
+        };
+        count(outcome);
+        if outcome == RuleOutcome::LocallyRejected {
+            count(RuleOutcome::Rejected);
+        }
     }
 
     /// One hostcall on a request's path that the host refused (a context switch, a resume, a local reply).

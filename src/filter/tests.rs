@@ -616,3 +616,15 @@ fn an_exempt_request_is_counted_and_not_limited() {
     assert_eq!(host.counter(&format!("{NAME}.exempt")), 1);
     assert_eq!(counters(&host), [0; 8]);
 }
+
+#[test]
+fn a_local_block_rejection_counts_in_the_rules_rejected_and_local_rejected() {
+    let (host, mut filter) = configure(BRIDGE, PER_USER, "");
+    start(&host, &mut filter, 2, "alice");
+    answer_http(&host, &mut filter, last_token(&host), 200, &rejected(700));
+    start(&host, &mut filter, 3, "alice");
+    let (status, _, _) = local_reply(&host, 3);
+    assert_eq!(status, 429);
+    let rule = |outcome: &str| host.counter(&format!("{NAME}.rule.per-user.{outcome}"));
+    assert_eq!((rule("rejected"), rule("local_rejected")), (2, 1));
+}

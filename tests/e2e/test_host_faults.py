@@ -88,7 +88,8 @@ def test_a_call_never_answered_ends_in_the_failure_mode_within_the_timeout(gatew
     assert response.status == status
     assert took < BOUND_S, f"waited {took:.3f} s"
     assert gw.last_outcome()["kind"] in ("continued", "local_reply")
-    assert delta(before, gw.metrics()) == {counter: 1, "redis_calls": 1, "redis_errors": 1}
+    assert delta(before, gw.metrics()) == {counter: 1, "redis_calls": 1, "redis_errors": 1,
+                                           "rule.per-user.failures": 1}
     assert "no answer to a Redis call within redis.timeout" in gw.log_text()  # (logged once per cause)
     gw.set_faults()
     assert gw.send(headers={"x-user-id": f"after-{failure_mode}"}).status == 200, "back to normal with the host"
@@ -103,7 +104,8 @@ def test_a_reply_with_an_unknown_token_is_dropped_and_the_request_ends_at_its_de
 
     assert response.status == 503, "fail closed: the real reply never reached the request"
     assert took < BOUND_S
-    assert delta(before, gw.metrics()) == {"failure_denied": 1, "redis_calls": 1, "redis_errors": 1}
+    assert delta(before, gw.metrics()) == {"failure_denied": 1, "redis_calls": 1, "redis_errors": 1,
+                                           "rule.per-user.failures": 1}
     assert "a reply for unknown call" not in gw.log_text(), "logged at debug level only"
 
 
@@ -116,7 +118,8 @@ def test_a_refused_switch_is_counted_and_the_decision_delivered_on_the_next_tick
 
     assert response.status == 200, "the real decision (allowed), not the failure mode"
     assert took < BOUND_S
-    assert delta(before, gw.metrics()) == {"allowed": 1, "redis_calls": 1, "host_errors": 1}
+    assert delta(before, gw.metrics()) == {"allowed": 1, "redis_calls": 1, "host_errors": 1,
+                                           "rule.per-user.allowed": 1}
     assert "the host refused proxy_set_effective_context" in gw.log_text()
 
 

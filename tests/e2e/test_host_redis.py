@@ -175,8 +175,10 @@ def test_redis_down_fails_open_or_closed_at_once_and_limiting_resumes(stack, ope
         response, elapsed = timed(closed_gw, "gus")
         assert response.status == 503
         assert elapsed < TIMEOUT_S + MARGIN_S
-    assert delta(open_before, open_gw.metrics()) == {"failure_allowed": 3, "redis_calls": 3, "redis_errors": 3}
-    assert delta(closed_before, closed_gw.metrics()) == {"failure_denied": 3, "redis_calls": 3, "redis_errors": 3}
+    assert delta(open_before, open_gw.metrics()) == {"failure_allowed": 3, "redis_calls": 3, "redis_errors": 3,
+                                                     "rule.per-user.failures": 3}
+    assert delta(closed_before, closed_gw.metrics()) == {"failure_denied": 3, "redis_calls": 3, "redis_errors": 3,
+                                                         "rule.per-user.failures": 3}
 
     # Redis comes back, empty and without the scripts: both gateways limit again.
     stack.redis.start()
@@ -235,7 +237,8 @@ def test_wrong_password_applies_the_failure_mode_and_the_filter_recovers_once_it
             assert elapsed < TIMEOUT_S + MARGIN_S, "answered, not left waiting"
         response, _ = timed(open_gw, "kim")
         assert (response.status, response.body) == (200, "upstream ok\n")
-        assert delta(before, closed_gw.metrics()) == {"failure_denied": 2, "redis_calls": 2, "redis_errors": 2}
+        assert delta(before, closed_gw.metrics()) == {"failure_denied": 2, "redis_calls": 2, "redis_errors": 2,
+                                                      "rule.per-user.failures": 2}
 
         # The operator gives Redis the password the gateway has: the next connection logs in.
         stack.redis.require_password(PASSWORD)
@@ -271,4 +274,5 @@ def test_one_redis_round_trip_per_request_once_the_script_is_cached(stack, open_
     assert [outcome["redis_calls"] for outcome in open_gw.outcomes[sent:]] == [1, 1, 1, 1, 0]
     assert stack.redis.script_calls() - scripts == 4, "Redis ran one script per request it saw"
     assert delta(metrics, open_gw.metrics()) == {"allowed": 3, "rejected": 2, "local_rejected": 1, "redis_calls": 4,
-                                                    "rule.per-user.rejected": 2}
+                                                    "rule.per-user.rejected": 2, "rule.per-user.allowed": 3,
+                                                    "rule.per-user.local_rejected": 1}
