@@ -171,7 +171,9 @@ def test_in_envoy_a_user_over_their_limit_costs_the_global_limit_nothing(stack):
     assert state(stack, "erl:per-user:alice")[0] == 0
     assert stack.redis.script_calls() - scripts == 10, "one call per request, allowed or rejected"
     after = envoy.metrics()
-    assert delta(metrics, after) == {"allowed": 2, "rejected": 8, "redis_calls": 10, "rule.per-user.rejected": 8}
+    # The global rule admitted all 10 (per-rule counters count what each rule decided, not what it was charged).
+    assert delta(metrics, after) == {"allowed": 2, "rejected": 8, "redis_calls": 10, "rule.per-user.rejected": 8,
+                                     "rule.per-user.allowed": 2, "rule.global.allowed": 10}
     assert after["rule.global.rejected"] == 0
 
     assert envoy.send(headers=BOB).status == 200
@@ -193,7 +195,8 @@ def test_in_envoy_the_local_block_keeps_the_global_limit_untouched_too(stack):
     assert stack.redis.script_calls() - scripts == 1, "the block: no call, so nothing asked of the global limit"
     assert state(stack, "erl:global") == global_before
     assert delta(metrics, envoy.metrics()) == {"rejected": 7, "local_rejected": 6, "redis_calls": 1,
-                                              "rule.per-user.rejected": 7}
+                                              "rule.per-user.rejected": 7, "rule.per-user.local_rejected": 6,
+                                              "rule.global.allowed": 1}
 
 
 def test_in_envoy_with_redis_cluster_a_permit_taken_in_another_slot_is_given_back(stack):
@@ -215,6 +218,7 @@ def test_in_envoy_with_redis_cluster_a_permit_taken_in_another_slot_is_given_bac
     assert state(stack, "erl:b") == b_before
     wait_until(lambda: delta(metrics, envoy.metrics()).get("compensations") == 8, 2.0, "8 compensations")
     assert delta(metrics, envoy.metrics()) == {"rejected": 8, "rule.b.rejected": 8, "compensations": 8,
+                                              "rule.a.allowed": 8,
                                               "redis_calls": 8 * 3}  # a, b, and a's give-back
 
 
@@ -237,7 +241,8 @@ def test_a_user_over_their_limit_costs_the_global_limit_nothing_in_both_builds(s
     assert [round_trips(outcome) for outcome in gateway.outcomes[sent:]] == [1] * 10, "one call per request"
     assert state(stack, "erl:global") == global_before
     assert delta(metrics, gateway.metrics()) == {"allowed": 2, "rejected": 8, "redis_calls": 10,
-                                                "rule.per-user.rejected": 8}
+                                                "rule.per-user.rejected": 8, "rule.per-user.allowed": 2,
+                                                "rule.global.allowed": 10}
 
 
 @pytest.mark.parametrize("build", BUILDS)
@@ -258,7 +263,7 @@ def test_with_redis_cluster_a_permit_taken_in_another_slot_is_given_back_in_both
     assert state(stack, "erl:b") == b_before
     gateway.run_for(100)  # the give-backs' replies reach the filter
     assert delta(metrics, gateway.metrics()) == {"rejected": 6, "rule.b.rejected": 6, "compensations": 6,
-                                                "redis_calls": 6 * 3}
+                                                "rule.a.allowed": 6, "redis_calls": 6 * 3}
 
 
 @pytest.mark.parametrize("build,cluster", [("envoy", False), ("higress", True)],
@@ -294,7 +299,8 @@ def test_with_redis_cluster_limiters_sharing_a_hash_tag_are_asked_in_one_call(st
         assert_rejected_by(gateway.send(), "b")
         assert round_trips(gateway.last_outcome()) == 1
     assert state(stack, "{acct}.a") == a_before
-    assert delta(metrics, gateway.metrics()) == {"rejected": 3, "rule.b.rejected": 3, "redis_calls": 3}
+    assert delta(metrics, gateway.metrics()) == {"rejected": 3, "rule.b.rejected": 3, "rule.a.allowed": 3,
+                                                "redis_calls": 3}
 
 
 # --- Two rules on one limiter -----------------------------------------------------------------------------
@@ -323,7 +329,7 @@ def test_two_rules_asking_one_limiter_for_more_than_its_rate_take_nothing(stack,
     value, members = state(stack, "erl:shared:acme")
     assert (value, permits_of(members)) == (1, [2])
     assert delta(metrics, gateway.metrics()) == {"allowed": 1, "rejected": 2, "rule.two.rejected": 2,
-                                                "redis_calls": 3}
+                                                "rule.one.allowed": 3, "redis_calls": 3}
 
 
 def test_the_block_a_combined_rejection_leaves_rejects_no_request_redis_would_admit(stack, emulators):

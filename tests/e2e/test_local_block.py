@@ -59,7 +59,8 @@ def test_a_rejected_key_is_rejected_by_every_envoy_worker_without_a_redis_call(s
         assert_rejected_like_redis(response, retry_after={"59", "60"}, policy='"per-user";q=3;w=60')
     assert stack.redis.script_calls() == scripts, "no request of a blocked key reached Redis"
     n = len(responses)
-    assert delta(metrics, envoy.metrics()) == {"rejected": n, "local_rejected": n, "rule.per-user.rejected": n}
+    assert delta(metrics, envoy.metrics()) == {"rejected": n, "local_rejected": n, "rule.per-user.rejected": n,
+                                              "rule.per-user.local_rejected": n}
 
     assert envoy.send(headers={"x-user-id": "bob"}).status == 200, "another key still goes to Redis"
     assert stack.redis.script_calls() == scripts + 1
@@ -105,7 +106,7 @@ def test_local_block_max_zero_sends_every_request_to_redis(stack):
     assert [envoy.send(headers=ALICE).status for _ in range(6)] == [200] + [429] * 5
     assert stack.redis.script_calls() - scripts == 6
     assert delta(metrics, envoy.metrics()) == {"allowed": 1, "rejected": 5, "redis_calls": 6,
-                                                  "rule.per-user.rejected": 5}
+                                                  "rule.per-user.rejected": 5, "rule.per-user.allowed": 1}
 
 
 def test_a_new_plugin_configuration_forgets_every_block(stack):
@@ -150,7 +151,7 @@ def test_a_rejected_key_is_rejected_by_every_vm_in_both_builds(stack, build, tra
         assert_rejected_like_redis(response, retry_after={"59", "60"}, policy='"per-user";q=3;w=60')
     assert [round_trips(outcome) for outcome in gateway.outcomes[sent:]] == [0] * 10
     assert delta(metrics, gateway.metrics()) == {"rejected": 10, "local_rejected": 10,
-                                                    "rule.per-user.rejected": 10}
+                                                    "rule.per-user.rejected": 10, "rule.per-user.local_rejected": 10}
 
 
 @pytest.mark.parametrize("build,transport", [("envoy", "http"), ("higress", "host")])

@@ -5,7 +5,9 @@ from __future__ import annotations
 from harness import METRIC_PREFIX, HarnessError, plugin_config, rule
 
 COUNTERS = ("allowed", "rejected", "local_rejected", "failure_allowed", "failure_denied", "redis_calls", "redis_errors",
-            "host_errors", "leases", "compensations", "fallback_allowed", "fallback_rejected", "rule.per-user.rejected")
+            "host_errors", "leases", "compensations", "fallback_allowed", "fallback_rejected", "exempt",
+            "rule.per-user.allowed", "rule.per-user.rejected", "rule.per-user.local_rejected",
+            "rule.per-user.shadow_rejected", "rule.per-user.failures")
 
 
 def warm_up_every_worker(envoy, headers: dict[str, str], limit: int = 40) -> int:
@@ -51,7 +53,12 @@ def test_one_redis_round_trip_per_request_once_the_limiter_exists(stack):
         "compensations": 0,
         "fallback_allowed": 0,
         "fallback_rejected": 0,
+        "exempt": 0,
+        "rule.per-user.allowed": 30 - warm,
         "rule.per-user.rejected": 3,
+        "rule.per-user.local_rejected": 2,
+        "rule.per-user.shadow_rejected": 0,
+        "rule.per-user.failures": 0,
     }
     assert scripts_after - scripts_before == len(statuses) - 2, "Redis ran one script per request it saw"
 
