@@ -60,6 +60,9 @@ WEBDIS_BIN = os.environ.get("WEBDIS_BIN", "webdis")
 ADMIN_BIN = Path(os.environ.get("ERL_ADMIN_BIN", REPO / "target" / "debug" / "erl-admin"))
 WASM_HIGRESS = Path(os.environ.get("ERL_WASM_HIGRESS", REPO / "dist" / "edge-rate-limiter-higress.wasm"))
 WASM_HOST_BIN = Path(os.environ.get("ERL_WASM_HOST_BIN", REPO / "target" / "debug" / "wasm-host"))
+# Where every emulator keeps the modules it compiled (wasm-host --compile-cache): a module is compiled once
+# per content and wasmtime build, then loaded in milliseconds. Under target/: nobody else writes there.
+WASM_HOST_CACHE = Path(os.environ.get("ERL_WASM_HOST_CACHE", REPO / "target" / "wasm-host-cache"))
 # The artifacts of `make build` by the name of their build (README.md, "Builds").
 BUILDS = {"envoy": WASM, "higress": WASM_HIGRESS}
 
@@ -875,6 +878,8 @@ class Emulator:
             argv += ["--cluster", f"{cluster}={HOST}:{port}"]
         for cluster, ports in self.redis_clusters.items():
             argv += ["--redis-cluster", f"{cluster}=" + ",".join(f"{HOST}:{port}" for port in ports)]
+        if "--compile-cache" not in self.args:
+            argv += ["--compile-cache", str(WASM_HOST_CACHE)]
         argv += self.args
         self.process = Process(self.name, argv, self.err_path, pipes=True)
         threading.Thread(target=self._read_lines, args=(self.process.popen.stdout,), name=f"{self.name}-stdout",

@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -40,12 +39,12 @@ from typing import Iterator
 
 import pytest
 
-from harness import REPO, WASM_HOST_BIN, Emulator, HarnessError
+from harness import REPO, WASM_HOST_BIN, WASM_HOST_CACHE, Emulator, HarnessError
 
 PACKAGE = "gpustack_higress_plugins"
 PACKAGE_VERSION = "0.5.1"
-CACHE = Path(os.environ.get("ERL_WASM_HOST_CACHE", REPO / "target" / "wasm-host-cache"))
-# A cold compile cache: every plugin compiles at once, each for minutes in a debug wasm-host.
+CACHE = WASM_HOST_CACHE
+# A cold compile cache: every plugin compiles at once (minutes each in a wasm-host without optimised Cranelift).
 COLD_START_TIMEOUT = 1200.0
 
 IP_ACL = "gpustack-ip-acl"
