@@ -161,8 +161,6 @@ pub struct Decision {
     /// Every Redis call of the request that failed, whatever the decision (a request rejected by one rule
     /// can still carry another rule's failure), for `redis_errors` and the failure log.
     pub failures: Vec<Failure>,
-    /// The enforced rules that rejected it (configuration indexes), in rule order.
-    pub rejecting: SmallVec<[usize; 2]>,
     /// How each rule that applied ended (configuration indexes), for the per-rule counters.
     pub rules: SmallVec<[(usize, RuleOutcome); 2]>,
     /// What it took and gives back, as it does not go upstream.
@@ -171,7 +169,8 @@ pub struct Decision {
     pub local: Vec<(usize, String)>,
 }
 
-/// How one rule ended for a request, for its counters (`rule.<name>.<outcome>`).
+/// How one rule ended for a request, for its counters (`rule.<name>.<outcome>`); `outcome as usize` is
+/// its position in [`RuleOutcome::ALL`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RuleOutcome {
     /// It admitted the request (its permits were taken, or would have been had no other rule rejected).
@@ -744,8 +743,6 @@ fn blocked(ctx: &Context<'_>, rule: usize, block: &Block) -> Decision {
     let (quota, delay_ms) = block_quota(ctx, rule, block);
     let mut report = Report { retry_ms: Some(delay_ms), rejected_by: Some(rule), ..Report::default() };
     report.quotas.push(quota);
-    let mut rejecting = SmallVec::new();
-    rejecting.push(rule);
     let mut rules = SmallVec::new();
     rules.push((rule, RuleOutcome::LocallyRejected));
     Decision {
@@ -757,7 +754,6 @@ fn blocked(ctx: &Context<'_>, rule: usize, block: &Block) -> Decision {
         },
         outcome: Outcome::LocallyRejected,
         failures: Vec::new(),
-        rejecting,
         rules,
         give_back: Vec::new(),
         local: Vec::new(),
@@ -776,7 +772,6 @@ fn exempt() -> Decision {
         verdict: Verdict::Continue { report: Report::default() },
         outcome: Outcome::Exempt,
         failures: Vec::new(),
-        rejecting: SmallVec::new(),
         rules: SmallVec::new(),
         give_back: Vec::new(),
         local: Vec::new(),
@@ -994,7 +989,6 @@ impl PendingRequest {
         let mut local_rules = Vec::new();
         let mut report = Report::default();
         let mut failures = Vec::new();
-        let mut rejecting = SmallVec::new();
         let mut rules = SmallVec::new();
         let (mut local, mut failed) = (false, false);
         let any = self.settled.is_some() || self.calls.iter().any(|c| matches!(c.state, CallState::Done(_)));
@@ -1027,7 +1021,7 @@ impl PendingRequest {
                     quota
                 }
                 RuleResult::Rejected { quota, delay_ms, local: by_block } => {
-                    rejecting.push(rule);
+                    report.rejected_by = report.rejected_by.or(Some(rule));
                     rules.push((rule, if *by_block { RuleOutcome::LocallyRejected } else { RuleOutcome::Rejected }));
                     local |= *by_block;
                     if let Some(ms) = *delay_ms {
@@ -1041,7 +1035,7 @@ impl PendingRequest {
                     continue;
                 }
                 RuleResult::Denied => {
-                    rejecting.push(rule);
+                    report.rejected_by = report.rejected_by.or(Some(rule));
                     rules.push((rule, RuleOutcome::Rejected));
                     continue;
                 }
@@ -1066,8 +1060,7 @@ impl PendingRequest {
                 report.quotas.push(*quota);
             }
         }
-        report.rejected_by = rejecting.first().copied();
-        if !rejecting.is_empty() {
+        if report.rejected_by.is_some() {
             return Decision {
                 verdict: Verdict::Respond {
                     status: config.rejection.status,
@@ -1077,7 +1070,6 @@ impl PendingRequest {
                 },
                 outcome: if local { Outcome::LocallyRejected } else { Outcome::Rejected },
                 failures,
-                rejecting,
                 rules,
                 give_back: self.give_back(config),
                 local: Vec::new(),
@@ -1089,7 +1081,6 @@ impl PendingRequest {
                 verdict: Verdict::Continue { report },
                 outcome: Outcome::Local,
                 failures,
-                rejecting,
                 rules,
                 give_back: self.give_back(config),
                 local: local_rules,
@@ -1101,7 +1092,6 @@ impl PendingRequest {
                 verdict: Verdict::Continue { report },
                 outcome,
                 failures,
-                rejecting,
                 rules,
                 give_back: Vec::new(),
                 local: Vec::new(),
@@ -1113,7 +1103,6 @@ impl PendingRequest {
                 verdict: Verdict::Continue { report },
                 outcome: Outcome::FailedOpen,
                 failures,
-                rejecting,
                 rules,
                 give_back: Vec::new(),
                 local: Vec::new(),
@@ -1127,7 +1116,6 @@ impl PendingRequest {
                 },
                 outcome: Outcome::FailedClosed,
                 failures,
-                rejecting,
                 rules,
                 give_back: self.give_back(config),
                 local: Vec::new(),
@@ -1714,7 +1702,7 @@ mod tests {
         assert_eq!(h.words(&pending, 0, Invocation::BySha)[1], crate::script::ACQUIRE.sha(), "only per-user");
         let decision = done(h.reply(&mut pending, 0, Ok(&rejected(900))));
         assert_eq!(decision.outcome, Outcome::Rejected);
-        assert_eq!(decision.rejecting.as_slice(), &[1]);
+        assert_eq!(decision.rules.as_slice(), &[(0, RuleOutcome::Allowed), (1, RuleOutcome::Rejected)]);
         assert_eq!(decision.give_back, vec![GiveBack::Lease { name: "erl:hot".into(), permits: 1 }]);
         let headers = h.headers(&decision);
         assert_eq!(header(&headers, "x-ratelimited-by"), Some("per-user"));
@@ -1739,6 +1727,13 @@ mod tests {
         let headers = h.headers(&decision);
         assert_eq!(header(&headers, "x-ratelimited-by"), Some("b"));
         assert_eq!(header(&headers, "ratelimit"), Some("\"a\";r=5;t=1, \"b\";r=0;t=1"), "a's permit is given back");
+    }
+
+    #[test]
+    fn each_rule_outcome_indexes_its_counter() {
+        for (position, outcome) in RuleOutcome::ALL.iter().enumerate() {
+            assert_eq!(*outcome as usize, position, "{outcome:?}");
+        }
     }
 
     fn shadow_and_enforced(top: &str) -> PluginConfig {

@@ -128,10 +128,7 @@ impl Metrics {
         else {
             return;
         };
-        let count = |outcome: RuleOutcome| {
-            let position = RuleOutcome::ALL.iter().position(|o| *o == outcome);
-            Self::add(host, position.and_then(|at| ids.get(at)).copied().flatten(), 1);
-        };
+        let count = |outcome: RuleOutcome| Self::add(host, ids.get(outcome as usize).copied().flatten(), 1);
         count(outcome);
         if outcome == RuleOutcome::LocallyRejected {
             count(RuleOutcome::Rejected);

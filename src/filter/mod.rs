@@ -264,6 +264,7 @@ struct ReplyKey {
     rate_limited: bool,
     retry_s: Option<u64>,
     rejected_by: Option<usize>,
+    shadow_rejected_by: Option<usize>,
     count: usize,
     /// Rule, limit, window (ms: whether it is the configured one decides the policy's form), remaining,
     /// reset (s).
@@ -284,6 +285,7 @@ impl ReplyKey {
             rate_limited,
             retry_s: report.retry_ms.map(seconds_ceil),
             rejected_by: report.rejected_by,
+            shadow_rejected_by: report.shadow_rejected_by,
             count: report.quotas.len(),
             quotas: [(0, 0, 0, 0, 0); ReplyKey::QUOTAS],
         };
@@ -302,6 +304,7 @@ impl ReplyKey {
             && self.rate_limited == other.rate_limited
             && self.retry_s == other.retry_s
             && self.rejected_by == other.rejected_by
+            && self.shadow_rejected_by == other.shadow_rejected_by
             && self.count == other.count
             && self
                 .quotas
@@ -744,7 +747,6 @@ impl<H: Host> Filter<H> {
         for &(rule, outcome) in &decision.rules {
             self.metrics.rule(&self.host, entry, rule, outcome);
         }
-
         for give_back in decision.give_back {
             match give_back {
                 GiveBack::Lease { name, permits } => self.leases.put_back(&name, permits),
@@ -807,7 +809,6 @@ impl<H: Host> Filter<H> {
             body: alloc::rc::Rc::clone(&prepared.plan.rejection_body),
         };
         decision.outcome = Outcome::LocallyRefused;
-        decision.rejecting.push(rule);
         decision.rules.push((rule, RuleOutcome::Rejected));
     }
 
