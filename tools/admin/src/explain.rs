@@ -14,7 +14,7 @@
 use edge_rate_limiter::config::{LimiterType, Mode, Plugin, PluginConfig, RateSource, Rule};
 use edge_rate_limiter::key::LimiterKeys;
 use edge_rate_limiter::limiter::{applications, Applies as Applied};
-use edge_rate_limiter::response::retry_after;
+use edge_rate_limiter::response::seconds_ceil;
 
 use crate::error::{AdminError, Result};
 use crate::model::{next_config, parse_count, permits_of, summarize, Config, ConfigStep, Outlook, Stored};
@@ -260,10 +260,10 @@ fn decide(report: &mut ExplainReport, config: &PluginConfig) {
     }
 }
 
-/// `Retry-After` of a delay, seconds: the filter's own header value (`response::retry_after`).
+/// `Retry-After` of a delay, seconds, as the filter computes it (`response::retry_after`: whole seconds
+/// rounded up, at least 1).
 pub fn retry_after_s(delay_ms: u64) -> u64 {
-    let (_, value) = retry_after(delay_ms);
-    value.parse().unwrap_or(u64::MAX)
+    seconds_ceil(delay_ms).max(1)
 }
 
 #[cfg(test)]

@@ -321,13 +321,7 @@ pub enum ConfigStep {
 
 /// A config as the `erlRuleConfig` field records it: `rate:interval:type:keepAliveTime`.
 pub fn config_record(config: &Config) -> String {
-    format!(
-        "{}:{}:{}:{}",
-        config.rate,
-        config.interval_ms,
-        config.limiter_type.redisson_ordinal(),
-        config.keep_alive_ms
-    )
+    config.script_args().join(":")
 }
 
 /// The config the next acquire of a rule obeys, and how it gets there: `rule` is the rule's config,

@@ -7,7 +7,7 @@
 use std::io::Read as _;
 use std::path::Path;
 
-use edge_rate_limiter::config::{FailureMode, Plugin, PluginConfig, Rule, TransportKind};
+use edge_rate_limiter::config::{FailureMode, Plugin, Rule, TransportKind};
 use edge_rate_limiter::filter;
 use edge_rate_limiter::key::KeySource;
 use edge_rate_limiter::matching::{Exemption, ValueMatch};
@@ -67,11 +67,6 @@ pub fn read_document(path: &str) -> Result<Vec<u8>> {
 /// The filter's reason, naming the field (`rules[0].rate: must be at least 1`).
 pub fn load(bytes: &[u8], build: Build) -> Result<Plugin, String> {
     filter::load(bytes, build == Build::Higress)
-}
-
-/// Each configuration of a plugin with its name as the operator reads it: `global`, `_rules_[0]`...
-pub fn named_configs(plugin: &Plugin) -> impl Iterator<Item = (String, &PluginConfig)> {
-    plugin.configs().map(|(index, config)| (config_name(index), config))
 }
 
 /// The name of configuration `index` of [`Plugin::configs`]: `global` (0) or `_rules_[index - 1]`.
