@@ -92,6 +92,8 @@ struct State {
     refuse_calls: Option<HostError>,
     refuse_redis_init: Option<HostError>,
     refuse_tick: bool,
+    /// What the next `random_seed` answers (as `random_get` does, a new value every time).
+    next_seed: u64,
 }
 
 /// Shared data of one gateway process: key -> (value, CAS version).
@@ -121,6 +123,7 @@ impl FakeHost {
         host.state.borrow_mut().now_ms = 1_700_000_000_000;
         host.state.borrow_mut().effective = ROOT;
         host.state.borrow_mut().next_token = 100;
+        host.state.borrow_mut().next_seed = 42;
         host
     }
 
@@ -130,6 +133,7 @@ impl FakeHost {
         host.state.borrow_mut().now_ms = self.now();
         host.state.borrow_mut().effective = ROOT;
         host.state.borrow_mut().next_token = 100_000;
+        host.state.borrow_mut().next_seed = self.state.borrow().next_seed.wrapping_add(0x5851_f42d_4c95_7f2d);
         host
     }
 
@@ -294,7 +298,10 @@ impl Host for FakeHost {
     }
 
     fn random_seed(&self) -> u64 {
-        42
+        let mut state = self.state.borrow_mut();
+        let seed = state.next_seed;
+        state.next_seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        seed
     }
 
     fn log(&self, level: LogLevel, message: &str) {

@@ -76,7 +76,7 @@ impl Faults {
 }
 
 /// Which kind of call a token belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CallKind {
     /// `proxy_http_call`.
     Http,

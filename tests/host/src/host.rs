@@ -29,6 +29,7 @@ use crate::flavour::HostFlavour;
 use crate::profile::{FunctionProfile, FunctionProfiler};
 use crate::shared::{lock, LogLine, LogSource, MetricValue, Shared};
 use crate::stream::StreamRun;
+use crate::tokens::CallTokens;
 use crate::vm::{Context, Event, Setup, UpstreamSpec, VmState};
 use crate::{cache, hostcalls, profile, redis, wasi};
 
@@ -87,6 +88,7 @@ impl HostBuilder {
                 fail_open: false,
                 higress_properties: true,
                 flavour: HostFlavour::default(),
+                call_tokens: CallTokens::default(),
             },
             higress_properties: None,
             vms: 1,
@@ -248,6 +250,16 @@ impl HostBuilder {
     /// functions, hostcalls, foreign functions and properties the module finds.
     pub fn host_flavour(mut self, flavour: HostFlavour) -> Self {
         self.setup.flavour = flavour;
+        self
+    }
+
+    /// How call tokens are numbered in every VM (default [`CallTokens::Shared`]: one counter for HTTP and
+    /// Redis calls, 1, 2, 3, ...). [`CallTokens::PerKind`]: one counter per kind from the same start, so the
+    /// first HTTP call and the first Redis call of a VM both get token 1, and each reply still reaches its
+    /// own callback with its own token; [`CallTokens::Envoy`]: as Envoy and Higress (HTTP 4, 8, ...; Redis
+    /// 7, 11, ...). Envoy's and Higress's numbering and its sources: [`crate::tokens`].
+    pub fn call_tokens(mut self, numbering: CallTokens) -> Self {
+        self.setup.call_tokens = numbering;
         self
     }
 
@@ -1075,7 +1087,7 @@ impl Host {
     /// Takes a finished call off the VM's pending calls: the token to deliver its reply with and the stream
     /// it was made for, or `None` if the reply is dropped (a fault). Faults are logged.
     fn claim(&mut self, vm: usize, token: u32, kind: CallKind) -> Option<(u32, Option<u32>)> {
-        let call = self.with_state(vm, |s| s.calls.remove(&token)).flatten();
+        let call = self.with_state(vm, |s| s.calls.remove(&(kind, token))).flatten();
         let (owner, fate) = call.map_or((None, Fate::Deliver), |c| (c.owner, c.fate));
         let what = kind.reply_name();
         let (delivered, note) = match fate {

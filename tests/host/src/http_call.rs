@@ -63,7 +63,7 @@ pub fn start(
         let _ = events.send(Event::HttpCall { vm, token, response });
     });
     if spawned.is_err() {
-        state.calls.remove(&token);
+        state.calls.remove(&(CallKind::Http, token));
         return Err(Status::InternalFailure);
     }
     Ok(token)

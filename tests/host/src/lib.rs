@@ -38,6 +38,8 @@
 //!   guest's clock offset.
 //! - [`faults`]: [`Faults`], misbehaviour injected on purpose (refused `proxy_set_effective_context`,
 //!   dropped or misrouted replies), off by default.
+//! - [`tokens`]: [`CallTokens`], how call tokens are numbered (one counter, one per kind, or Envoy's and
+//!   Higress's typed counters).
 //! - [`memory`]: bounds-checked guest memory and guest allocation.
 //! - [`abi`]: status codes, enums and wire formats of the ABI.
 //! - [`summary`]: distributions for reports (mean, p50, p99).
@@ -69,6 +71,7 @@ pub mod redis;
 pub mod shared;
 mod stream;
 pub mod summary;
+pub mod tokens;
 pub mod vm;
 pub mod wasi;
 
@@ -80,3 +83,4 @@ pub use flavour::HostFlavour;
 pub use host::{Host, HostBuilder};
 pub use profile::{FunctionProfile, FunctionStats};
 pub use shared::{LogLine, LogSource, MetricKind, MetricValue, SharedDataUsage};
+pub use tokens::CallTokens;

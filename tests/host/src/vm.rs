@@ -28,6 +28,7 @@ use crate::flavour::HostFlavour;
 use crate::profile::FunctionProfiler;
 use crate::redis::RedisClients;
 use crate::shared::{lock, LogSource, Shared};
+use crate::tokens::{CallTokens, TokenCounters};
 
 /// Header pairs as bytes (names lowercase).
 pub type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
@@ -67,6 +68,8 @@ pub struct Setup {
     pub higress_properties: bool,
     /// The host played ([`crate::flavour`]): which imports, properties and foreign functions exist.
     pub flavour: HostFlavour,
+    /// How call tokens are numbered ([`crate::tokens`]; default one counter for HTTP and Redis calls).
+    pub call_tokens: CallTokens,
 }
 
 /// The emulated upstream's response.
@@ -281,10 +284,11 @@ pub struct VmState {
     pub call_response: Option<CallResponse>,
     /// The Redis reply of the callback running now (buffer type 9).
     pub redis_reply: Option<Vec<u8>>,
-    next_token: u32,
-    /// The pending HTTP and Redis calls by token: which stream made each (fuel and call counts are charged
-    /// to it) and what happens to its reply ([`crate::faults`]).
-    pub calls: HashMap<u32, PendingCall>,
+    tokens: TokenCounters,
+    /// The pending HTTP and Redis calls by kind and token (under [`CallTokens::PerKind`] an HTTP call and a
+    /// Redis call may share a token): which stream made each (fuel and call counts are charged to it) and
+    /// what happens to its reply ([`crate::faults`]).
+    pub calls: HashMap<(CallKind, u32), PendingCall>,
     /// The tick period set by the root context (`None`: no ticks).
     pub tick_period: Option<Duration>,
     /// The tick period changed during the current call.
@@ -299,6 +303,7 @@ pub struct VmState {
 impl VmState {
     /// The state of a VM before instantiation.
     pub fn new(vm: usize, abi: AbiVersion, shared: Arc<Shared>, setup: Arc<Setup>, events: Sender<Event>) -> Self {
+        let tokens = TokenCounters::new(setup.call_tokens);
         VmState {
             vm,
             abi,
@@ -322,7 +327,7 @@ impl VmState {
             function_profiler: None,
             call_response: None,
             redis_reply: None,
-            next_token: 1,
+            tokens,
             calls: HashMap::new(),
             tick_period: None,
             tick_changed: false,
@@ -339,13 +344,13 @@ impl VmState {
         id
     }
 
-    /// Allocates a call token (HTTP and Redis calls share one sequence, so tokens are unique per VM) for a
-    /// call made now for `owner`; the faults in force decide what happens to its reply.
+    /// Allocates a call token, numbered as [`Setup::call_tokens`] says ([`crate::tokens`]), for a call of
+    /// this kind made now for `owner`, and records the call as pending under (kind, token); the faults in
+    /// force decide what happens to its reply.
     pub fn allocate_token(&mut self, owner: Option<u32>, kind: CallKind) -> u32 {
-        let token = self.next_token;
-        self.next_token = self.next_token.wrapping_add(1).max(1);
+        let token = self.tokens.next(kind);
         let fate = lock(&self.shared.faults).fate(kind);
-        self.calls.insert(token, PendingCall { owner, kind, fate });
+        self.calls.insert((kind, token), PendingCall { owner, kind, fate });
         token
     }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::{addr, effective_context_module, wat_bytes, PyLikeUpstream, RedisServer, WAT_HEAD};
 use proxy_wasm_host::abi::encode_pairs;
-use proxy_wasm_host::{Faults, Host, HostBuilder, LogLevel, LogSource, Outcome, RequestSpec};
+use proxy_wasm_host::{CallTokens, Faults, Host, HostBuilder, LogLevel, LogSource, Outcome, RequestSpec};
 
 /// Which call the call module makes per request.
 enum Via {
@@ -210,6 +210,116 @@ fn what_happens_to_a_reply_is_decided_when_the_call_is_made() {
     host.set_faults(Faults { drop_redis_replies: true, misroute_tokens: true, ..Faults::NONE });
     host.run_for(Duration::from_millis(1500));
     assert_eq!(fault_lines(&host).len(), 1, "made without a fault: delivered as it was");
+}
+
+/// A module whose request callback makes one HTTP call (`up`, GET /) and one Redis call (`redis`, PING) and,
+/// once both callbacks came, answers with a local reply whose body is four little-endian u32: the tokens
+/// `proxy_http_call` and `proxy_redis_call` gave, then the tokens `proxy_on_http_call_response` and
+/// `proxy_on_redis_call_response` got. 700 + s: a call answered s.
+fn both_calls_module() -> Vec<u8> {
+    let pairs: Vec<(Vec<u8>, Vec<u8>)> =
+        [(":method", "GET"), (":path", "/"), (":authority", "up")].map(|(k, v)| (k.into(), v.into())).into();
+    let headers = encode_pairs(&pairs);
+    let query = common::resp(&[b"PING"]);
+    wat::parse_str(format!(
+        r#"(module
+  (import "env" "proxy_redis_init" (func $redis_init (param i32 i32 i32 i32 i32 i32 i32) (result i32)))
+  (import "env" "proxy_redis_call" (func $redis_call (param i32 i32 i32 i32 i32) (result i32)))
+  (import "env" "proxy_http_call" (func $http_call (param i32 i32 i32 i32 i32 i32 i32 i32 i32 i32) (result i32)))
+  (import "env" "proxy_set_effective_context" (func $set_effective (param i32) (result i32)))
+  (import "env" "proxy_send_local_response" (func $local_response (param i32 i32 i32 i32 i32 i32 i32 i32) (result i32)))
+  {WAT_HEAD}
+  (global $ctx (mut i32) (i32.const 0))
+  (global $seen (mut i32) (i32.const 0))
+  (data (i32.const 1024) "up")
+  (data (i32.const 1040) "redis")
+  (data (i32.const 2048) "{headers}")
+  (data (i32.const 2560) "{query}")
+  (func $reply (param $status i32) (param $body i32) (param $size i32)
+    (drop (call $local_response (local.get $status) (i32.const 0) (i32.const 0) (local.get $body) (local.get $size)
+      (i32.const 0) (i32.const 0) (i32.const -1))))
+  (func (export "proxy_on_configure") (param i32 i32) (result i32)
+    (drop (call $redis_init (i32.const 1040) (i32.const 5) (i32.const 0) (i32.const 0) (i32.const 0) (i32.const 0)
+      (i32.const 1000)))
+    (i32.const 1))
+  (func (export "proxy_on_request_headers") (param $ctx i32) (param i32 i32) (result i32)
+    (local $r i32)
+    (global.set $ctx (local.get $ctx))
+    (global.set $seen (i32.const 0))
+    (local.set $r (call $http_call (i32.const 1024) (i32.const 2) (i32.const 2048) (i32.const {headers_len})
+      (i32.const 0) (i32.const 0) (i32.const 0) (i32.const 0) (i32.const 1000) (i32.const 32)))
+    (if (i32.eqz (local.get $r))
+      (then (local.set $r (call $redis_call (i32.const 1040) (i32.const 5) (i32.const 2560) (i32.const {query_len})
+        (i32.const 36)))))
+    (if (local.get $r) (then (call $reply (i32.add (i32.const 700) (local.get $r)) (i32.const 0) (i32.const 0))))
+    (i32.const 1))
+  (func $got (param $at i32) (param $token i32)
+    (i32.store (local.get $at) (local.get $token))
+    (global.set $seen (i32.add (global.get $seen) (i32.const 1)))
+    (if (i32.eq (global.get $seen) (i32.const 2))
+      (then
+        (drop (call $set_effective (global.get $ctx)))
+        (call $reply (i32.const 200) (i32.const 32) (i32.const 16)))))
+  (func (export "proxy_on_http_call_response") (param i32) (param $token i32) (param i32 i32 i32)
+    (call $got (i32.const 40) (local.get $token)))
+  (func (export "proxy_on_redis_call_response") (param i32) (param $token i32) (param i32 i32)
+    (call $got (i32.const 44) (local.get $token))))"#,
+        headers = wat_bytes(&headers),
+        headers_len = headers.len(),
+        query = wat_bytes(&query),
+        query_len = query.len(),
+    ))
+    .unwrap()
+}
+
+/// [HTTP token given, Redis token given, token the HTTP callback got, token the Redis callback got] of one
+/// request of [`both_calls_module`].
+fn tokens(host: &mut Host) -> [u32; 4] {
+    let outcome = host.send_request(0, RequestSpec::default()).unwrap();
+    let body = outcome.body();
+    assert_eq!((outcome.status(), body.len()), (Some(200), 16), "{outcome:?}");
+    std::array::from_fn(|i| u32::from_le_bytes(body[i * 4..i * 4 + 4].try_into().unwrap()))
+}
+
+/// `HostBuilder::call_tokens`: under `PerKind` the first HTTP call and the first Redis call of a VM get the
+/// same token, and each reply still reaches its own callback with it (faults too); `Shared` (the default)
+/// numbers both kinds from one counter; `Envoy` as Envoy and Higress (HTTP 4, 8...; Redis 7, 11...).
+#[test]
+fn call_tokens_per_kind_give_an_http_and_a_redis_call_the_same_token() {
+    let (redis, upstream) = (RedisServer::start().unwrap(), PyLikeUpstream::start());
+    let host = |numbering: CallTokens, faults: Faults| {
+        HostBuilder::from_bytes(both_calls_module())
+            .cluster("redis", addr(redis.port()))
+            .cluster("up", addr(upstream.port))
+            .pause_deadline(Duration::from_millis(300))
+            .call_tokens(numbering)
+            .faults(faults)
+            .build()
+            .unwrap()
+    };
+    let mut shared = HostBuilder::from_bytes(both_calls_module())
+        .cluster("redis", addr(redis.port()))
+        .cluster("up", addr(upstream.port))
+        .build()
+        .unwrap();
+    assert_eq!(tokens(&mut shared), [1, 2, 1, 2], "one counter by default");
+    assert_eq!(tokens(&mut host(CallTokens::Shared, Faults::NONE)), [1, 2, 1, 2]);
+    assert_eq!(tokens(&mut host(CallTokens::Envoy, Faults::NONE)), [4, 7, 4, 7]);
+
+    let mut per_kind = host(CallTokens::PerKind, Faults::NONE);
+    assert_eq!(tokens(&mut per_kind), [1, 1, 1, 1]);
+    assert_eq!(tokens(&mut per_kind), [2, 2, 2, 2]);
+
+    let mut misrouted = host(CallTokens::PerKind, Faults { misroute_tokens: true, ..Faults::NONE });
+    assert_eq!(tokens(&mut misrouted), [1, 1, 1_000_001, 1_000_001]);
+    // Redis holds its reply until the HTTP response came: the doomed Redis call 1 must not doom HTTP call 1.
+    let mut dropped = host(CallTokens::PerKind, Faults { drop_redis_replies: true, ..Faults::NONE });
+    redis.command(&[b"CLIENT", b"PAUSE", b"150", b"ALL"]).unwrap();
+    let outcome = dropped.send_request(0, RequestSpec::default()).unwrap();
+    assert!(matches!(outcome, Outcome::Paused { .. }), "only the HTTP callback came: {outcome:?}");
+    assert_eq!(fault_lines(&dropped), vec!["fault: the Redis reply to call 1 is dropped"]);
+    dropped.set_faults(Faults::NONE);
+    assert_eq!(tokens(&mut dropped), [2, 2, 2, 2]);
 }
 
 /// A module whose request callback answers with a local reply whose body is three little-endian u64: what

@@ -20,5 +20,5 @@ pub mod webdis;
 
 pub use cargo::{repo_root, WasmBuild};
 pub use process::{free_port, loopback, wait_until, ProcessGuard, TempDir};
-pub use redis::{resp, RedisServer};
+pub use redis::{resp, Connection, RedisServer};
 pub use webdis::{http_get, Webdis};

@@ -138,6 +138,22 @@ impl RedisServer {
         read_reply(&mut stream)
     }
 
+    /// A connection that stays open (`AUTH` first if there is a password), for callers that send many
+    /// commands, or send commands already encoded as RESP ([`Connection::raw`]).
+    ///
+    /// # Errors
+    /// Connecting or authenticating.
+    pub fn connect(&self) -> io::Result<Connection> {
+        let mut stream = TcpStream::connect_timeout(&self.address(), Duration::from_secs(1))?;
+        stream.set_read_timeout(Some(REPLY_TIMEOUT))?;
+        stream.set_nodelay(true)?;
+        if let Some(password) = &self.password {
+            stream.write_all(&resp(&[b"AUTH", password.as_bytes()]))?;
+            read_reply(&mut stream)?;
+        }
+        Ok(Connection { stream })
+    }
+
     /// Stops the server (by PID), keeping its port and directory for [`RedisServer::restart`].
     pub fn stop(&mut self) {
         if let Some(mut process) = self.process.take() {
@@ -152,6 +168,32 @@ impl RedisServer {
     pub fn restart(&mut self) -> io::Result<()> {
         self.stop();
         self.spawn()
+    }
+}
+
+/// An open connection to a [`RedisServer`] ([`RedisServer::connect`]).
+#[derive(Debug)]
+pub struct Connection {
+    stream: TcpStream,
+}
+
+impl Connection {
+    /// Writes `command`, already encoded as RESP (one command), and reads its raw RESP reply (an error
+    /// reply such as `-ERR ...` is a reply, not an error).
+    ///
+    /// # Errors
+    /// Writing, or no complete reply within 5 s.
+    pub fn raw(&mut self, command: &[u8]) -> io::Result<Vec<u8>> {
+        self.stream.write_all(command)?;
+        read_reply(&mut self.stream)
+    }
+
+    /// One command given as its arguments ([`resp`]); the raw RESP reply.
+    ///
+    /// # Errors
+    /// As [`Connection::raw`].
+    pub fn command(&mut self, args: &[&[u8]]) -> io::Result<Vec<u8>> {
+        self.raw(&resp(args))
     }
 }
 

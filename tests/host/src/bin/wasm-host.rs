@@ -29,6 +29,8 @@
 //! instruction (the library's `profile` module).
 //!
 //! `--host envoy|compat|higress` picks the host played (the library's `flavour` module; default compat).
+//! `--call-tokens shared|per-kind|envoy` picks how HTTP and Redis call tokens are numbered (the library's
+//! `tokens` module; default shared: one counter for both kinds).
 //!
 //! When the plugin refuses its configuration, both print the module's log lines on stderr and exit 2.
 
@@ -41,7 +43,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Parser, Subcommand};
 use proxy_wasm_host::summary::Distribution;
 use proxy_wasm_host::{
-    Faults, FunctionProfile, FunctionStats, Host, HostBuilder, HostFlavour, LogLevel, Outcome, RequestSpec,
+    CallTokens, Faults, FunctionProfile, FunctionStats, Host, HostBuilder, HostFlavour, LogLevel, Outcome, RequestSpec,
 };
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -125,6 +127,11 @@ struct Common {
     /// WASI realtime clock; ticks and timeouts stay on real time).
     #[arg(long, default_value_t = 0, value_name = "MS")]
     clock_offset_ms: u64,
+    /// How call tokens are numbered: shared (one counter for HTTP and Redis calls: 1, 2, 3...), per-kind
+    /// (one counter per kind: the first HTTP call and the first Redis call both get 1) or envoy (as Envoy
+    /// and Higress: HTTP 4, 8, 12...; Redis 7, 11, 15...). See the library's `tokens` module.
+    #[arg(long, default_value_t = CallTokens::Shared, value_name = "shared|per-kind|envoy")]
+    call_tokens: CallTokens,
     #[command(flatten)]
     faults: FaultArgs,
 }
@@ -222,6 +229,7 @@ fn build_with(common: &Common, fuel_profile: bool, function_profile: bool) -> Re
         .pause_deadline(Duration::from_millis(common.pause_deadline_ms))
         .fail_open(common.fail_open)
         .clock_offset(Duration::from_millis(common.clock_offset_ms))
+        .call_tokens(common.call_tokens)
         .faults(common.faults.faults());
     if let Some(dir) = &common.compile_cache {
         builder = builder.compile_cache(dir);
