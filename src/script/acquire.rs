@@ -344,20 +344,24 @@ pub struct AcquirePart<'a> {
     pub lease: Option<&'a LeaseRequest>,
 }
 
-/// The bytes of one [`super::ACQUIRE_ALL`] call over `parts` (all with one client id) at `clock`.
+/// The bytes of one [`super::ACQUIRE_ALL`] call over `parts` (all with one client id) at `clock`;
+/// `errors_stop_charge`: a Redis error on one limiter's keys leaves the others uncharged (the request fails
+/// closed, so it will not go on).
 pub fn encode_acquire_all(
     parts: &[AcquirePart<'_>],
     clock: Clock,
+    errors_stop_charge: bool,
     invocation: Invocation,
     encoding: Encoding,
 ) -> Vec<u8> {
     let mut out = Vec::with_capacity(512 * parts.len());
-    let mut writer = ArgWriter::new(&mut out, encoding, 3 + parts.len() * (5 + 13) + 1);
+    let mut writer = ArgWriter::new(&mut out, encoding, 3 + parts.len() * (5 + 13) + 2);
     writer.script(&ACQUIRE_ALL, invocation, parts.len());
     for part in parts {
         writer.keys(part.name, part.template);
     }
     writer.arg(&clock_arg(clock));
+    writer.arg(if errors_stop_charge { b"1" } else { b"0" });
     for part in parts {
         writer.arg(part.random);
         for tail in &part.template.tail {
@@ -631,20 +635,68 @@ pub fn decode_acquire_reply(bytes: &[u8]) -> Result<AcquireReply, ReplyError> {
     }
 }
 
+/// One limiter's part of an [`super::ACQUIRE_ALL`] reply: its decision, or the Redis error its keys raised
+/// (e.g. `WRONGTYPE ...`: the limiter's config key is not a hash).
+pub type LimiterReply = Result<AcquireReply, String>;
+
 /// Decodes the reply of [`super::ACQUIRE_ALL`] over `limiters` limiters: the full form of
 /// [`decode_acquire_reply`] for each (8 integers), in order, `code` 3 = had the permits but took none
-/// ([`AcquireOutcome::Untaken`]).
+/// ([`AcquireOutcome::Untaken`]), `code` 4 = a Redis error on this limiter's keys (its other integers 0),
+/// then one bulk string per limiter of code 4, in order: its error.
+///
+/// ```text
+/// *16 :1 :4 :4 :5 :2000 :0 :0 :1  :1 :8 :8 :9 :60000 :0 :0 :1        both acquired
+/// *17 :4 :0 :0 :0 :0 :0 :0 :0  :1 :8 ...  $73 WRONGTYPE Operation...  the first limiter's keys failed
+/// ```
 ///
 /// # Errors
-/// As [`decode_acquire_reply`]; an array of another length is [`ReplyError::Unexpected`].
-pub fn decode_acquire_all_reply(bytes: &[u8], limiters: usize) -> Result<Vec<AcquireReply>, ReplyError> {
+/// As [`decode_acquire_reply`] (an error reply is the whole call's); another shape, or an error count
+/// that does not match the codes 4, is [`ReplyError::Unexpected`].
+pub fn decode_acquire_all_reply(bytes: &[u8], limiters: usize) -> Result<Vec<LimiterReply>, ReplyError> {
     let mut numbers = vec![0i64; FULL_REPLY * limiters];
-    match decode_integers(bytes, &mut numbers) {
-        Some(Integers::Array(count)) if count == numbers.len() => {
-            numbers.chunks_exact(FULL_REPLY).map(decode_full).collect()
-        }
-        Some(_) => Err(ReplyError::Unexpected(format!("not {} integers", numbers.len()))),
-        None => Err(error_of(bytes)),
+    let errors: Vec<String> = match decode_integers(bytes, &mut numbers) {
+        Some(Integers::Array(count)) if count == numbers.len() => Vec::new(),
+        Some(_) => return Err(ReplyError::Unexpected(format!("not {} integers", numbers.len()))),
+        None => match decode_reply(bytes) {
+            Ok(Reply::Array(items)) if items.len() > numbers.len() => {
+                let (head, tail) = items.split_at(numbers.len());
+                for (slot, item) in numbers.iter_mut().zip(head) {
+                    *slot = integer_of(item).ok_or_else(|| ReplyError::Unexpected(describe(item)))?;
+                }
+                tail.iter()
+                    .map(|item| match item {
+                        Reply::Bulk(text) => Ok(core::str::from_utf8(text).unwrap_or("(not UTF-8)").into()),
+                        other => Err(ReplyError::Unexpected(describe(other))),
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+            Ok(Reply::Array(_)) => return Err(ReplyError::Unexpected(format!("not {} integers", numbers.len()))),
+            _ => return Err(error_of(bytes)),
+        },
+    };
+    let failed = numbers.chunks_exact(FULL_REPLY).filter(|n| n.first() == Some(&LIMITER_ERROR)).count();
+    if failed != errors.len() {
+        return Err(ReplyError::Unexpected(format!("{failed} limiter error(s) and {} error text(s)", errors.len())));
+    }
+    let mut errors = errors.into_iter();
+    numbers
+        .chunks_exact(FULL_REPLY)
+        .map(|numbers| match numbers.first() {
+            Some(&LIMITER_ERROR) => Ok(Err(errors.next().unwrap_or_default())),
+            _ => decode_full(numbers).map(Ok),
+        })
+        .collect()
+}
+
+/// The code of a limiter whose keys raised a Redis error in [`super::ACQUIRE_ALL`].
+const LIMITER_ERROR: i64 = 4;
+
+/// An integer reply, or a bulk string of decimal digits (webdis's form of an integer inside an array).
+fn integer_of(item: &Reply) -> Option<i64> {
+    match item {
+        Reply::Integer(value) => Some(*value),
+        Reply::Bulk(bytes) => core::str::from_utf8(bytes).ok().filter(|t| !t.starts_with('+'))?.parse().ok(),
+        _ => None,
     }
 }
 
@@ -793,7 +845,7 @@ mod tests {
             AcquirePart { template: &template, name: "erl:a", random: &RANDOM, lease: None },
             AcquirePart { template: &template, name: "erl:b", random: &[b'r'; MEMBER_RANDOM_LEN], lease: Some(&lease) },
         ];
-        let resp = encode_acquire_all(&parts, NOW, Invocation::BySha, Encoding::Resp);
+        let resp = encode_acquire_all(&parts, NOW, false, Invocation::BySha, Encoding::Resp);
         let words = match crate::resp::decode_reply(&resp).unwrap() {
             Reply::Array(items) => items,
             other => panic!("{other:?}"),
@@ -805,20 +857,22 @@ mod tests {
                 other => panic!("{other:?}"),
             })
             .collect();
-        assert_eq!(words.len(), 3 + 10 + 1 + 26);
+        assert_eq!(words.len(), 3 + 10 + 2 + 26);
         assert_eq!(
             (&words[0][..], &words[1][..], &words[2][..]),
             (&b"EVALSHA"[..], ACQUIRE_ALL.sha().as_bytes(), &b"10"[..])
         );
         assert_eq!(words[9], b"{erl:b}:value".to_vec());
         assert_eq!(words[13], b"1700000000123".to_vec());
-        assert_eq!(words[14], RANDOM.to_vec());
-        assert_eq!(words[21..27], [b"0".to_vec(), b"0".to_vec(), vec![], b"0".to_vec(), b"0".to_vec(), b"0".to_vec()]);
+        assert_eq!(words[14], b"0".to_vec(), "a limiter's error does not stop the others' charge");
+        assert_eq!(words[15], RANDOM.to_vec());
+        assert_eq!(words[22..28], [b"0".to_vec(), b"0".to_vec(), vec![], b"0".to_vec(), b"0".to_vec(), b"0".to_vec()]);
         assert_eq!(
-            words[34..40],
+            words[35..41],
             [b"64".to_vec(), b"50".to_vec(), vec![b'q'; 16], b"7".to_vec(), b"0".to_vec(), b"0".to_vec()]
         );
-        let path = String::from_utf8(encode_acquire_all(&parts, NOW, Invocation::BySha, Encoding::WebdisPath)).unwrap();
+        let path =
+            String::from_utf8(encode_acquire_all(&parts, NOW, false, Invocation::BySha, Encoding::WebdisPath)).unwrap();
         assert!(
             path.starts_with(&format!("EVALSHA/{}/10/erl%3Aa/", ACQUIRE_ALL.sha())) && path.ends_with("/0/0.raw"),
             "{path}"
@@ -864,6 +918,42 @@ mod tests {
         );
         let exceeds = decode_acquire_reply(b"*8\r\n:2\r\n:0\r\n:0\r\n:1\r\n:60000\r\n:0\r\n:0\r\n:0\r\n").unwrap();
         assert_eq!(exceeds.outcome, AcquireOutcome::ExceedsRate);
+    }
+
+    #[test]
+    fn a_combined_reply_carries_each_limiters_error_after_the_integers() {
+        let both = b"*16\r\n:1\r\n:4\r\n:4\r\n:5\r\n:2000\r\n:0\r\n:0\r\n:1\r\n:3\r\n:8\r\n:8\r\n:9\r\n:60000\r\n:0\r\n:0\r\n:0\r\n";
+        let replies = decode_acquire_all_reply(both, 2).unwrap();
+        assert_eq!(replies[0].as_ref().unwrap().outcome, AcquireOutcome::Acquired { remaining: 4 });
+        assert_eq!(replies[1].as_ref().unwrap().outcome, AcquireOutcome::Untaken { available: 8 });
+        // webdis re-encodes the integers as bulk strings and keeps the error text as it is.
+        let error = "WRONGTYPE Operation against a key holding the wrong kind of value";
+        let mut broken = b"*17\r\n".to_vec();
+        for number in ["4", "0", "0", "0", "0", "0", "0", "0", "1", "8", "8", "9", "60000", "0", "0", "1"] {
+            broken.extend_from_slice(format!("${}\r\n{number}\r\n", number.len()).as_bytes());
+        }
+        broken.extend_from_slice(format!("${}\r\n{error}\r\n", error.len()).as_bytes());
+        let replies = decode_acquire_all_reply(&broken, 2).unwrap();
+        assert_eq!(replies[0], Err(error.to_string()), "the first limiter's keys failed");
+        assert_eq!(
+            replies[1].as_ref().unwrap().outcome,
+            AcquireOutcome::Acquired { remaining: 8 },
+            "the other decided"
+        );
+        // A code 4 without its text, or a text without a code 4, is no reply the script gives.
+        let mut missing = broken.clone();
+        missing.truncate(broken.len() - error.len() - 6);
+        missing[1..3].copy_from_slice(b"16");
+        assert!(matches!(decode_acquire_all_reply(&missing, 2), Err(ReplyError::Unexpected(_))));
+        let mut extra = both.to_vec();
+        extra[1..3].copy_from_slice(b"17");
+        extra.extend_from_slice(b"$3\r\nERR\r\n");
+        assert!(matches!(decode_acquire_all_reply(&extra, 2), Err(ReplyError::Unexpected(_))));
+        assert_eq!(
+            decode_acquire_all_reply(b"-ERR whole call\r\n", 2),
+            Err(ReplyError::Redis("ERR whole call".into())),
+            "an error reply is the whole call's"
+        );
     }
 
     #[test]

@@ -18,8 +18,9 @@ use edge_rate_limiter::config::LimiterType;
 use edge_rate_limiter::key::LimiterKeys;
 use edge_rate_limiter::resp::Reply;
 use edge_rate_limiter::script::{
-    decode_acquire_reply, AcquireConfig, AcquireOutcome, AcquireReply, AcquireTemplate, Clock, ConfigChange, Encoding,
-    Invocation, AVAILABLE_PERMITS, MEMBER_RANDOM_LEN, TRY_SET_RATE, UPDATE_RATE,
+    decode_acquire_all_reply, decode_acquire_reply, encode_acquire_all, AcquireConfig, AcquireOutcome, AcquirePart,
+    AcquireReply, AcquireTemplate, Clock, ConfigChange, Encoding, Invocation, LeaseRequest, LimiterReply,
+    AVAILABLE_PERMITS, MEMBER_RANDOM_LEN, TRY_SET_RATE, UPDATE_RATE,
 };
 use redis::Connection;
 
@@ -374,4 +375,98 @@ fn members_are_written_in_redisson_layout() {
     assert_eq!(scored, vec![(expected, now)]);
     let value: Option<String> = redis::cmd("GET").arg(&gateway.keys.value).query(&mut inspector).unwrap();
     assert_eq!(value.as_deref(), Some("42"));
+}
+
+/// The combined acquire of several rules (ACQUIRE_ALL) as the filter sends it: one part per limiter, all
+/// rules of rate 5 per minute and one permit per request; `lease` asks for up to that many permits.
+fn acquire_all(
+    scripts: &mut ScriptClient,
+    parts: &[(&str, Option<u64>)],
+    errors_stop_charge: bool,
+    now_ms: u64,
+) -> Vec<LimiterReply> {
+    let template = AcquireTemplate::new(
+        AcquireConfig {
+            permits: 1,
+            rate: 5,
+            interval_ms: 60_000,
+            limiter_type: LimiterType::Overall,
+            keep_alive_ms: 0,
+            apply_config: false,
+        },
+        CLIENT,
+    );
+    let randoms: Vec<[u8; MEMBER_RANDOM_LEN]> = parts.iter().map(|_| fresh_random()).collect();
+    let leases: Vec<Option<LeaseRequest>> = parts
+        .iter()
+        .map(|(_, lease)| lease.map(|max_permits| LeaseRequest { max_permits, max_age_ms: 50, settle: None }))
+        .collect();
+    let encoded = |invocation| {
+        let parts: Vec<AcquirePart<'_>> = parts
+            .iter()
+            .zip(&randoms)
+            .zip(&leases)
+            .map(|(((name, _), random), lease)| AcquirePart {
+                template: &template,
+                name,
+                random,
+                lease: lease.as_ref(),
+            })
+            .collect();
+        encode_acquire_all(&parts, Clock::Gateway(now_ms), errors_stop_charge, invocation, Encoding::Resp)
+    };
+    let reply = scripts.run_raw(&encoded(Invocation::BySha), || encoded(Invocation::BySource));
+    decode_acquire_all_reply(&reply, parts.len()).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&reply)))
+}
+
+/// A lease rule and another rule of the same request on one limiter: the lease takes only what the other
+/// leaves, so the value never goes below zero and both acquire (the review found the lease taking every
+/// free permit first, the other rule's DECRBY then driving the value to -1 and the reply being refused).
+#[test]
+fn a_lease_sharing_a_limiter_with_another_rule_of_the_request_takes_only_what_that_rule_leaves() {
+    let server = RedisServer::start();
+    let mut inspector = server.inspector();
+    let mut scripts = server.script_client();
+    let replies = acquire_all(&mut scripts, &[("erl:shared", Some(8)), ("erl:shared", None)], false, T0);
+    let granted: Vec<(AcquireOutcome, Option<u64>)> =
+        replies.iter().map(|r| r.as_ref().map(|r| (r.outcome, r.granted)).unwrap()).collect();
+    assert_eq!(
+        granted,
+        vec![
+            (AcquireOutcome::Acquired { remaining: 1 }, Some(4)),
+            (AcquireOutcome::Acquired { remaining: 0 }, Some(1))
+        ],
+        "the lease takes 4 of the 5 free, the other rule the last one"
+    );
+    let value: String = redis::cmd("GET").arg("{erl:shared}:value").query(&mut inspector).unwrap();
+    assert_eq!(value, "0");
+    let held: u64 = members(&mut inspector, "{erl:shared}:permits")
+        .iter()
+        .map(|(member, _)| u64::from(u32::from_le_bytes(member[17..21].try_into().unwrap())))
+        .sum();
+    assert_eq!(held, 5, "the members hold exactly the permits taken");
+}
+
+/// A Redis error on one limiter's keys (its config key holds a string: WRONGTYPE) is that limiter's alone:
+/// the others still decide and are charged, unless the request fails closed (then none is charged).
+#[test]
+fn an_error_on_one_limiters_keys_is_that_limiters_alone() {
+    let server = RedisServer::start();
+    let mut inspector = server.inspector();
+    let mut scripts = server.script_client();
+    let _: () = redis::cmd("SET").arg("erl:broken").arg("not a hash").query(&mut inspector).unwrap();
+    for (errors_stop_charge, charged) in [(false, true), (true, false)] {
+        let _: () = redis::cmd("DEL").arg("erl:healthy").arg("{erl:healthy}:value").query(&mut inspector).unwrap();
+        let replies = acquire_all(&mut scripts, &[("erl:broken", None), ("erl:healthy", None)], errors_stop_charge, T0);
+        assert!(replies[0].as_ref().is_err_and(|e| e.starts_with("WRONGTYPE")), "{:?}", replies[0]);
+        let healthy = replies[1].as_ref().unwrap();
+        let value: String = redis::cmd("GET").arg("{erl:healthy}:value").query(&mut inspector).unwrap();
+        if charged {
+            assert_eq!(healthy.outcome, AcquireOutcome::Acquired { remaining: 4 });
+            assert_eq!(value, "4");
+        } else {
+            assert_eq!(healthy.outcome, AcquireOutcome::Untaken { available: 5 }, "failing closed: nothing taken");
+            assert_eq!(value, "5");
+        }
+    }
 }

@@ -1,18 +1,22 @@
 -- ACQUIRE_ALL: the acquires of several rules of one request, all or nothing: every limiter is checked
 -- first (creating or updating its config as ACQUIRE does, settling a previous lease, releasing what left
 -- the window), and permits are taken only if every one admits. A request rejected by one rule takes no
--- permit from the others. Documented in src/script/mod.rs (ACQUIRE_ALL): arguments, replies.
+-- permits from the others. A Redis error on one limiter's keys (say WRONGTYPE: its config key is not a
+-- hash) is that limiter's alone: it answers code 4 and the error, and the others still decide. Documented in
+-- src/script/mod.rs (ACQUIRE_ALL): arguments, replies.
 --
 -- KEYS: five per limiter, as every script takes them (config hash, value, client value, permits, client
--- permits). ARGV: 1 now (ms; empty = Redis TIME), then 13 per limiter: the member's random bytes,
--- permits, rate, interval (ms), type, keepAliveTime (ms), '1' = apply as rate_source: config, the most
--- permits to lease (0 = no lease), the lease's age (ms), and the previous lease to settle (random, granted,
--- used, ms before its expiry of its last use; random empty = none).
+-- permits). ARGV: 1 now (ms; empty = Redis TIME), 2 '1' = a limiter's error stops the others' charge (the
+-- request fails closed), then 13 per limiter: the member's random bytes, permits, rate, interval (ms),
+-- type, keepAliveTime (ms), '1' = apply as rate_source: config, the most permits to lease (0 = no lease),
+-- the lease's age (ms), and the previous lease to settle (random, granted, used, ms before its expiry of
+-- its last use; random empty = none).
 --
 -- Written for clarity over speed (a request of one rule runs ACQUIRE, which inlines the same steps: its
 -- release, keep-alive and trySetRate code is repeated here as functions on purpose): one function per step.
 local PER_LIMITER = 13
 local nowArg = ARGV[1]
+local errorsStopCharge = ARGV[2] == '1'
 local now
 if nowArg == '' then
   local t = redis.call('time')
@@ -87,25 +91,36 @@ local function refreshTtl(keys, keepAlive, valueName, permitsName)
   end
 end
 
+-- The text of an error raised by redis.call inside pcall (a string, or a table with `err`).
+local function errorText(err)
+  if type(err) == 'table' then
+    return tostring(err.err or err['err'] or 'error')
+  end
+  return tostring(err)
+end
+
 -- Check: every limiter, in order. Permits asked of one limiter by two rules are counted together.
 local limiters = {}
 local asked = {}
 local everyOneAdmits = true
 for i = 1, #KEYS / 5 do
   local keys = {KEYS[5 * i - 4], KEYS[5 * i - 3], KEYS[5 * i - 2], KEYS[5 * i - 1], KEYS[5 * i]}
-  local a = 1 + PER_LIMITER * (i - 1)
-  local config, change = resolveConfig(keys, a)
-  local rate, interval = tonumber(config[1]), tonumber(config[2])
-  local valueName, permitsName = names(keys, config[3])
-  local requested = tonumber(ARGV[a + 2])
-  local limiter = {keys = keys, a = a, config = config, change = change, rate = rate, interval = interval,
-                   valueName = valueName, permitsName = permitsName, requested = requested, code = 1,
-                   amount = 0, value = 0, taken = 0}
-  if requested + (asked[valueName] or 0) > rate then
-    -- More than the rate, alone or with the request's earlier rules on this limiter: no wait grants it.
-    limiter.code = 2
-    everyOneAdmits = false
-  else
+  local a = 2 + PER_LIMITER * (i - 1)
+  local limiter = {keys = keys, a = a, code = 1, amount = 0, value = 0, taken = 0, rate = 0, interval = 0,
+                   limiterType = 0, change = 0, requested = tonumber(ARGV[a + 2])}
+  local ok, err = pcall(function()
+    local config, change = resolveConfig(keys, a)
+    local rate, interval = tonumber(config[1]), tonumber(config[2])
+    local valueName, permitsName = names(keys, config[3])
+    limiter.config, limiter.change, limiter.rate, limiter.interval = config, change, rate, interval
+    limiter.limiterType, limiter.valueName, limiter.permitsName = tonumber(config[3]), valueName, permitsName
+    local requested = limiter.requested
+    if requested + (asked[valueName] or 0) > rate then
+      -- More than the rate, alone or with the request's earlier rules on this limiter: no wait grants it.
+      limiter.code = 2
+      everyOneAdmits = false
+      return
+    end
     local lease = tonumber(ARGV[a + 8])
     if lease > 0 and ARGV[a + 10] ~= '' then
       giveBack(valueName, permitsName, ARGV[a + 10], ARGV[a + 11], ARGV[a + 12], ARGV[a + 13], rate)
@@ -121,38 +136,69 @@ for i = 1, #KEYS / 5 do
     else
       asked[valueName] = (asked[valueName] or 0) + requested
     end
+  end)
+  if not ok then
+    limiter.code, limiter.error = 4, errorText(err)
+    if errorsStopCharge then
+      everyOneAdmits = false
+    end
   end
   limiters[i] = limiter
 end
 
--- Charge every limiter only if all admit; reply 8 integers per limiter.
-local reply = {}
+-- Charge every limiter only if all admit. A lease takes only what the request's later rules on the same
+-- limiter leave (`ahead`: permits those still need), so the value never goes below zero.
+local charged = {}
 for _, limiter in ipairs(limiters) do
-  local a = limiter.a
-  if limiter.code == 1 then
-    if everyOneAdmits then
+  if limiter.code == 1 and everyOneAdmits then
+    local ok, err = pcall(function()
+      local a = limiter.a
       local value = tonumber(redis.call('get', limiter.valueName))
       local taken, score = limiter.requested, nowArg
       local lease = tonumber(ARGV[a + 8])
+      local ahead = asked[limiter.valueName] - (charged[limiter.valueName] or 0) - limiter.requested
       if lease > taken then
-        taken = math.min(lease, value)
+        taken = math.max(limiter.requested, math.min(lease, value - ahead))
         if taken > limiter.requested then
           score = string.format('%d', now + tonumber(ARGV[a + 9]))
         end
       end
+      charged[limiter.valueName] = (charged[limiter.valueName] or 0) + limiter.requested
       redis.call('zadd', limiter.permitsName, score, struct.pack('Bc0I', string.len(ARGV[a + 1]), ARGV[a + 1], taken))
       limiter.value = redis.call('decrby', limiter.valueName, taken)
       limiter.amount, limiter.taken = limiter.value, taken
-    else
-      limiter.code, limiter.amount = 3, limiter.value
+    end)
+    if not ok then
+      limiter.code, limiter.error = 4, errorText(err)
     end
+  elseif limiter.code == 1 then
+    limiter.code, limiter.amount = 3, limiter.value
   elseif limiter.code == 0 then
     limiter.value = math.max(0, limiter.value)
   end
-  refreshTtl(limiter.keys, limiter.config[4], limiter.valueName, limiter.permitsName)
-  for _, number in ipairs({limiter.code, limiter.amount, limiter.value, limiter.rate, limiter.interval,
-                           tonumber(limiter.config[3]), limiter.change, limiter.taken}) do
-    reply[#reply + 1] = number
+  if limiter.code ~= 4 then
+    pcall(refreshTtl, limiter.keys, limiter.config[4], limiter.valueName, limiter.permitsName)
+  end
+end
+
+-- Reply: 8 integers per limiter (zeros after code 4), then the error text of each limiter with code 4, in
+-- order.
+local reply = {}
+for _, limiter in ipairs(limiters) do
+  if limiter.code == 4 then
+    for _, number in ipairs({4, 0, 0, 0, 0, 0, 0, 0}) do
+      reply[#reply + 1] = number
+    end
+  else
+    for _, number in ipairs({limiter.code, limiter.amount, limiter.value, limiter.rate, limiter.interval,
+                             limiter.limiterType, limiter.change, limiter.taken}) do
+      reply[#reply + 1] = number
+    end
+  end
+end
+for _, limiter in ipairs(limiters) do
+  if limiter.code == 4 then
+    reply[#reply + 1] = limiter.error
   end
 end
 return reply
