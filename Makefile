@@ -14,7 +14,8 @@
 #   make soak       build, then memory under 10^6 new keys and keys that expire (bench/soak.py, not in CI,
 #                   ~13 min; SOAK_SECONDS=60 SOAK_KEYS=100000 for ~2 min)
 #   make fuzz       the parsers (10^7 executions each, libFuzzer with a nightly toolchain, else property
-#                   tests) and the whole module in the emulator (scripts/fuzz.sh, not in CI)
+#                   tests), the whole module in the emulator and the interleavings model of the request
+#                   path (5,000 cases per configuration) (scripts/fuzz.sh, not in CI)
 #   make clean      remove target/ and dist/; make distclean also removes .venv/ and .tools/
 
 SHELL := bash
@@ -62,12 +63,13 @@ dist/edge-rate-limiter-%.wasm: FORCE | setup
 
 test: build lint test-unit test-wasm test-parity test-host test-e2e
 
-# The hostcall-free core (without and with the regex feature) and the operator tool, natively; then the fuzz
-# smoke (tests/fuzz: the property tests of make fuzz, bounded) and the key-safety properties
+# The hostcall-free core (without and with the regex feature; the interleavings model of the request path,
+# src/filter/interleavings.rs, against a real redis-server, once) and the operator tool, natively; then the
+# fuzz smoke (tests/fuzz: the property tests of make fuzz, bounded) and the key-safety properties
 # (tests/key_safety.rs).
 test-unit: setup
 	$(CARGO) test -q --lib --no-default-features
-	$(CARGO) test -q --lib --no-default-features --features regex
+	$(CARGO) test -q --lib --no-default-features --features regex -- --skip interleavings
 	$(CARGO) test -q -p erl-admin
 	$(CARGO) test -q --no-default-features --test fuzz --test key_safety
 

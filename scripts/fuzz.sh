@@ -7,11 +7,13 @@
 #      FUZZ_RUNS executions per target (default 10^7), spread over FUZZ_JOBS processes; skipped with a
 #      message when no nightly toolchain is installed;
 #   3. the whole module in the host emulator, both builds (tests/host/tests/fuzz_module.rs),
-#      FUZZ_MODULE_ITERATIONS configurations per build, on dist/ artifacts when they exist.
+#      FUZZ_MODULE_ITERATIONS configurations per build, on dist/ artifacts when they exist;
+#   4. the interleavings model of the request path against a real redis-server
+#      (src/filter/interleavings.rs), FUZZ_INTERLEAVINGS cases per configuration.
 #
 # Settings (environment): FUZZ_RUNS (10000000), FUZZ_JOBS (nproc), FUZZ_TARGETS ("resp config keys"),
 # FUZZ_CASES (20000), FUZZ_MODULE_ITERATIONS (300), FUZZ_SEED (random; replays the module run),
-# FUZZ_SKIP ("" or any of: stable libfuzzer module).
+# FUZZ_INTERLEAVINGS (5000), FUZZ_SKIP ("" or any of: stable libfuzzer module interleavings).
 # A crash leaves its input in fuzz/artifacts/<target>/; replay it with
 #   cargo +nightly fuzz run -O -s none --no-trace-compares <target> fuzz/artifacts/<target>/<file>
 # and keep it as a regression test in tests/fuzz/main.rs (checks::<target>(&bytes)).
@@ -24,6 +26,7 @@ JOBS=${FUZZ_JOBS:-$(nproc)}
 TARGETS=${FUZZ_TARGETS:-resp config keys}
 CASES=${FUZZ_CASES:-20000}
 MODULE_ITERATIONS=${FUZZ_MODULE_ITERATIONS:-300}
+INTERLEAVINGS=${FUZZ_INTERLEAVINGS:-5000}
 SKIP=${FUZZ_SKIP:-}
 CARGO_FUZZ_VERSION=0.13.2
 # One set of flags for every target (another set rebuilds everything): no sanitizer (safe Rust; the
@@ -93,6 +96,13 @@ if ! skipped module; then
         exit 1
     fi
     summary+=("$(printf '%-22s %14s %10ss' 'module (emulator)' "$MODULE_ITERATIONS/build" $((SECONDS - start)))")
+fi
+
+if ! skipped interleavings; then
+    say "interleavings: $INTERLEAVINGS cases per configuration against a real redis-server"
+    start=$SECONDS
+    INTERLEAVING_CASES=$INTERLEAVINGS cargo test -q --lib --no-default-features interleavings
+    summary+=("$(printf '%-22s %14s %10ss' 'interleavings model' "$INTERLEAVINGS/config" $((SECONDS - start)))")
 fi
 
 say "summary (target, executions, time, rate):"

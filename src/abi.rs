@@ -452,7 +452,15 @@ pub extern "C" fn proxy_on_configure(context_id: u32, _plugin_configuration_size
         }
     };
     with_vm(|vm| match vm.roots.iter_mut().find(|(id, _)| *id == context_id) {
-        Some((_, slot)) => *slot = Some(filter),
+        Some((_, slot)) => {
+            // A new configuration for the same root context: the old filter's paused requests end now and
+            // its leases are settled through the new one.
+            let mut filter = filter;
+            if let Some(mut old) = slot.take() {
+                filter.adopt(old.retire());
+            }
+            *slot = Some(filter);
+        }
         None => vm.roots.push((context_id, Some(filter))),
     })
     .is_some()
@@ -485,7 +493,17 @@ pub extern "C" fn proxy_on_delete(context_id: u32) {
             filter.on_done(context_id);
         }
         vm.contexts.remove(&context_id);
-        vm.roots.retain(|(id, _)| *id != context_id);
+        let Some(at) = vm.roots.iter().position(|(id, _)| *id == context_id) else { return };
+        let (_, retired) = vm.roots.remove(at);
+        // A root context goes (Envoy replaced its configuration and its streams are done): what its leases
+        // owe Redis is sent by the root that took its place.
+        if let Some(mut old) = retired {
+            let retirement = old.retire();
+            match vm.roots.iter_mut().rev().find_map(|(_, filter)| filter.as_mut()) {
+                Some(new) => new.adopt(retirement),
+                None => old.drop_retirement(&retirement),
+            }
+        }
     });
 }
 

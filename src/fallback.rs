@@ -183,6 +183,39 @@ impl LocalWindows {
     }
 }
 
+impl LocalWindows {
+    /// Returns `permits` taken at `taken_ms` from limiter `name`'s window (rule window `interval_ms`) by a
+    /// request another rule refused after all: the bucket that counted them gives them back, while the
+    /// window still holds it. A host that refuses shared data keeps them counted (never more admitted).
+    pub fn release(&self, host: &impl Host, name: &str, interval_ms: u64, permits: u64, taken_ms: u64) {
+        let bucket = taken_ms / Window::width_ms(interval_ms);
+        let first = fnv1a(name.as_bytes());
+        for slot in [first, first.wrapping_add(1)] {
+            let key = self.key(slot);
+            for _ in 0..4 {
+                let Ok((current, cas)) = host.get_shared_data(key.as_str()) else { return };
+                let Some((mut window, stored_name)) = current.as_deref().and_then(|b| decode(b, self.generation))
+                else {
+                    break;
+                };
+                if !same_bytes(stored_name, name.as_bytes()) {
+                    break;
+                }
+                if bucket > window.newest || bucket.saturating_add(BUCKETS as u64) <= window.newest {
+                    return;
+                }
+                if let Some(count) = window.counts.get_mut((bucket % BUCKETS as u64) as usize) {
+                    *count = count.saturating_sub(u32::try_from(permits).unwrap_or(u32::MAX));
+                }
+                match host.set_shared_data(key.as_str(), &encode(self.generation, &window, name), cas) {
+                    Err(HostError::CasMismatch) => continue,
+                    _ => return,
+                }
+            }
+        }
+    }
+}
+
 fn encode(generation: u32, window: &Window, name: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(NAME_AT + name.len());
     out.push(VERSION);
@@ -294,6 +327,19 @@ mod tests {
             let inside = admitted_at[i..].iter().take_while(|&&t| t < start + 1_000).count();
             assert!(inside <= 5, "{inside} admitted in the window from {start}");
         }
+    }
+
+    #[test]
+    fn permits_released_by_a_refused_request_serve_again() {
+        let host = FakeHost::new();
+        let start = 1_700_000_000_000;
+        assert!(admitted(&host, "erl:a", 4, start));
+        assert!(admitted(&host, "erl:a", 1, start + 10));
+        assert!(!admitted(&host, "erl:a", 1, start + 20), "5 = 10 / 2 gateways");
+        WINDOWS.release(&host, "erl:a", 1_000, 1, start + 10);
+        assert!(admitted(&host, "erl:a", 1, start + 30), "the permit given back serves again");
+        WINDOWS.release(&host, "erl:b", 1_000, 1, start + 10);
+        assert!(!admitted(&host, "erl:a", 1, start + 40), "another limiter's release gives nothing");
     }
 
     #[test]

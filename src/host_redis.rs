@@ -10,7 +10,7 @@ use core::cell::Cell;
 
 use crate::config::RedisConfig;
 use crate::host::Host;
-use crate::transport::{refused, Failure};
+use crate::transport::{refused, CallId, CallKind, Failure};
 
 /// Reply status of `proxy_on_redis_call_response` for a reply (possibly a Redis error reply).
 pub const STATUS_OK: u32 = 0;
@@ -65,15 +65,18 @@ impl HostRedis {
         result.map_err(|error| refused("proxy_redis_init", error, &self.service).to_string())
     }
 
-    /// Sends one command's RESP bytes ([`crate::script::Encoding::Resp`]); returns the call's token.
+    /// Sends one command's RESP bytes ([`crate::script::Encoding::Resp`]); returns the call (a Redis call and
+    /// the host's token).
     ///
     /// # Errors
     /// [`Failure::SendRefused`] when the client cannot be initialised or the host refuses the call.
-    pub fn send(&self, host: &impl Host, query: &[u8]) -> Result<u32, Failure> {
+    pub fn send(&self, host: &impl Host, query: &[u8]) -> Result<CallId, Failure> {
         if !self.initialized.get() {
             self.init(host).map_err(Failure::SendRefused)?;
         }
-        host.redis_call(&self.service, query).map_err(|error| refused("proxy_redis_call", error, &self.service))
+        host.redis_call(&self.service, query)
+            .map(|token| CallId { kind: CallKind::Redis, token })
+            .map_err(|error| refused("proxy_redis_call", error, &self.service))
     }
 
     /// Initialise the client again before the next call (Redis answered `NOAUTH`).

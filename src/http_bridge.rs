@@ -6,7 +6,7 @@ use crate::prelude::*;
 
 use crate::config::RedisConfig;
 use crate::host::{HeaderMap, Host};
-use crate::transport::{refused, Failure};
+use crate::transport::{refused, CallId, CallKind, Failure};
 
 /// Requests to webdis on one Envoy cluster: its authority, optional Basic credentials and timeout.
 #[derive(Debug)]
@@ -38,12 +38,13 @@ impl HttpBridge {
     }
 
     /// Sends a command in webdis's path form ([`crate::script::Encoding::WebdisPath`]) as the body of
-    /// `POST /` to the bridge; returns the call's token.
+    /// `POST /` to the bridge; returns the call (an HTTP call and the host's token).
     ///
     /// # Errors
     /// [`Failure::SendRefused`] when the host refuses the call (unknown cluster).
-    pub fn send(&self, host: &impl Host, body: &[u8]) -> Result<u32, Failure> {
+    pub fn send(&self, host: &impl Host, body: &[u8]) -> Result<CallId, Failure> {
         host.http_call(&self.cluster, &self.headers, body, self.timeout_ms)
+            .map(|token| CallId { kind: CallKind::Http, token })
             .map_err(|error| refused("proxy_http_call", error, &self.cluster))
     }
 }

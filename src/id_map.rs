@@ -7,6 +7,9 @@ use core::hash::{BuildHasherDefault, Hasher};
 /// A map from a host id to `V`.
 pub type IdMap<V> = hashbrown::HashMap<u32, V, BuildHasherDefault<IdHasher>>;
 
+/// A map from a call's [`crate::transport::CallId::key`] (its kind and the host's token) to `V`.
+pub type CallMap<V> = hashbrown::HashMap<u64, V, BuildHasherDefault<IdHasher>>;
+
 /// Fibonacci hashing of one integer: the id times 2^64 / φ, which spreads sequential ids over the high bits
 /// hashbrown uses for its control bytes and the low bits it uses for buckets.
 #[derive(Debug, Default, Clone, Copy)]
@@ -23,6 +26,10 @@ impl Hasher for IdHasher {
 
     fn write_u32(&mut self, n: u32) {
         self.0 = (self.0 ^ u64::from(n)).wrapping_mul(GOLDEN);
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(GOLDEN);
     }
 
     fn finish(&self) -> u64 {

@@ -20,12 +20,12 @@ use crate::block::Block;
 use crate::cache::{LimiterCache, Observation};
 use crate::config::{ClockSource, FailureMode, Mode, OnMissing, PluginConfig, RateSource, Rule};
 use crate::key::{extract, hash_slot, match_text, write_limiter_name, KeyValue, RequestView};
-pub use crate::lease::{LeaseAsk, LeaseGrant, Leases};
+pub use crate::lease::{LeaseAsk, LeaseGrant, LeaseTicket, Leases};
 use crate::response::{policy_value, rate_limit_headers, retry_after, HeaderValue, Headers, Quota};
 use crate::script::{
     decode_acquire_all_reply, decode_acquire_reply, encode_acquire_all, AcquireConfig, AcquireOutcome, AcquirePart,
     AcquireReply, AcquireTemplate, Clock, ConfigChange, EffectiveConfig, Encoding, Invocation, LeaseRequest,
-    ReplyError, Settlement, MEMBER_RANDOM_LEN,
+    LimiterReply, ReplyError, Settlement, MEMBER_RANDOM_LEN,
 };
 use crate::transport::Failure;
 
@@ -158,12 +158,16 @@ pub struct Decision {
     pub verdict: Verdict,
     /// What happened, for metrics.
     pub outcome: Outcome,
-    /// Every Redis call of the request that failed, whatever the decision (a request rejected by one rule
-    /// can still carry another rule's failure), for `redis_errors` and the failure log.
-    pub failures: Vec<Failure>,
+    /// Whether a Redis call of the request failed as a whole (no reply, a bridge or Redis error, no answer
+    /// in time), whatever the decision: what opens the degraded mode's circuit. An error on one limiter's
+    /// keys is not one (Redis answered). The calls are counted and logged when they fail.
+    pub redis_failed: bool,
     /// How each rule that applied ended (configuration indexes), for the per-rule counters.
     pub rules: SmallVec<[(usize, RuleOutcome); 2]>,
-    /// What it took and gives back, as it does not go upstream.
+    /// The permits its rules took from this VM's leases: committed if the request goes upstream, put back
+    /// into their own leases if not.
+    pub leases: Vec<LeaseTicket>,
+    /// The members it added in Redis, to give back as it does not go upstream.
     pub give_back: Vec<GiveBack>,
     /// [`Outcome::Local`]: the rules to decide locally, with their limiter names.
     pub local: Vec<(usize, String)>,
@@ -404,6 +408,9 @@ pub struct Plan {
     pub rejection_body: Rc<str>,
     /// The body of a failure answered locally (`failure_mode: "deny"`).
     pub failure_body: Rc<str>,
+    /// `failure_mode: "deny"`: a Redis error on one limiter of a combined call leaves the others uncharged
+    /// (the request will not go on).
+    pub errors_stop_charge: bool,
 }
 
 impl Plan {
@@ -432,6 +439,7 @@ impl Plan {
             rules,
             rejection_body: config.rejection.body.as_str().into(),
             failure_body: "rate limiter unavailable\n".into(),
+            errors_stop_charge: config.failure_mode == FailureMode::Deny,
         }
     }
 }
@@ -477,14 +485,11 @@ enum RuleResult {
     Untaken(RuleQuota),
     /// Rejected by the limiter in Redis or by its local block; `delay_ms` is `None` when no wait can help
     /// (more permits than the rate).
-    Rejected {
-        quota: RuleQuota,
-        delay_ms: Option<u64>,
-        local: bool,
-    },
+    Rejected { quota: RuleQuota, delay_ms: Option<u64>, local: bool },
     /// Rejected without asking Redis (no key value and `on_missing: deny`).
     Denied,
-    Failed(Failure),
+    /// Its call failed, or its limiter's keys raised a Redis error.
+    Failed,
     /// Not asked: the circuit is open (`failure_mode: "local"`, Redis failing); decided locally.
     Skipped,
 }
@@ -492,30 +497,22 @@ enum RuleResult {
 /// Where an acquired rule's permits came from: what giving them back takes when the request does not go on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Taken {
-    /// From this VM's lease (held before, or granted by this call): given back to the lease.
-    Lease,
+    /// From this VM's lease with these member random bytes (held before, or granted by this call): given
+    /// back to that lease.
+    Lease { random: [u8; MEMBER_RANDOM_LEN] },
     /// A member of their own in Redis (`granted` permits): given back with [`crate::script::GIVE_BACK`].
     Member { granted: u64 },
 }
 
-/// What a request that does not go upstream gives back.
+/// A member a request added in Redis and gives back as it does not go upstream (its call was separate
+/// from the rule that rejected: Redis Cluster, another hash slot; or it fails closed): remove it and
+/// restore the value ([`crate::script::GIVE_BACK`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum GiveBack {
-    /// Permits taken from this VM's lease of the limiter.
-    Lease {
-        /// The limiter name.
-        name: String,
-        /// Permits.
-        permits: u64,
-    },
-    /// A member the request added in Redis (its call was separate from the rule that rejected: Redis
-    /// Cluster, another hash slot): remove it and restore the value ([`crate::script::GIVE_BACK`]).
-    Redis {
-        /// The limiter name.
-        name: String,
-        /// The member and what to do with it (`used` 0: remove).
-        settlement: Settlement,
-    },
+pub struct GiveBack {
+    /// The limiter name.
+    pub name: String,
+    /// The member and what to do with it (`used` 0: remove).
+    pub settlement: Settlement,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -561,6 +558,8 @@ pub struct PendingRequest {
     sends: SmallVec<[Send; 1]>,
     /// A result decided without Redis (a missing key denied): it decides the request, so nothing is sent.
     settled: Option<(usize, RuleResult)>,
+    /// Whether one of its calls failed as a whole ([`Decision::redis_failed`]).
+    redis_failed: bool,
 }
 
 /// The first step of a request.
@@ -592,8 +591,42 @@ pub struct Effects {
     pub notices: Vec<Notice>,
     /// Local blocks to record (Redis rejected these limiters).
     pub blocks: Vec<(String, Block)>,
-    /// Lease calls that ended, with the lease Redis granted (`None`: none, the call failed or rejected).
-    pub leases: Vec<(String, Option<LeaseGrant>)>,
+    /// Lease acquires that ended.
+    pub leases: Vec<LeaseEnd>,
+    /// The call failed as a whole: one failed call (`redis_errors`), logged once per cause.
+    pub call_failure: Option<Failure>,
+    /// Limiters whose keys raised a Redis error in a call that decided the others: their rules fail
+    /// alone (one failed call however many).
+    pub limiter_errors: Vec<LimiterError>,
+}
+
+impl Effects {
+    /// Whether the call failed, as a whole or for one of its limiters (one count in `redis_errors`).
+    pub fn failed(&self) -> bool {
+        self.call_failure.is_some() || !self.limiter_errors.is_empty()
+    }
+}
+
+/// A lease acquire that ended ([`crate::lease::LeaseTable::end`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseEnd {
+    /// The limiter name.
+    pub name: String,
+    /// The lease Redis granted (`None`: none; the call failed, rejected, or took only the request's own).
+    pub grant: Option<LeaseGrant>,
+    /// The settlement the call carried: its member's random bytes, and whether Redis ran it.
+    pub settled: Option<([u8; MEMBER_RANDOM_LEN], bool)>,
+}
+
+/// A Redis error on one limiter's keys in a combined call (e.g. `WRONGTYPE`: its config key is not a hash).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimiterError {
+    /// The rule's index in the configuration.
+    pub rule: usize,
+    /// The limiter name.
+    pub limiter: String,
+    /// Redis's error text.
+    pub error: String,
 }
 
 /// Starts deciding a request: reads each rule's key value, serves it from a lease or checks its limiter's
@@ -640,7 +673,7 @@ pub fn start(
             ClockSource::Redis => Clock::Redis,
         };
         if rule.lease.is_some() {
-            if let Some(remaining) = ctx.leases.take(name, ctx.now_ms, rule.permits) {
+            if let Some((remaining, random)) = ctx.leases.take(name, ctx.now_ms, rule.permits) {
                 let quota = RuleQuota {
                     rule: index,
                     limit: rule.rate,
@@ -655,7 +688,7 @@ pub fn start(
                     sent_ms: ctx.now_ms,
                     member_random: [0; MEMBER_RANDOM_LEN],
                     lease: None,
-                    state: CallState::Done(RuleResult::Acquired(quota, Taken::Lease)),
+                    state: CallState::Done(RuleResult::Acquired(quota, Taken::Lease { random })),
                 });
                 continue;
             }
@@ -683,7 +716,7 @@ pub fn start(
             state: CallState::Waiting,
         });
     }
-    let mut pending = PendingRequest { calls, sends: SmallVec::new(), settled };
+    let mut pending = PendingRequest { calls, sends: SmallVec::new(), settled, redis_failed: false };
     if pending.settled.is_some() {
         give_back_leases(&pending.calls, ctx);
         // The answer is already no: decide before spending a round trip.
@@ -753,8 +786,9 @@ fn blocked(ctx: &Context<'_>, rule: usize, block: &Block) -> Decision {
             body: Rc::clone(&ctx.plan.rejection_body),
         },
         outcome: Outcome::LocallyRejected,
-        failures: Vec::new(),
+        redis_failed: false,
         rules,
+        leases: Vec::new(),
         give_back: Vec::new(),
         local: Vec::new(),
     }
@@ -771,8 +805,9 @@ fn exempt() -> Decision {
     Decision {
         verdict: Verdict::Continue { report: Report::default() },
         outcome: Outcome::Exempt,
-        failures: Vec::new(),
+        redis_failed: false,
         rules: SmallVec::new(),
+        leases: Vec::new(),
         give_back: Vec::new(),
         local: Vec::new(),
     }
@@ -780,13 +815,22 @@ fn exempt() -> Decision {
 
 /// Puts back what the rules served so far took from leases (the request was decided against at start).
 fn give_back_leases(calls: &[RuleCall], ctx: &Context<'_>) {
-    for call in calls {
-        if let (CallState::Done(RuleResult::Acquired(_, Taken::Lease)), Some(rule)) =
-            (&call.state, ctx.config.rules.get(call.rule))
-        {
-            ctx.leases.put_back(&call.name, rule.permits);
-        }
+    for ticket in lease_tickets(calls, ctx.config) {
+        ctx.leases.put_back(&ticket);
     }
+}
+
+/// The permits `calls` took from this VM's leases.
+fn lease_tickets(calls: &[RuleCall], config: &PluginConfig) -> Vec<LeaseTicket> {
+    calls
+        .iter()
+        .filter_map(|call| match (&call.state, config.rules.get(call.rule)) {
+            (CallState::Done(RuleResult::Acquired(_, Taken::Lease { random })), Some(rule)) => {
+                Some(LeaseTicket { name: call.name.clone(), random: *random, permits: rule.permits })
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// The Redis calls of a request's waiting rule calls: all in one (all or nothing), or with Redis Cluster one
@@ -844,7 +888,7 @@ impl PendingRequest {
                 lease: call.lease.as_ref(),
             });
         }
-        Some(encode_acquire_all(&parts, clock, invocation, encoding))
+        Some(encode_acquire_all(&parts, clock, plan.errors_stop_charge, invocation, encoding))
     }
 
     /// Records the transport's outcome for send `send`: the raw RESP reply bytes, or a failure. `now_ms`:
@@ -865,10 +909,10 @@ impl PendingRequest {
             return (self.progress(ctx.config, ctx.plan), effects);
         };
         let decoded = reply.map(|bytes| match entry.calls.len() {
-            1 => decode_acquire_reply(bytes).map(|reply| vec![reply]),
+            1 => decode_acquire_reply(bytes).map(|reply| vec![Ok(reply)]),
             n => decode_acquire_all_reply(bytes, n),
         });
-        let results: Result<Vec<AcquireReply>, Failure> = match decoded {
+        let results: Result<Vec<LimiterReply>, Failure> = match decoded {
             Err(failure) => Err(failure),
             Ok(Err(ReplyError::NoScript)) if !entry.retried => {
                 entry.retried = true;
@@ -881,18 +925,36 @@ impl PendingRequest {
         };
         entry.done = true;
         let covered = entry.calls.clone();
+        if let Err(failure) = &results {
+            self.redis_failed = true;
+            effects.call_failure = Some(failure.clone());
+        }
         for (position, index) in covered.into_iter().enumerate() {
             let Some(call) = self.calls.get_mut(index) else { continue };
             let Some(rule) = ctx.config.rules.get(call.rule) else { continue };
-            let result = match &results {
-                Err(failure) => RuleResult::Failed(failure.clone()),
+            let reply = match &results {
+                Err(_) => None,
                 Ok(replies) => match replies.get(position) {
-                    Some(reply) => call_result(call, rule, reply, ctx.now_ms, cache, &mut effects),
-                    None => RuleResult::Failed(Failure::BadReply("fewer replies than limiters".into())),
+                    Some(Ok(reply)) => Some(reply),
+                    Some(Err(error)) => {
+                        let limiter = call.name.clone();
+                        effects.limiter_errors.push(LimiterError { rule: call.rule, limiter, error: error.clone() });
+                        None
+                    }
+                    None => {
+                        let what = Failure::BadReply("fewer replies than limiters".into());
+                        effects.call_failure.get_or_insert(what);
+                        None
+                    }
                 },
             };
-            if call.lease.is_some() && !matches!(effects.leases.last(), Some((name, _)) if *name == call.name) {
-                effects.leases.push((call.name.clone(), None));
+            let (result, grant) = match reply {
+                Some(reply) => call_result(call, rule, reply, ctx.now_ms, cache, &mut effects),
+                None => (RuleResult::Failed, None),
+            };
+            if let Some(lease) = &call.lease {
+                let settled = lease.settle.map(|s| (s.random, reply.is_some()));
+                effects.leases.push(LeaseEnd { name: call.name.clone(), grant, settled });
             }
             call.state = CallState::Done(result);
         }
@@ -904,10 +966,12 @@ impl PendingRequest {
         self.calls.iter().any(|c| c.state == CallState::Parked && c.name == name)
     }
 
-    /// The limiters of the lease acquires this request sent and still waits for.
-    pub fn leases_waiting(&self) -> Vec<String> {
+    /// The limiters of the lease acquires this request sent and still waits for, with the member random bytes
+    /// of the settlement each carried.
+    pub fn leases_waiting(&self) -> Vec<(String, Option<[u8; MEMBER_RANDOM_LEN]>)> {
         let waiting = |c: &&RuleCall| c.state == CallState::Waiting && c.lease.is_some();
-        self.calls.iter().filter(waiting).map(|c| c.name.clone()).collect()
+        let settled = |c: &RuleCall| c.lease.and_then(|l| l.settle).map(|s| s.random);
+        self.calls.iter().filter(waiting).map(|c| (c.name.clone(), settled(c))).collect()
     }
 
     /// This VM's lease acquire of limiter `name` ended: each call parked on it takes its permits from the
@@ -928,7 +992,7 @@ impl PendingRequest {
                 continue;
             }
             let Some(rule) = config.rules.get(call.rule) else { continue };
-            if let Some(remaining) = leases.take(name, now_ms, rule.permits) {
+            if let Some((remaining, random)) = leases.take(name, now_ms, rule.permits) {
                 let quota = RuleQuota {
                     rule: call.rule,
                     limit: rule.rate,
@@ -936,7 +1000,7 @@ impl PendingRequest {
                     remaining,
                     reset_ms: rule.interval_ms,
                 };
-                call.state = CallState::Done(RuleResult::Acquired(quota, Taken::Lease));
+                call.state = CallState::Done(RuleResult::Acquired(quota, Taken::Lease { random }));
                 continue;
             }
             call.state = CallState::Waiting;
@@ -955,18 +1019,26 @@ impl PendingRequest {
         (new_sends, self.progress(config, plan))
     }
 
-    /// Ends every call still waiting with `failure` (the request's deadline passed, see
-    /// [`Failure::TimedOut`]) and decides the request.
-    pub fn expire(&mut self, failure: &Failure, config: &PluginConfig, plan: &Plan) -> Decision {
+    /// Ends every call still waiting (the request's deadline passed, see [`Failure::TimedOut`]) and decides
+    /// the request; also answers how many of its Redis calls were still unanswered (each a failed call).
+    pub fn expire(&mut self, config: &PluginConfig, plan: &Plan) -> (Decision, usize) {
         for call in &mut self.calls {
             if matches!(call.state, CallState::Waiting | CallState::Parked) {
-                call.state = CallState::Done(RuleResult::Failed(failure.clone()));
+                call.state = CallState::Done(RuleResult::Failed);
             }
         }
-        for send in &mut self.sends {
+        let mut unanswered = 0;
+        for send in self.sends.iter_mut().filter(|s| !s.done) {
             send.done = true;
+            unanswered += 1;
         }
-        self.decide(config, plan)
+        self.redis_failed |= unanswered > 0;
+        (self.decide(config, plan), unanswered)
+    }
+
+    /// The permits its rules took from this VM's leases so far (to put back when its client leaves).
+    pub fn lease_tickets(&self, config: &PluginConfig) -> Vec<LeaseTicket> {
+        lease_tickets(&self.calls, config)
     }
 
     fn progress(&self, config: &PluginConfig, plan: &Plan) -> Progress {
@@ -977,8 +1049,9 @@ impl PendingRequest {
         }
     }
 
-    /// Combines the rule results: any rejection rejects; otherwise any failure follows the failure mode;
-    /// otherwise the request is allowed. A request that does not go on gives back what it took.
+    /// Combines the rule results: any rejection rejects; otherwise rules Redis could not decide go to the
+    /// local windows (`failure_mode: "local"`, [`Outcome::Local`]) or follow the failure mode; otherwise
+    /// the request is allowed. A request that does not go on gives back what it took.
     fn decide(&self, config: &PluginConfig, plan: &Plan) -> Decision {
         let done = self.calls.iter().filter_map(|c| match &c.state {
             CallState::Done(result) => Some((c.rule, result, Some(&c.name))),
@@ -988,7 +1061,6 @@ impl PendingRequest {
         let shadow = |rule: usize| config.rules.get(rule).is_some_and(|r| r.mode == Mode::Shadow);
         let mut local_rules = Vec::new();
         let mut report = Report::default();
-        let mut failures = Vec::new();
         let mut rules = SmallVec::new();
         let (mut local, mut failed) = (false, false);
         let any = self.settled.is_some() || self.calls.iter().any(|c| matches!(c.state, CallState::Done(_)));
@@ -1039,20 +1111,16 @@ impl PendingRequest {
                     rules.push((rule, RuleOutcome::Rejected));
                     continue;
                 }
-                RuleResult::Failed(failure) => {
+                // A rule the local windows decide counts as they decide (the filter adds its outcome); one
+                // they do not (a shadow rule, or the request is rejected anyway) counts as failed.
+                RuleResult::Failed | RuleResult::Skipped => {
+                    let skipped = matches!(result, RuleResult::Skipped);
+                    match name.filter(|_| !shadow && (decides_locally || skipped)) {
+                        Some(name) => local_rules.push((rule, name.clone())),
+                        None => rules.push((rule, RuleOutcome::Failed)),
+                    }
                     // A shadow rule's failure is counted, and never decides the request.
-                    rules.push((rule, RuleOutcome::Failed));
-                    failures.push(failure.clone());
-                    failed |= !shadow;
-                    if decides_locally && !shadow {
-                        local_rules.extend(name.map(|name| (rule, name.clone())));
-                    }
-                    continue;
-                }
-                RuleResult::Skipped => {
-                    if !shadow {
-                        local_rules.extend(name.map(|name| (rule, name.clone())));
-                    }
+                    failed |= !shadow && !skipped;
                     continue;
                 }
             };
@@ -1060,83 +1128,64 @@ impl PendingRequest {
                 report.quotas.push(*quota);
             }
         }
+        let leases = lease_tickets(&self.calls, config);
+        let decision = |verdict, outcome, rules, give_back, local| Decision {
+            verdict,
+            outcome,
+            redis_failed: self.redis_failed,
+            rules,
+            leases,
+            give_back,
+            local,
+        };
         if report.rejected_by.is_some() {
-            return Decision {
-                verdict: Verdict::Respond {
-                    status: config.rejection.status,
-                    report,
-                    rate_limited: true,
-                    body: Rc::clone(&plan.rejection_body),
-                },
-                outcome: if local { Outcome::LocallyRejected } else { Outcome::Rejected },
-                failures,
-                rules,
-                give_back: self.give_back(config),
-                local: Vec::new(),
+            rules.extend(local_rules.iter().map(|(rule, _)| (*rule, RuleOutcome::Failed)));
+            let verdict = Verdict::Respond {
+                status: config.rejection.status,
+                report,
+                rate_limited: true,
+                body: Rc::clone(&plan.rejection_body),
             };
+            let outcome = if local { Outcome::LocallyRejected } else { Outcome::Rejected };
+            return decision(verdict, outcome, rules, self.give_back(config), Vec::new());
         }
         if !local_rules.is_empty() {
             // What the rules Redis decided took is given back if a local window refuses.
-            return Decision {
-                verdict: Verdict::Continue { report },
-                outcome: Outcome::Local,
-                failures,
-                rules,
-                give_back: self.give_back(config),
-                local: local_rules,
-            };
+            let verdict = Verdict::Continue { report };
+            return decision(verdict, Outcome::Local, rules, self.give_back(config), local_rules);
         }
         if !failed {
             let outcome = if any { Outcome::Allowed } else { Outcome::Unlimited };
-            return Decision {
-                verdict: Verdict::Continue { report },
-                outcome,
-                failures,
-                rules,
-                give_back: Vec::new(),
-                local: Vec::new(),
-            };
+            return decision(Verdict::Continue { report }, outcome, rules, Vec::new(), Vec::new());
         }
         match config.failure_mode {
             // Local: a failed rule without a limiter name (none is made for it) fails open.
-            FailureMode::Allow | FailureMode::Local => Decision {
-                verdict: Verdict::Continue { report },
-                outcome: Outcome::FailedOpen,
-                failures,
-                rules,
-                give_back: Vec::new(),
-                local: Vec::new(),
-            },
-            FailureMode::Deny => Decision {
-                verdict: Verdict::Respond {
+            FailureMode::Allow | FailureMode::Local => {
+                decision(Verdict::Continue { report }, Outcome::FailedOpen, rules, Vec::new(), Vec::new())
+            }
+            FailureMode::Deny => {
+                let verdict = Verdict::Respond {
                     status: config.failure_status,
                     report: Report::default(),
                     rate_limited: false,
                     body: Rc::clone(&plan.failure_body),
-                },
-                outcome: Outcome::FailedClosed,
-                failures,
-                rules,
-                give_back: self.give_back(config),
-                local: Vec::new(),
-            },
+                };
+                decision(verdict, Outcome::FailedClosed, rules, self.give_back(config), Vec::new())
+            }
         }
     }
 
-    /// What the rules that acquired took, to give back.
+    /// The members the rules that acquired added in Redis, to give back.
     fn give_back(&self, config: &PluginConfig) -> Vec<GiveBack> {
         self.calls
             .iter()
             .filter_map(|call| {
-                let CallState::Done(RuleResult::Acquired(_, taken)) = &call.state else { return None };
-                let permits = config.rules.get(call.rule)?.permits;
-                Some(match *taken {
-                    Taken::Lease => GiveBack::Lease { name: call.name.clone(), permits },
-                    Taken::Member { granted } => GiveBack::Redis {
-                        name: call.name.clone(),
-                        settlement: Settlement { random: call.member_random, granted, used: 0, early_ms: 0 },
-                    },
-                })
+                let CallState::Done(RuleResult::Acquired(_, Taken::Member { granted })) = &call.state else {
+                    return None;
+                };
+                config.rules.get(call.rule)?;
+                let settlement = Settlement { random: call.member_random, granted: *granted, used: 0, early_ms: 0 };
+                Some(GiveBack { name: call.name.clone(), settlement })
             })
             .collect()
     }
@@ -1152,7 +1201,8 @@ pub struct ReplyContext<'a> {
     pub now_ms: u64,
 }
 
-/// One rule's result from its part of a reply: the notice, block and lease it teaches go to `effects`.
+/// One rule's result from its part of a reply, and the lease Redis granted it; the notice and block it
+/// teaches go to `effects`.
 fn call_result(
     call: &RuleCall,
     rule: &Rule,
@@ -1160,7 +1210,7 @@ fn call_result(
     now_ms: u64,
     cache: &mut LimiterCache,
     effects: &mut Effects,
-) -> RuleResult {
+) -> (RuleResult, Option<LeaseGrant>) {
     let configured =
         EffectiveConfig { rate: rule.rate, interval_ms: rule.interval_ms, limiter_type: rule.limiter_type };
     let effective = reply.effective.unwrap_or(configured);
@@ -1188,7 +1238,7 @@ fn call_result(
         remaining,
         reset_ms,
     };
-    match reply.outcome {
+    let result = match reply.outcome {
         // The quota is whole again when every permit now in the window has left it.
         AcquireOutcome::Acquired { remaining } => {
             let granted = reply.granted.unwrap_or(rule.permits);
@@ -1199,13 +1249,14 @@ fn call_result(
                         random: call.member_random,
                         granted,
                         used: rule.permits,
+                        outstanding: rule.permits,
                         expires_ms,
                         last_use_ms: now_ms.min(expires_ms),
                         redis_remaining: remaining,
                     };
-                    effects.leases.push((call.name.clone(), Some(grant)));
                     let left = remaining.saturating_add(granted - rule.permits);
-                    RuleResult::Acquired(quota(left, effective.interval_ms), Taken::Lease)
+                    let taken = Taken::Lease { random: call.member_random };
+                    return (RuleResult::Acquired(quota(left, effective.interval_ms), taken), Some(grant));
                 }
                 _ => RuleResult::Acquired(quota(remaining, effective.interval_ms), Taken::Member { granted }),
             }
@@ -1233,7 +1284,8 @@ fn call_result(
         AcquireOutcome::ExceedsRate => {
             RuleResult::Rejected { quota: quota(0, effective.interval_ms), delay_ms: None, local: false }
         }
-    }
+    };
+    (result, None)
 }
 
 #[cfg(test)]
@@ -1361,13 +1413,23 @@ mod tests {
         }
 
         fn reply(&mut self, pending: &mut PendingRequest, call: usize, reply: Result<&[u8], Failure>) -> Progress {
+            self.reply_with_effects(pending, call, reply).0
+        }
+
+        /// A reply, with its blocks and leases recorded; also what it teaches.
+        fn reply_with_effects(
+            &mut self,
+            pending: &mut PendingRequest,
+            call: usize,
+            reply: Result<&[u8], Failure>,
+        ) -> (Progress, Effects) {
             let ctx = ReplyContext { config: &self.config, plan: &self.plan, now_ms: self.now_ms };
             let (progress, effects) = pending.on_reply(call, reply, &ctx, &mut self.cache);
-            self.blocks.0.extend(effects.blocks);
-            for (name, grant) in effects.leases {
-                self.leases.end(&name, grant);
+            self.blocks.0.extend(effects.blocks.iter().cloned());
+            for LeaseEnd { name, grant, settled } in &effects.leases {
+                self.leases.end(name, *grant, *settled);
             }
-            progress
+            (progress, effects)
         }
     }
 
@@ -1519,9 +1581,11 @@ mod tests {
             let mut h = Harness::new(config("", top));
             for failure in [Failure::NoReply, Failure::BridgeStatus(503), Failure::SendRefused("BadArgument".into())] {
                 let mut pending = sent(h.start(&[("x-user", "alice")]));
-                let decision = done(h.reply(&mut pending, 0, Err(failure.clone())));
+                let (progress, effects) = h.reply_with_effects(&mut pending, 0, Err(failure.clone()));
+                let decision = done(progress);
                 assert_eq!(decision.outcome, outcome);
-                assert_eq!(decision.failures, vec![failure]);
+                assert!(decision.redis_failed);
+                assert_eq!(effects.call_failure, Some(failure));
                 match (decision.verdict, status) {
                     (Verdict::Continue { .. }, None) => {}
                     (Verdict::Respond { status: got, .. }, Some(want)) => assert_eq!(got, want),
@@ -1529,11 +1593,11 @@ mod tests {
                 }
             }
             let mut pending = sent(h.start(&[("x-user", "alice")]));
-            let decision = done(h.reply(&mut pending, 0, Ok(b"-NOAUTH Authentication required.\r\n")));
-            assert_eq!(decision.failures, vec![Failure::RedisError("NOAUTH Authentication required.".into())]);
+            let (_, effects) = h.reply_with_effects(&mut pending, 0, Ok(b"-NOAUTH Authentication required.\r\n"));
+            assert_eq!(effects.call_failure, Some(Failure::RedisError("NOAUTH Authentication required.".into())));
             let mut pending = sent(h.start(&[("x-user", "alice")]));
-            let decision = done(h.reply(&mut pending, 0, Ok(b"<html>")));
-            assert!(matches!(decision.failures[..], [Failure::BadReply(_)]));
+            let (_, effects) = h.reply_with_effects(&mut pending, 0, Ok(b"<html>"));
+            assert!(matches!(effects.call_failure, Some(Failure::BadReply(_))));
         }
     }
 
@@ -1634,9 +1698,10 @@ mod tests {
         let mut h = Harness::new(two_rules(""));
         let mut pending = sent(h.start(&[]));
         assert!(matches!(h.reply(&mut pending, 0, Ok(&rejected(900))), Progress::Waiting));
-        let decision = done(h.reply(&mut pending, 1, Err(Failure::NoReply)));
+        let (progress, effects) = h.reply_with_effects(&mut pending, 1, Err(Failure::NoReply));
+        let decision = done(progress);
         assert_eq!(decision.outcome, Outcome::Rejected);
-        assert_eq!(decision.failures, vec![Failure::NoReply], "the failure is counted and logged too");
+        assert!(decision.redis_failed && effects.failed(), "the failure is counted and logged too");
     }
 
     #[test]
@@ -1644,9 +1709,10 @@ mod tests {
         let mut h = Harness::new(two_rules(r#","failure_mode":"deny""#));
         let mut pending = sent(h.start(&[]));
         assert!(matches!(h.reply(&mut pending, 0, Ok(&acquired(4))), Progress::Waiting));
-        let decision = pending.expire(&Failure::TimedOut, &h.config, &h.plan);
+        let (decision, unanswered) = pending.expire(&h.config, &h.plan);
         assert_eq!(decision.outcome, Outcome::FailedClosed);
-        assert_eq!(decision.failures, vec![Failure::TimedOut]);
+        assert!(decision.redis_failed);
+        assert_eq!(unanswered, 1, "the one call still waiting failed");
     }
 
     #[test]
@@ -1690,8 +1756,9 @@ mod tests {
         assert_eq!(words[0], "EVALSHA");
         assert_eq!(words[1], crate::script::ACQUIRE_ALL.sha(), "both rules in one call");
         assert_eq!(words[2], "10");
-        assert_eq!(words[15..17], ["1".to_string(), "100".to_string()], "the lease rule's permits and rate");
-        assert_eq!(words[21], "8", "asks for a lease of up to 8");
+        assert_eq!(words[14], "0", "fail open: an error on one limiter's keys does not stop the other's charge");
+        assert_eq!(words[16..18], ["1".to_string(), "100".to_string()], "the lease rule's permits and rate");
+        assert_eq!(words[22], "8", "asks for a lease of up to 8");
         // Both admit: the lease took 8 (7 left for this VM), per-user 1.
         let reply = all_reply(&[[1, 92, 92, 100, 60_000, 0, 1, 8], [1, 0, 0, 1, 60_000, 0, 1, 1]]);
         let decision = done(h.reply(&mut pending, 0, Ok(&reply)));
@@ -1703,7 +1770,9 @@ mod tests {
         let decision = done(h.reply(&mut pending, 0, Ok(&rejected(900))));
         assert_eq!(decision.outcome, Outcome::Rejected);
         assert_eq!(decision.rules.as_slice(), &[(0, RuleOutcome::Allowed), (1, RuleOutcome::Rejected)]);
-        assert_eq!(decision.give_back, vec![GiveBack::Lease { name: "erl:hot".into(), permits: 1 }]);
+        assert!(decision.give_back.is_empty(), "nothing taken in Redis");
+        let lease_member = decision.leases[0].random;
+        assert_eq!(decision.leases, vec![LeaseTicket { name: "erl:hot".into(), random: lease_member, permits: 1 }]);
         let headers = h.headers(&decision);
         assert_eq!(header(&headers, "x-ratelimited-by"), Some("per-user"));
     }
@@ -1717,7 +1786,7 @@ mod tests {
         let decision = done(h.reply(&mut pending, 1, Ok(&rejected(900))));
         assert_eq!(decision.outcome, Outcome::Rejected);
         match decision.give_back.as_slice() {
-            [GiveBack::Redis { name, settlement }] => {
+            [GiveBack { name, settlement }] => {
                 assert_eq!(name, "erl:a");
                 assert_eq!(settlement.random.to_vec(), member_of_a.into_bytes());
                 assert_eq!((settlement.granted, settlement.used), (1, 0), "remove the whole member");
@@ -1790,16 +1859,17 @@ mod tests {
         let decision = done(h.reply(&mut pending, 0, Ok(&rejected(500))));
         assert_eq!(decision.outcome, Outcome::Rejected);
         assert!(
-            matches!(decision.give_back.as_slice(), [GiveBack::Redis { name, .. }] if name == "erl:trial:carol"),
+            matches!(decision.give_back.as_slice(), [GiveBack { name, .. }] if name == "erl:trial:carol"),
             "as if enforced, the shadow limiter is charged only for requests that go on: {:?}",
             decision.give_back
         );
         let mut h = Harness::new(shadow_and_enforced(r#","failure_mode":"deny""#));
         let mut pending = sent(h.start(&[("x-user", "dave")]));
         assert!(matches!(h.reply(&mut pending, 0, Ok(&acquired(3))), Progress::Waiting));
-        let decision = done(h.reply(&mut pending, 1, Err(Failure::NoReply)));
+        let (progress, effects) = h.reply_with_effects(&mut pending, 1, Err(Failure::NoReply));
+        let decision = done(progress);
         assert_eq!(decision.outcome, Outcome::Allowed, "a shadow rule's failure does not fail the request closed");
-        assert_eq!(decision.failures, vec![Failure::NoReply], "but it is counted");
+        assert_eq!(effects.call_failure, Some(Failure::NoReply), "but it is counted");
         assert_eq!(decision.rules.as_slice(), &[(0, RuleOutcome::Allowed), (1, RuleOutcome::Failed)]);
     }
 

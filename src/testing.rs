@@ -94,6 +94,8 @@ struct State {
     refuse_tick: bool,
     /// What the next `random_seed` answers (as `random_get` does, a new value every time).
     next_seed: u64,
+    /// HTTP and Redis calls numbered on counters of their own from the same start (the next Redis token).
+    per_kind: Option<u32>,
 }
 
 /// Shared data of one gateway process: key -> (value, CAS version).
@@ -255,6 +257,14 @@ impl FakeHost {
         self.shared.borrow().entries.len()
     }
 
+    /// From now on HTTP calls and Redis calls are numbered on counters of their own, both continuing from
+    /// the next token: an HTTP call and a Redis call can then carry the same token, as hosts may number them
+    /// (the emulator's `--call-tokens per-kind`).
+    pub fn number_calls_per_kind(&self) {
+        let mut state = self.state.borrow_mut();
+        state.per_kind = Some(state.next_token);
+    }
+
     /// The next `times` context switches fail with BadArgument.
     pub fn refuse_effective_context(&self, times: u32) {
         self.state.borrow_mut().refuse_effective_context = times;
@@ -279,6 +289,20 @@ impl FakeHost {
         let mut state = self.state.borrow_mut();
         state.next_token += 1;
         state.next_token
+    }
+
+    fn redis_token(&self) -> u32 {
+        let mut state = self.state.borrow_mut();
+        match state.per_kind.as_mut() {
+            Some(next) => {
+                *next += 1;
+                *next
+            }
+            None => {
+                state.next_token += 1;
+                state.next_token
+            }
+        }
     }
 
     /// The effective stream context's request, if the effective context is a stream.
@@ -472,7 +496,7 @@ impl Host for FakeHost {
         if let Some(error) = self.state.borrow().refuse_calls {
             return Err(error);
         }
-        let token = self.token();
+        let token = self.redis_token();
         self.state.borrow_mut().redis_calls.push(RedisCall {
             token,
             service: service.to_string(),

@@ -2,8 +2,8 @@
 //! transports, one shape: [`crate::http_bridge`] (webdis through `proxy_http_call`, the stock Envoy /
 //! Istio build) and [`crate::host_redis`] (Higress's `proxy_redis_call`). Both send through the
 //! [`crate::host::Host`] and return the host's token; the reply (or failure) arrives later, in a
-//! callback of the root context, and the filter matches it to its request by that token. Host statuses
-//! and bridge HTTP statuses become [`Failure`]s.
+//! callback of the root context, and the filter matches it to its request by the call's kind and that
+//! token ([`CallId`]). Host statuses and bridge HTTP statuses become [`Failure`]s.
 
 use crate::prelude::*;
 
@@ -11,6 +11,38 @@ use core::fmt;
 
 use crate::host::HostError;
 use crate::quote::quoted;
+
+/// Which callback a call's reply comes through (`proxy_on_http_call_response` or
+/// `proxy_on_redis_call_response`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallKind {
+    /// `proxy_http_call` (the HTTP bridge).
+    Http,
+    /// `proxy_redis_call` (Higress's Redis interface).
+    Redis,
+}
+
+/// A call the host accepted: its kind and the host's token. Hosts number each kind of call on a counter
+/// of its own (Envoy's proxy-wasm-cpp-host `nextHttpCallId`, Higress's `nextRedisCallId`; their tokens
+/// differ in the low two bits today, but nothing in the ABI promises it), so a reply is matched by both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallId {
+    /// Its kind.
+    pub kind: CallKind,
+    /// The host's token.
+    pub token: u32,
+}
+
+impl CallId {
+    /// One integer naming the call among both kinds ([`crate::id_map::CallMap`]).
+    pub fn key(self) -> u64 {
+        let kind: u64 = match self.kind {
+            CallKind::Http => 0,
+            CallKind::Redis => 1,
+        };
+        (kind << 32) | u64::from(self.token)
+    }
+}
 
 /// Why a Redis call gave no usable reply. Each variant is one cause for once-per-cause logging.
 #[derive(Debug, Clone, PartialEq, Eq)]

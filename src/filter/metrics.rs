@@ -1,10 +1,12 @@
-//! The filter's counters (README.md, "Metrics") and its once-per-cause failure log.
+//! The filter's counters (README.md, "Metrics"), its once-per-cause failure log and its once-per-limiter
+//! log of errors on a limiter's keys.
 
 use crate::prelude::*;
 
+use crate::block::fnv1a;
 use crate::config::{FailureMode, Plugin};
 use crate::host::{Host, LogLevel};
-use crate::limiter::{Outcome, RuleOutcome};
+use crate::limiter::{LimiterError, Outcome, RuleOutcome};
 use crate::transport::Failure;
 
 use super::{log, NAME};
@@ -21,6 +23,8 @@ pub(super) struct Metrics {
     redis_errors: Option<u32>,
     host_errors: Option<u32>,
     leases: Option<u32>,
+    lease_settlements: Option<u32>,
+    lease_permits_lost: Option<u32>,
     compensations: Option<u32>,
     fallback_allowed: Option<u32>,
     fallback_rejected: Option<u32>,
@@ -65,6 +69,8 @@ impl Metrics {
             redis_errors: counter("redis_errors"),
             host_errors: counter("host_errors"),
             leases: counter("leases"),
+            lease_settlements: counter("lease_settlements"),
+            lease_permits_lost: counter("lease_permits_lost"),
             compensations: counter("compensations"),
             fallback_allowed: counter("fallback_allowed"),
             fallback_rejected: counter("fallback_rejected"),
@@ -81,8 +87,8 @@ impl Metrics {
         }
     }
 
-    /// One decided request, by its outcome, and the Redis calls of it that failed.
-    pub(super) fn decided(&self, host: &impl Host, outcome: Outcome, failures: usize) {
+    /// One decided request, by its outcome.
+    pub(super) fn decided(&self, host: &impl Host, outcome: Outcome) {
         let id = match outcome {
             Outcome::Unlimited => None,
             Outcome::Exempt => self.exempt,
@@ -98,7 +104,12 @@ impl Metrics {
             Outcome::LocallyRefused => self.fallback_rejected,
         };
         Self::add(host, id, 1);
-        Self::add(host, self.redis_errors, failures);
+    }
+
+    /// Redis calls that failed: as a whole (no reply, a bridge or Redis error, no answer in time), or for one
+    /// of the limiters they carried; once per call.
+    pub(super) fn redis_errors(&self, host: &impl Host, calls: usize) {
+        Self::add(host, self.redis_errors, calls);
     }
 
     /// One Redis call sent.
@@ -116,9 +127,16 @@ impl Metrics {
         Self::add(host, self.compensations, 1);
     }
 
-    /// A give-back call failed: its permits stay taken until they leave the window.
-    pub(super) fn give_back_failed(&self, host: &impl Host) {
-        Self::add(host, self.redis_errors, 1);
+    /// One give-back call a lease sent on its own (a settlement no acquire carried, or permits put back
+    /// after the lease stopped serving).
+    pub(super) fn lease_settlement(&self, host: &impl Host) {
+        Self::add(host, self.lease_settlements, 1);
+    }
+
+    /// Permits taken from a lease that could not be returned: their lease was forgotten (README.md,
+    /// "Leases": when leased permits are lost).
+    pub(super) fn lease_permits_lost(&self, host: &impl Host, permits: u64) {
+        Self::add(host, self.lease_permits_lost, usize::try_from(permits).unwrap_or(usize::MAX));
     }
 
     /// Rule entry `rule` of configuration `entry` ended a request with `outcome` (a rejection by the local
@@ -173,5 +191,44 @@ impl FailureLog {
             self.logged = Default::default();
             log(host, LogLevel::Info, "Redis answers again");
         }
+    }
+}
+
+/// Logs a Redis error on a limiter's keys once per limiter (the last [`LimiterErrorLog::KEPT`] limiters
+/// logged are remembered by hash): a broken key fails on every request while Redis answers the other
+/// limiters, so [`FailureLog`], which Redis's answers reset, would log it again and again.
+#[derive(Debug, Default)]
+pub(super) struct LimiterErrorLog {
+    logged: [u64; LimiterErrorLog::KEPT],
+    next: usize,
+}
+
+impl LimiterErrorLog {
+    const KEPT: usize = 16;
+
+    /// Rule `rule`'s limiter failed with `error` (failure mode `mode`): logged if not logged before.
+    pub(super) fn failed(&mut self, host: &impl Host, rule: &str, error: &LimiterError, mode: FailureMode) {
+        let hash = fnv1a(error.limiter.as_bytes()) | 1;
+        if self.logged.contains(&hash) {
+            return;
+        }
+        if let Some(slot) = self.logged.get_mut(self.next % Self::KEPT) {
+            *slot = hash;
+        }
+        self.next = self.next.wrapping_add(1);
+        let action = match mode {
+            FailureMode::Allow => "the rule fails open",
+            FailureMode::Deny => "its requests are answered with failure_status",
+            FailureMode::Local => "the rule is decided by the local window",
+        };
+        log(
+            host,
+            LogLevel::Warn,
+            &format!(
+                "rule {rule}: Redis error on limiter {}: {}; {action}, the request's other rules still decide; further errors are counted in {NAME}.redis_errors",
+                error.limiter,
+                crate::quote::escaped(&error.error)
+            ),
+        );
     }
 }

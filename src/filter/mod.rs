@@ -9,7 +9,7 @@
 //! Replies flow one way: the host delivers a reply to the root context (`proxy_on_http_call_response`,
 //! `proxy_on_redis_call_response`); the `abi` module hands it to [`Filter::on_http_call_response`] or
 //! [`Filter::on_redis_call_response`]; the transport module reads its bytes; the filter finds the request
-//! by the call's token (its own token map), feeds the limiter and acts. The transports know nothing of
+//! by the call's kind and token (its own call map), feeds the limiter and acts. The transports know nothing of
 //! requests.
 //!
 //! Every request the filter pauses ends within `redis.timeout` (+ [`DEADLINE_GRACE_MS`] + one tick):
@@ -31,23 +31,25 @@ use crate::fallback::{Circuit, Local, LocalWindows};
 use crate::host::{HeaderMap, Host, HostError, LogLevel};
 use crate::host_redis::{self, HostRedis};
 use crate::http_bridge::{self, HttpBridge};
-use crate::id_map::IdMap;
+use crate::id_map::{CallMap, IdMap};
 use crate::key::RequestView;
 use crate::lease::LeaseTable;
 use crate::limiter::{
-    self, Blocks, Decision, Effects, GiveBack, Leases, Outcome, PendingRequest, Plan, Progress, ReplyContext, Report,
-    RuleOutcome, Start, Verdict,
+    self, Blocks, Decision, Effects, GiveBack, LeaseEnd, Leases, Outcome, PendingRequest, Plan, Progress, ReplyContext,
+    Report, RuleOutcome, Start, Verdict,
 };
 use crate::quote::quoted;
 use crate::response::{seconds_ceil, HeaderValue, Headers, MAX_HEADERS};
 use crate::script::{Encoding, Invocation, Settlement, MEMBER_RANDOM_LEN};
-use crate::transport::Failure;
+use crate::transport::{CallId, CallKind, Failure};
 
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod interleavings;
 mod metrics;
 #[cfg(test)]
 mod tests;
 
-use metrics::{FailureLog, Metrics};
+use metrics::{FailureLog, LimiterErrorLog, Metrics};
 
 /// Prefix of every metric name; log lines start with `edge-rate-limiter: `.
 pub const NAME: &str = "edge_rate_limiter";
@@ -108,7 +110,7 @@ enum Transport {
 }
 
 impl Transport {
-    fn send(&self, host: &impl Host, command: &[u8]) -> Result<u32, Failure> {
+    fn send(&self, host: &impl Host, command: &[u8]) -> Result<CallId, Failure> {
         match self {
             Transport::Http(bridge) => bridge.send(host, command),
             Transport::Host(client) => client.send(host, command),
@@ -209,13 +211,51 @@ impl RecentBlocks {
     }
 }
 
-/// A give-back call on its way ([`GiveBack::Redis`]).
+/// A give-back call on its way (sent again by source after `NOSCRIPT`).
 #[derive(Debug)]
 struct GiveBackCall {
     entry: usize,
     name: String,
     settlement: Settlement,
     retried: bool,
+    kind: GiveBackKind,
+    /// When the tick gives up on its reply, ms since the epoch (`redis.timeout` + the grace after sending).
+    deadline_ms: u64,
+}
+
+/// What a give-back call returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GiveBackKind {
+    /// A member a request that did not go on added ([`GiveBack`]): counted in `compensations`.
+    Request,
+    /// A lease's settlement, or permits put back after it stopped serving ([`LeaseTable::take_outbox`]): its
+    /// end is reported to the lease table; counted in `lease_settlements`.
+    Lease,
+    /// A lease of a filter that went away ([`Filter::adopt`]): counted in `lease_settlements`.
+    Handed,
+}
+
+impl GiveBackCall {
+    fn new(entry: usize, name: String, settlement: Settlement, kind: GiveBackKind) -> Self {
+        GiveBackCall { entry, name, settlement, retried: false, kind, deadline_ms: 0 }
+    }
+}
+
+/// What a filter that goes away leaves to the one that replaces it in the VM ([`Filter::retire`],
+/// [`Filter::adopt`]): the settlements its leases still owe Redis, and where they go.
+#[derive(Debug, Default)]
+pub struct Retirement {
+    /// The Redis its configurations reached (one entry per distinct `redis` section).
+    redis: Vec<crate::config::RedisConfig>,
+    /// Per limiter name, the settlement to send.
+    settlements: Vec<(String, Settlement)>,
+}
+
+impl Retirement {
+    /// Permits the settlements would return (lost if nobody sends them).
+    pub fn unsettled_permits(&self) -> u64 {
+        self.settlements.iter().map(|(_, s)| s.granted.saturating_sub(s.used)).sum()
+    }
 }
 
 /// How a decided request ends: its verdict (headers are rendered when handed to the host).
@@ -236,8 +276,8 @@ struct Flow {
     /// Index of its configuration in [`Plugin::configs`].
     entry: usize,
     stage: Stage,
-    /// Tokens of its outstanding calls.
-    tokens: Vec<u32>,
+    /// Its outstanding calls ([`CallId::key`]).
+    tokens: Vec<u64>,
     /// When the guard ends the calls still waiting, ms since the epoch.
     deadline_ms: u64,
 }
@@ -328,8 +368,8 @@ pub struct Filter<H: Host> {
     client_id_confirmed: bool,
     /// Paused requests, by HTTP context id.
     flows: IdMap<Flow>,
-    /// Outstanding calls, by token.
-    calls: IdMap<Call>,
+    /// Outstanding calls, by [`CallId::key`]: the kind and the token (each kind has its own numbering).
+    calls: CallMap<Call>,
     /// What the rate limit headers of resumed requests report (with their configuration's index), added
     /// when their response headers arrive.
     response_headers: IdMap<(usize, Report)>,
@@ -345,9 +385,11 @@ pub struct Filter<H: Host> {
     leases: LeaseTable,
     /// Limiters whose lease acquire just ended: requests parked on them go on ([`Filter::wake_parked`]).
     ended_leases: Vec<String>,
-    /// Outstanding give-back calls, by token: the configuration, rule, limiter and member (sent again by
+    /// Outstanding give-back calls, by [`CallId::key`]: the configuration, limiter and member (sent again by
     /// source after `NOSCRIPT`).
-    give_backs: IdMap<GiveBackCall>,
+    give_backs: CallMap<GiveBackCall>,
+    /// Limiters whose keys raised a Redis error, logged once each.
+    limiter_errors: LimiterErrorLog,
     /// Where a request's limiter names are written (one allocation, reused).
     name_buffer: String,
 }
@@ -406,18 +448,19 @@ impl<H: Host> Filter<H> {
                 [random.u64(..), random.u64(..)],
             ),
             failure_log: FailureLog::default(),
+            limiter_errors: LimiterErrorLog::default(),
             random,
             client_id,
             client_id_confirmed: false,
             flows: IdMap::default(),
-            calls: IdMap::default(),
+            calls: CallMap::default(),
             response_headers: IdMap::default(),
             ticking: false,
             host_error_logged: false,
             last_reply: None,
             recent_blocks: RefCell::default(),
             leases: LeaseTable::default(),
-            give_backs: IdMap::default(),
+            give_backs: CallMap::default(),
             ended_leases: Vec::new(),
             name_buffer: String::new(),
             prepared,
@@ -482,6 +525,7 @@ impl<H: Host> Filter<H> {
             }
         };
         self.wake_parked();
+        self.send_lease_settlements(entry);
         action
     }
 
@@ -511,6 +555,13 @@ impl<H: Host> Filter<H> {
             if let Some(flow) = self.flows.remove(&context_id) {
                 self.forget_calls(&flow);
                 self.abandon_leases(&flow);
+                // The request never went upstream: what it took from leases goes back to them.
+                if let (Stage::Waiting(pending), Some(config)) = (&flow.stage, self.plugin.config(flow.entry)) {
+                    for ticket in pending.lease_tickets(config) {
+                        self.put_back(&ticket);
+                    }
+                }
+                self.send_lease_settlements(flow.entry);
                 self.wake_parked();
             }
         }
@@ -522,13 +573,13 @@ impl<H: Host> Filter<H> {
     /// `proxy_on_http_call_response` (delivered to the root context): a reply of the HTTP bridge.
     pub fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
         let reply = http_bridge::read_reply(&self.host, num_headers, body_size);
-        self.on_reply(token, reply);
+        self.on_reply(CallId { kind: CallKind::Http, token }, reply);
     }
 
     /// `proxy_on_redis_call_response` (delivered to the root context): a reply of the host's Redis client.
     pub fn on_redis_call_response(&mut self, token: u32, status: u32, response_size: usize) {
         let reply = host_redis::read_reply(&self.host, status, response_size);
-        self.on_reply(token, reply);
+        self.on_reply(CallId { kind: CallKind::Redis, token }, reply);
     }
 
     /// `proxy_on_tick`: the deadline guard. Ends the calls of requests past their deadline (failure
@@ -541,7 +592,28 @@ impl<H: Host> Filter<H> {
             .filter(|(_, flow)| matches!(flow.stage, Stage::Undelivered(_)) || flow.deadline_ms <= now_ms)
             .map(|(&context_id, _)| context_id)
             .collect();
-        for context_id in due {
+        self.end_flows(due);
+        // A give-back never answered: its permits stay taken until they leave the window.
+        let late: Vec<u64> =
+            self.give_backs.iter().filter(|(_, call)| call.deadline_ms <= now_ms).map(|(&key, _)| key).collect();
+        for key in late {
+            if let Some(call) = self.give_backs.remove(&key) {
+                self.give_back_failed(call, &Failure::TimedOut);
+            }
+        }
+        if self.flows.is_empty()
+            && self.give_backs.is_empty()
+            && self.ticking
+            && self.host.set_tick_period_ms(0).is_ok()
+        {
+            self.ticking = false;
+        }
+    }
+
+    /// Ends these paused requests now: a decision the host refused before is delivered, a request still
+    /// waiting ends its calls as timed out (each a failed call) and follows the failure mode.
+    fn end_flows(&mut self, context_ids: Vec<u32>) {
+        for context_id in context_ids {
             let Some(flow) = self.flows.remove(&context_id) else { continue };
             self.forget_calls(&flow);
             self.abandon_leases(&flow);
@@ -552,39 +624,43 @@ impl<H: Host> Filter<H> {
                     else {
                         continue;
                     };
-                    let decision = pending.expire(&Failure::TimedOut, config, &prepared.plan);
+                    let (decision, unanswered) = pending.expire(config, &prepared.plan);
+                    if unanswered > 0 {
+                        let mode = config.failure_mode;
+                        self.metrics.redis_errors(&self.host, unanswered);
+                        self.failure_log.failed(&self.host, &Failure::TimedOut, mode);
+                    }
                     self.finish(flow.entry, decision)
                 }
             };
             self.end_from_root(context_id, flow.entry, next);
         }
         self.wake_parked();
-        if self.flows.is_empty() && self.ticking && self.host.set_tick_period_ms(0).is_ok() {
-            self.ticking = false;
-        }
     }
 
-    /// A reply (or failure) for the call with this token.
-    fn on_reply(&mut self, token: u32, reply: Result<Vec<u8>, Failure>) {
+    /// A reply (or failure) for this call.
+    fn on_reply(&mut self, id: CallId, reply: Result<Vec<u8>, Failure>) {
+        let key = id.key();
         if !self.give_backs.is_empty() {
-            if let Some(call) = self.give_backs.remove(&token) {
+            if let Some(call) = self.give_backs.remove(&key) {
                 self.on_give_back_reply(call, reply);
                 return;
             }
         }
-        let Some(Call { context_id, call }) = self.calls.remove(&token) else {
-            log(&self.host, LogLevel::Debug, &format!("a reply for unknown call {token} was dropped"));
+        let Some(Call { context_id, call }) = self.calls.remove(&key) else {
+            log(&self.host, LogLevel::Debug, &format!("a reply for unknown call {} was dropped", id.token));
             return;
         };
         // The request may be gone (the client left): nothing to resume then.
         let Some(mut flow) = self.flows.remove(&context_id) else { return };
-        flow.tokens.retain(|&t| t != token);
+        flow.tokens.retain(|&t| t != key);
         if reply.as_deref().is_ok_and(|bytes| bytes.starts_with(b"-NOAUTH")) {
             if let Some(Transport::Host(client)) = self.prepared(flow.entry).map(|p| &p.transport) {
                 client.reconnect();
             }
         }
         let progress = self.feed(&mut flow, call, reply.as_deref().map_err(Clone::clone));
+        let entry = flow.entry;
         match self.drive(context_id, &mut flow, progress) {
             None => self.pause(context_id, flow),
             Some(decision) => {
@@ -594,14 +670,16 @@ impl<H: Host> Filter<H> {
             }
         }
         self.wake_parked();
+        self.send_lease_settlements(entry);
     }
 
     /// A request that goes away (answered at its deadline, or its client left) with lease acquires on their
     /// way: nobody will hear of them, so the requests parked on them are woken to ask Redis themselves.
     fn abandon_leases(&mut self, flow: &Flow) {
         if let Stage::Waiting(pending) = &flow.stage {
-            for name in pending.leases_waiting() {
-                self.leases.end(&name, None);
+            for (name, settled) in pending.leases_waiting() {
+                // Whether Redis ran the settlement it carried is unknown: it is sent again (safely).
+                self.leases.end(&name, None, settled.map(|random| (random, false)));
                 self.ended_leases.push(name);
             }
         }
@@ -687,10 +765,10 @@ impl<H: Host> Filter<H> {
             _ => Err(Failure::SendRefused("no transport for this configuration".into())),
         };
         match sent {
-            Ok(token) => {
+            Ok(id) => {
                 self.metrics.redis_call(&self.host);
-                self.calls.insert(token, Call { context_id, call });
-                flow.tokens.push(token);
+                self.calls.insert(id.key(), Call { context_id, call });
+                flow.tokens.push(id.key());
                 let timeout_ms = self.plugin.config(flow.entry).map_or(0, |c| c.redis.timeout_ms);
                 let deadline = self.host.now_ms().saturating_add(timeout_ms).saturating_add(DEADLINE_GRACE_MS);
                 flow.deadline_ms = flow.deadline_ms.max(deadline);
@@ -710,7 +788,18 @@ impl<H: Host> Filter<H> {
         };
         let now_ms = self.host.now_ms();
         let ctx = ReplyContext { config, plan: &prepared.plan, now_ms };
-        let (progress, Effects { notices, blocks, leases }) = pending.on_reply(call, reply, &ctx, &mut self.cache);
+        let (progress, effects) = pending.on_reply(call, reply, &ctx, &mut self.cache);
+        if effects.failed() {
+            self.metrics.redis_errors(&self.host, 1);
+        }
+        let Effects { notices, blocks, leases, call_failure, limiter_errors } = effects;
+        if let Some(failure) = &call_failure {
+            self.failure_log.failed(&self.host, failure, config.failure_mode);
+        }
+        for error in &limiter_errors {
+            let rule = config.rules.get(error.rule).map_or("", |r| r.name.as_str());
+            self.limiter_errors.failed(&self.host, rule, error, config.failure_mode);
+        }
         for notice in notices {
             log(&self.host, LogLevel::Warn, &notice.to_string());
         }
@@ -718,11 +807,11 @@ impl<H: Host> Filter<H> {
             prepared.blocks.record(&self.host, &name, block, now_ms);
             self.recent_blocks.borrow_mut().keep(&name, fnv1a(name.as_bytes()), block);
         }
-        for (name, grant) in leases {
+        for LeaseEnd { name, grant, settled } in leases {
             if grant.is_some() {
                 self.metrics.lease(&self.host);
             }
-            self.leases.end(&name, grant);
+            self.leases.end(&name, grant, settled);
             self.ended_leases.push(name);
         }
         progress
@@ -743,32 +832,88 @@ impl<H: Host> Filter<H> {
     /// request ends.
     fn finish(&mut self, entry: usize, mut decision: Decision) -> Next {
         self.decide_locally(entry, &mut decision);
-        self.metrics.decided(&self.host, decision.outcome, decision.failures.len());
+        self.metrics.decided(&self.host, decision.outcome);
         for &(rule, outcome) in &decision.rules {
             self.metrics.rule(&self.host, entry, rule, outcome);
         }
-        for give_back in decision.give_back {
-            match give_back {
-                GiveBack::Lease { name, permits } => self.leases.put_back(&name, permits),
-                GiveBack::Redis { name, settlement } => {
-                    let call = GiveBackCall { entry, name, settlement, retried: false };
-                    self.send_give_back(call);
-                }
+        let goes_on = matches!(decision.verdict, Verdict::Continue { .. });
+        for ticket in &decision.leases {
+            if goes_on {
+                self.leases.commit(ticket);
+            } else {
+                self.put_back(ticket);
             }
         }
-        let mode = self.plugin.config(entry).map_or(FailureMode::Allow, |c| c.failure_mode);
-        for failure in &decision.failures {
-            self.failure_log.failed(&self.host, failure, mode);
+        if !goes_on {
+            for GiveBack { name, settlement } in decision.give_back {
+                self.send_give_back(GiveBackCall::new(entry, name, settlement, GiveBackKind::Request));
+            }
         }
-        if decision.failures.is_empty() && matches!(decision.outcome, Outcome::Allowed | Outcome::Rejected) {
+        self.send_lease_settlements(entry);
+        if !decision.redis_failed && matches!(decision.outcome, Outcome::Allowed | Outcome::Rejected) {
             self.failure_log.recovered(&self.host);
         }
         decision.verdict
     }
 
-    /// `failure_mode: "local"`: moves the circuit (a failure opens it, a decision of Redis closes it) and
-    /// decides the rules Redis could not ([`Outcome::Local`]) with the local windows: admitted if every one
-    /// admits, else refused as a rejection (what other rules took is given back).
+    /// Puts a lease ticket back into its own lease; one whose lease is forgotten is counted as lost.
+    fn put_back(&mut self, ticket: &crate::lease::LeaseTicket) {
+        if !self.leases.put_back(ticket) {
+            self.metrics.lease_permits_lost(&self.host, ticket.permits);
+        }
+    }
+
+    /// Sends what the leases owe Redis on their own (settlements, permits put back after a lease stopped
+    /// serving) through configuration `entry`'s transport.
+    fn send_lease_settlements(&mut self, entry: usize) {
+        for (name, settlement) in self.leases.take_outbox() {
+            self.send_give_back(GiveBackCall::new(entry, name, settlement, GiveBackKind::Lease));
+        }
+    }
+
+    /// This filter goes away (its root context is deleted, or a new configuration replaces it): its paused
+    /// requests end now (as at their deadline: the failure mode), and its leases are settled as they stand,
+    /// to be sent by the filter that takes its place ([`Filter::adopt`]).
+    pub fn retire(&mut self) -> Retirement {
+        let paused: Vec<u32> = self.flows.keys().copied().collect();
+        self.end_flows(paused);
+        let mut redis: Vec<crate::config::RedisConfig> = Vec::new();
+        for (_, config) in self.plugin.configs() {
+            if !redis.contains(&config.redis) {
+                redis.push(config.redis.clone());
+            }
+        }
+        Retirement { redis, settlements: self.leases.retire_all() }
+    }
+
+    /// Sends the settlements a filter that went away left ([`Filter::retire`]) through a configuration of
+    /// this filter that reaches the same Redis (the same `redis` section); when none does, or the old
+    /// filter reached several, their permits are counted as lost (`lease_permits_lost`): they return when
+    /// their members leave the window.
+    pub fn adopt(&mut self, retirement: Retirement) {
+        let entry = match retirement.redis.as_slice() {
+            [only] => self.plugin.configs().find(|(_, config)| config.redis == *only).map(|(index, _)| index),
+            _ => None,
+        };
+        match entry {
+            Some(entry) => {
+                for (name, settlement) in retirement.settlements {
+                    self.send_give_back(GiveBackCall::new(entry, name, settlement, GiveBackKind::Handed));
+                }
+            }
+            None => self.metrics.lease_permits_lost(&self.host, retirement.unsettled_permits()),
+        }
+    }
+
+    /// Counts a retirement nobody adopts (no other configuration in the VM) as lost permits.
+    pub fn drop_retirement(&self, retirement: &Retirement) {
+        self.metrics.lease_permits_lost(&self.host, retirement.unsettled_permits());
+    }
+
+    /// `failure_mode: "local"`: moves the circuit (a failed call opens it, a decision of Redis closes it) and
+    /// decides the rules Redis could not ([`Outcome::Local`]) with the local windows: every one is asked
+    /// (each counts as its window decides), and the request is admitted if every one admits; else it is
+    /// refused as a rejection, and what the other rules took (windows and Redis) is given back.
     fn decide_locally(&mut self, entry: usize, decision: &mut Decision) {
         let (Some(fallback), Some(config)) =
             (self.prepared(entry).and_then(|p| p.fallback.as_ref()), self.plugin.config(entry))
@@ -777,7 +922,7 @@ impl<H: Host> Filter<H> {
         };
         let now_ms = self.host.now_ms();
         let mut circuit = fallback.circuit.get();
-        if !decision.failures.is_empty() {
+        if decision.redis_failed {
             circuit.failed(now_ms, fallback.probe_interval_ms);
         } else if matches!(decision.outcome, Outcome::Allowed | Outcome::Rejected) {
             circuit.succeeded();
@@ -786,13 +931,19 @@ impl<H: Host> Filter<H> {
         if decision.outcome != Outcome::Local {
             return;
         }
-        let mut refused = None;
+        let mut admitted = Vec::new();
+        let mut refused: Option<(usize, u64)> = None;
         for (index, name) in &decision.local {
             let Some(rule) = config.rules.get(*index) else { continue };
-            let local = fallback.windows.acquire(&self.host, name, rule.rate, rule.interval_ms, rule.permits, now_ms);
-            if let Local::Refused { retry_ms } = local {
-                refused = Some((*index, retry_ms));
-                break;
+            match fallback.windows.acquire(&self.host, name, rule.rate, rule.interval_ms, rule.permits, now_ms) {
+                Local::Admitted => {
+                    admitted.push((name, rule));
+                    decision.rules.push((*index, RuleOutcome::Allowed));
+                }
+                Local::Refused { retry_ms } => {
+                    decision.rules.push((*index, RuleOutcome::Rejected));
+                    refused = Some(refused.map_or((*index, retry_ms), |(first, ms)| (first, ms.max(retry_ms))));
+                }
             }
         }
         let Some((rule, retry_ms)) = refused else {
@@ -800,6 +951,9 @@ impl<H: Host> Filter<H> {
             decision.give_back.clear();
             return;
         };
+        for (name, admitted_rule) in admitted {
+            fallback.windows.release(&self.host, name, admitted_rule.interval_ms, admitted_rule.permits, now_ms);
+        }
         let Some(prepared) = self.prepared(entry) else { return };
         let report = Report { retry_ms: Some(retry_ms), rejected_by: Some(rule), ..Report::default() };
         decision.verdict = Verdict::Respond {
@@ -809,12 +963,16 @@ impl<H: Host> Filter<H> {
             body: alloc::rc::Rc::clone(&prepared.plan.rejection_body),
         };
         decision.outcome = Outcome::LocallyRefused;
-        decision.rules.push((rule, RuleOutcome::Rejected));
     }
 
     /// Keeps a request paused until its replies or its deadline; the tick runs while any is paused.
     fn pause(&mut self, context_id: u32, flow: Flow) {
         self.flows.insert(context_id, flow);
+        self.start_tick();
+    }
+
+    /// Turns the tick on (the deadline guard of paused requests and give-backs), if it is off.
+    fn start_tick(&mut self) {
         if !self.ticking {
             match self.host.set_tick_period_ms(TICK_MS) {
                 Ok(()) => self.ticking = true,
@@ -919,27 +1077,39 @@ impl<H: Host> Filter<H> {
     /// Sends a give-back call (by sha, or by source after `NOSCRIPT`); counted once in `compensations`, not
     /// again when sent by source. Nobody waits for it: a failure is counted in `redis_errors` and logged
     /// once as other failures are.
-    fn send_give_back(&mut self, call: GiveBackCall) {
+    fn send_give_back(&mut self, mut call: GiveBackCall) {
         let Some(prepared) = self.prepared(call.entry) else { return };
         let invocation = if call.retried { Invocation::BySource } else { Invocation::BySha };
         let Some(template) = prepared.plan.rules.first().map(|rule| &rule.template) else { return };
         let bytes = call.settlement.encode(&call.name, template, invocation, prepared.transport.encoding());
         match prepared.transport.send(&self.host, &bytes) {
-            Ok(token) => {
+            Ok(id) => {
                 self.metrics.redis_call(&self.host);
                 if !call.retried {
-                    self.metrics.compensation(&self.host);
+                    match call.kind {
+                        GiveBackKind::Request => self.metrics.compensation(&self.host),
+                        GiveBackKind::Lease | GiveBackKind::Handed => self.metrics.lease_settlement(&self.host),
+                    }
                 }
-                self.give_backs.insert(token, call);
+                let timeout_ms = self.plugin.config(call.entry).map_or(0, |c| c.redis.timeout_ms);
+                call.deadline_ms = self.host.now_ms().saturating_add(timeout_ms).saturating_add(DEADLINE_GRACE_MS);
+                self.give_backs.insert(id.key(), call);
+                self.start_tick();
             }
-            Err(failure) => self.give_back_failed(call.entry, &failure),
+            Err(failure) => self.give_back_failed(call, &failure),
         }
     }
 
     fn on_give_back_reply(&mut self, mut call: GiveBackCall, reply: Result<Vec<u8>, Failure>) {
         let failure = match reply {
             Err(failure) => failure,
-            Ok(bytes) if bytes.first() == Some(&b':') => return,
+            Ok(bytes) if bytes.first() == Some(&b':') => {
+                if call.kind == GiveBackKind::Lease {
+                    self.leases.settled(&call.name, &call.settlement.random, true);
+                    self.send_lease_settlements(call.entry);
+                }
+                return;
+            }
             Ok(bytes) if bytes.starts_with(b"-NOSCRIPT") && !call.retried => {
                 call.retried = true;
                 self.send_give_back(call);
@@ -947,13 +1117,18 @@ impl<H: Host> Filter<H> {
             }
             Ok(_) => Failure::BadReply("the give-back script answered an error".into()),
         };
-        self.give_back_failed(call.entry, &failure);
+        self.give_back_failed(call, &failure);
     }
 
-    fn give_back_failed(&mut self, entry: usize, failure: &Failure) {
-        self.metrics.give_back_failed(&self.host);
-        let mode = self.plugin.config(entry).map_or(FailureMode::Allow, |c| c.failure_mode);
+    /// A give-back call that failed (or never answered): counted in `redis_errors`, logged once per cause; a
+    /// lease's settlement waits for the next acquire of its limiter.
+    fn give_back_failed(&mut self, call: GiveBackCall, failure: &Failure) {
+        self.metrics.redis_errors(&self.host, 1);
+        let mode = self.plugin.config(call.entry).map_or(FailureMode::Allow, |c| c.failure_mode);
         self.failure_log.failed(&self.host, failure, mode);
+        if call.kind == GiveBackKind::Lease {
+            self.leases.settled(&call.name, &call.settlement.random, false);
+        }
     }
 
     fn forget_calls(&mut self, flow: &Flow) {

@@ -628,3 +628,297 @@ fn a_local_block_rejection_counts_in_the_rules_rejected_and_local_rejected() {
     let rule = |outcome: &str| host.counter(&format!("{NAME}.rule.per-user.{outcome}"));
     assert_eq!((rule("rejected"), rule("local_rejected")), (2, 1));
 }
+
+/// Every counter that moved since `before` (a [`snapshot`]), by name, in name order.
+fn deltas(host: &FakeHost, before: &[(String, u64)]) -> Vec<(String, u64)> {
+    let mut moved: Vec<(String, u64)> = snapshot(host)
+        .into_iter()
+        .map(|(name, value)| {
+            let was = before.iter().find(|(n, _)| *n == name).map_or(0, |(_, v)| *v);
+            (name, value - was)
+        })
+        .filter(|(_, delta)| *delta > 0)
+        .collect();
+    moved.sort();
+    moved
+}
+
+/// Every counter of the filter, by its name without the `edge_rate_limiter.` prefix.
+fn snapshot(host: &FakeHost) -> Vec<(String, u64)> {
+    let names = [
+        "allowed",
+        "rejected",
+        "local_rejected",
+        "failure_allowed",
+        "failure_denied",
+        "redis_calls",
+        "redis_errors",
+        "host_errors",
+        "leases",
+        "lease_settlements",
+        "lease_permits_lost",
+        "compensations",
+        "fallback_allowed",
+        "fallback_rejected",
+        "exempt",
+    ];
+    let rules = ["a", "b", "trial"]
+        .into_iter()
+        .flat_map(|rule| RuleOutcome::ALL.into_iter().map(move |outcome| format!("rule.{rule}.{}", outcome.counter())));
+    names
+        .into_iter()
+        .map(String::from)
+        .chain(rules)
+        .map(|name| (name.clone(), host.counter(&format!("{NAME}.{name}"))))
+        .collect()
+}
+
+/// The counters a test expects to move, in name order (as [`deltas`] lists them).
+fn expect(pairs: &[(&str, u64)]) -> Vec<(String, u64)> {
+    let mut expected: Vec<(String, u64)> = pairs.iter().map(|(name, value)| ((*name).to_string(), *value)).collect();
+    expected.sort();
+    expected
+}
+
+/// Rules `a` (per user) and `b` (global), one combined call per request.
+const A_AND_B: &str = r#"{"name":"a","limit_by":{"header":"x-user"},"rate":5,"interval":"1s","local_block_max":0},
+    {"name":"b","limit_by":"global","rate":9,"interval":"1s","local_block_max":0}"#;
+
+/// ACQUIRE_ALL's reply for two limiters: each `(code, amount)` with the rest of the full reply.
+fn both(first: (i64, i64), second: (i64, i64)) -> Vec<u8> {
+    let mut items = Vec::new();
+    for ((code, amount), rate) in [(first, 5), (second, 9)] {
+        items.extend([code, amount, amount.max(0), rate, 1_000, 0, 0, i64::from(code == 1)]);
+    }
+    let mut out = format!("*{}\r\n", items.len()).into_bytes();
+    for item in items {
+        out.extend(format!(":{item}\r\n").bytes());
+    }
+    out
+}
+
+#[test]
+fn every_counter_moves_once_per_event_for_each_outcome() {
+    let trial = r#"{"name":"trial","limit_by":"global","rate":1,"interval":"1s","mode":"shadow","local_block_max":0}"#;
+    let two = |redis: &str| configure(redis, A_AND_B, "");
+    // A combined call: both admit.
+    let (host, mut filter) = two(BRIDGE);
+    start(&host, &mut filter, 2, "alice");
+    answer_http(&host, &mut filter, last_token(&host), 200, &both((1, 4), (1, 8)));
+    let allowed = [("allowed", 1), ("redis_calls", 1), ("rule.a.allowed", 1), ("rule.b.allowed", 1)];
+    assert_eq!(deltas(&host, &[]), expect(&allowed));
+    // The combined call fails: one failed call, one failure per rule.
+    let before = snapshot(&host);
+    start(&host, &mut filter, 3, "alice");
+    answer_http(&host, &mut filter, last_token(&host), 503, b"");
+    let failed = [
+        ("failure_allowed", 1),
+        ("redis_calls", 1),
+        ("redis_errors", 1),
+        ("rule.a.failures", 1),
+        ("rule.b.failures", 1),
+    ];
+    assert_eq!(deltas(&host, &before), expect(&failed));
+    // The review's count: 3 combined calls, 2 failed, counted 2 (not one per rule: 4).
+    let (host, mut filter) = two(BRIDGE);
+    for (context_id, status) in [(2, 503), (3, 503), (4, 200)] {
+        start(&host, &mut filter, context_id, "alice");
+        answer_http(&host, &mut filter, last_token(&host), status, &both((1, 4), (1, 8)));
+    }
+    assert_eq!(host.counter(&format!("{NAME}.redis_errors")), 2);
+    assert_eq!(host.counter(&format!("{NAME}.redis_calls")), 3);
+    // NOSCRIPT: the call is sent again by source; no error.
+    let (host, mut filter) = two(BRIDGE);
+    start(&host, &mut filter, 2, "alice");
+    answer_http(&host, &mut filter, last_token(&host), 200, b"-NOSCRIPT No matching script.\r\n");
+    answer_http(&host, &mut filter, last_token(&host), 200, &both((1, 4), (1, 8)));
+    assert_eq!(
+        deltas(&host, &[]),
+        expect(&[("allowed", 1), ("redis_calls", 2), ("rule.a.allowed", 1), ("rule.b.allowed", 1)])
+    );
+    // A shadow rule's call: it would reject; then it fails. Each is counted for the shadow rule only.
+    let (host, mut filter) = configure(BRIDGE, &format!("{A_AND_B},{trial}"), "");
+    start(&host, &mut filter, 2, "alice");
+    let calls = host.http_calls();
+    answer_http(&host, &mut filter, calls[0].token, 200, &both((1, 4), (1, 8)));
+    answer_http(&host, &mut filter, calls[1].token, 200, &rejected(500));
+    let shadowed = [
+        ("allowed", 1),
+        ("redis_calls", 2),
+        ("rule.a.allowed", 1),
+        ("rule.b.allowed", 1),
+        ("rule.trial.shadow_rejected", 1),
+    ];
+    assert_eq!(deltas(&host, &[]), expect(&shadowed));
+    let before = snapshot(&host);
+    start(&host, &mut filter, 3, "alice");
+    let calls = host.http_calls();
+    answer_http(&host, &mut filter, calls[2].token, 200, &both((1, 3), (1, 7)));
+    answer_http(&host, &mut filter, calls[3].token, 503, b"");
+    let shadow_failed = [
+        ("allowed", 1),
+        ("redis_calls", 2),
+        ("redis_errors", 1),
+        ("rule.a.allowed", 1),
+        ("rule.b.allowed", 1),
+        ("rule.trial.failures", 1),
+    ];
+    assert_eq!(deltas(&host, &before), expect(&shadow_failed));
+    // Redis Cluster, two slots: a admits, b rejects: a's member is given back (one more call); a give-back
+    // answered NOSCRIPT is sent again (not counted again), one never answered fails at its deadline.
+    let (host, mut filter) = two(BRIDGE_TO_CLUSTER);
+    start(&host, &mut filter, 2, "alice");
+    let calls = host.http_calls();
+    answer_http(&host, &mut filter, calls[0].token, 200, &acquired(4));
+    answer_http(&host, &mut filter, calls[1].token, 200, &rejected(600));
+    let mixed =
+        [("rejected", 1), ("redis_calls", 3), ("compensations", 1), ("rule.a.allowed", 1), ("rule.b.rejected", 1)];
+    assert_eq!(deltas(&host, &[]), expect(&mixed));
+    let before = snapshot(&host);
+    answer_http(&host, &mut filter, last_token(&host), 200, b"-NOSCRIPT No matching script.\r\n");
+    assert_eq!(deltas(&host, &before), expect(&[("redis_calls", 1)]));
+    tick_after(&host, &mut filter, 200 + DEADLINE_GRACE_MS);
+    assert_eq!(deltas(&host, &before), expect(&[("redis_calls", 1), ("redis_errors", 1)]), "the unanswered give-back");
+    assert!(filter.give_backs.is_empty(), "and its entry is gone");
+    tick_after(&host, &mut filter, TICK_MS.into());
+    assert_eq!(host.tick_period(), 0, "nothing left to wait for: the tick stops");
+    // A call never answered ends at its deadline: one failed call.
+    let (host, mut filter) = two(BRIDGE);
+    start(&host, &mut filter, 2, "alice");
+    tick_after(&host, &mut filter, 200 + DEADLINE_GRACE_MS);
+    assert_eq!(deltas(&host, &[]), expect(&failed));
+}
+
+#[test]
+fn an_error_on_one_limiters_keys_leaves_the_other_rules_to_decide_and_is_logged_once() {
+    let broken = "WRONGTYPE Operation against a key holding the wrong kind of value";
+    let reply = |second: i64| {
+        let mut out = b"*17\r\n".to_vec();
+        for item in [4, 0, 0, 0, 0, 0, 0, 0, second, 0, 0, 9, 1_000, 0, 0, i64::from(second == 1)] {
+            out.extend(format!(":{item}\r\n").bytes());
+        }
+        out.extend(format!("${}\r\n{broken}\r\n", broken.len()).bytes());
+        out
+    };
+    // Rule a's limiter is broken, b decides: it admits (a fails open), then it rejects (429 by b).
+    let (host, mut filter) = configure(BRIDGE, A_AND_B, "");
+    start(&host, &mut filter, 2, "alice");
+    answer_http(&host, &mut filter, last_token(&host), 200, &reply(1));
+    assert_eq!(host.end(2), Some(End::Resumed));
+    start(&host, &mut filter, 3, "alice");
+    answer_http(&host, &mut filter, last_token(&host), 200, &reply(0));
+    let (status, headers, _) = local_reply(&host, 3);
+    assert_eq!((status, header(&headers, "x-ratelimited-by")), (429, Some("b")), "the healthy rule rejects");
+    start(&host, &mut filter, 4, "alice");
+    answer_http(&host, &mut filter, last_token(&host), 200, &reply(1));
+    let counted = [
+        ("allowed", 0),
+        ("rejected", 1),
+        ("failure_allowed", 2),
+        ("redis_calls", 3),
+        ("redis_errors", 3),
+        ("rule.a.failures", 3),
+        ("rule.b.allowed", 2),
+        ("rule.b.rejected", 1),
+    ];
+    let counted: Vec<(&str, u64)> = counted.into_iter().filter(|(_, v)| *v > 0).collect();
+    assert_eq!(deltas(&host, &[]), expect(&counted));
+    let lines: Vec<String> =
+        host.logs().into_iter().map(|(_, line)| line).filter(|l| l.contains("WRONGTYPE")).collect();
+    assert_eq!(lines.len(), 1, "logged once, naming the rule and the limiter: {lines:?}");
+    assert!(lines[0].contains("rule a: Redis error on limiter erl:a:alice: WRONGTYPE"), "{}", lines[0]);
+    // Failing closed, the call says so: an error stops the other limiters' charge.
+    let (host, mut filter) = configure(BRIDGE, A_AND_B, r#","failure_mode":"deny""#);
+    start(&host, &mut filter, 2, "alice");
+    let body = String::from_utf8(host.http_calls().pop().unwrap().body).unwrap();
+    let words: Vec<&str> = body.split('/').collect();
+    assert_eq!((words[13], words[14]), ("1700000000000", "1"), "ARGV 2: an error stops the charge");
+    answer_http(&host, &mut filter, last_token(&host), 200, &reply(3));
+    assert_eq!(local_reply(&host, 2).0, 503, "a's failure fails the request closed");
+}
+
+#[test]
+fn replies_find_their_own_request_when_http_and_redis_calls_share_a_token() {
+    // Global: the host's Redis client; route "bridge": the HTTP bridge. Each kind numbered on its own.
+    let json = format!(
+        r#"{{{HOST_REDIS},"rules":[{{"name":"a","limit_by":{{"header":"x-user"}},"rate":5,"interval":"1s"}}],
+        "_rules_":[{{"_match_route_":["bridge"],{BRIDGE},"rules":[{{"name":"b","limit_by":"global","rate":1,"interval":"1s"}}]}}]}}"#
+    );
+    let host = FakeHost::new();
+    let mut filter = Filter::configure(host.clone(), json.as_bytes(), true).unwrap();
+    host.number_calls_per_kind();
+    host.set_property("xds.route_name", "bridge");
+    start(&host, &mut filter, 2, "alice");
+    host.set_property("xds.route_name", "other");
+    start(&host, &mut filter, 3, "alice");
+    let (http, redis) = (host.http_calls().pop().unwrap(), host.redis_calls().pop().unwrap());
+    assert_eq!(http.token, redis.token, "both calls carry the same token");
+    // The bridge route's rule rejects; the global rule admits.
+    answer_redis(&host, &mut filter, redis.token, &acquired(4));
+    answer_http(&host, &mut filter, http.token, 200, &rejected(700));
+    assert_eq!(host.end(3), Some(End::Resumed), "the Redis reply went to the Redis call's request");
+    let (status, headers, _) = local_reply(&host, 2);
+    assert_eq!((status, header(&headers, "x-ratelimited-by")), (429, Some("b")));
+}
+
+#[test]
+fn a_lease_of_a_configuration_that_goes_away_is_settled_through_the_new_one() {
+    let (host, mut old) = configure(BRIDGE, HOT, "");
+    start(&host, &mut old, 2, "a");
+    answer_http(&host, &mut old, last_token(&host), 200, b"*2\r\n:96\r\n:4\r\n");
+    assert_eq!(start(&host, &mut old, 3, "b"), Action::Continue, "served from the lease: 2 of 4 used");
+    let random = {
+        let lease_call = host.http_calls()[0].body.clone();
+        let body = String::from_utf8(lease_call).unwrap();
+        body.split('/').nth(9).unwrap().to_string()
+    };
+    // A new configuration: a new root context, then the old one goes.
+    let mut new = Filter::configure(host.clone(), format!(r#"{{{BRIDGE},"rules":[{HOT}]}}"#).as_bytes(), true).unwrap();
+    let before = snapshot(&host);
+    new.adopt(old.retire());
+    let call = host.http_calls().pop().unwrap();
+    let body = String::from_utf8(call.body).unwrap();
+    assert!(body.starts_with(&format!("EVALSHA/{}/", crate::script::GIVE_BACK.sha())), "{body}");
+    let args: Vec<&str> = body.trim_end_matches(".raw").rsplit('/').take(4).collect();
+    assert_eq!((args[3], args[2], args[1]), (random.as_str(), "4", "2"), "the member keeps the 2 permits used");
+    assert_eq!(deltas(&host, &before), expect(&[("redis_calls", 1), ("lease_settlements", 1)]));
+    answer_http(&host, &mut new, call.token, 200, b":1\r\n");
+    assert!(new.give_backs.is_empty());
+}
+
+#[test]
+fn in_the_degraded_mode_each_rule_counts_as_its_window_decides_and_a_refusal_returns_the_others_permits() {
+    // a: 5 per user; b: 9 overall; one gateway. Redis fails: the local windows decide.
+    let (host, mut filter) =
+        configure(BRIDGE, A_AND_B, r#","failure_mode":"local","local_fallback":{"gateways":1,"probe_interval":"10s"}"#);
+    start(&host, &mut filter, 2, "alice");
+    answer_http(&host, &mut filter, last_token(&host), 503, b"");
+    assert_eq!(host.end(2), Some(End::Resumed));
+    let locally = [
+        ("fallback_allowed", 1),
+        ("redis_calls", 1),
+        ("redis_errors", 1),
+        ("rule.a.allowed", 1),
+        ("rule.b.allowed", 1),
+    ];
+    assert_eq!(deltas(&host, &[]), expect(&locally), "admitted locally: allowed by each rule, not failed");
+    // alice uses up her 5; b has 4 left.
+    for context_id in 3..7 {
+        assert_eq!(start(&host, &mut filter, context_id, "alice"), Action::Continue);
+    }
+    let before = snapshot(&host);
+    assert_eq!(start(&host, &mut filter, 7, "alice"), Action::Pause);
+    let (status, headers, _) = local_reply(&host, 7);
+    assert_eq!((status, header(&headers, "x-ratelimited-by")), (429, Some("a")));
+    assert_eq!(
+        deltas(&host, &before),
+        expect(&[("fallback_rejected", 1), ("rule.a.rejected", 1), ("rule.b.allowed", 1)]),
+        "refused by a only: b counts as allowed, once"
+    );
+    // b's permit was returned: 4 more requests of other users fit in b's window of 9.
+    for (context_id, user) in [(8, "bob"), (9, "carol"), (10, "dave"), (11, "erin")] {
+        assert_eq!(start(&host, &mut filter, context_id, user), Action::Continue, "{user}");
+    }
+    start(&host, &mut filter, 12, "frank");
+    assert_eq!(header(&local_reply(&host, 12).1, "x-ratelimited-by"), Some("b"), "b's window is full at 9");
+}

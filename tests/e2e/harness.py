@@ -834,14 +834,18 @@ class Emulator:
     Every line sent carries an increasing `id`, which `wasm-host` echoes; an answer to a call the client
     gave up on (its timeout passed) arrives later with its own id and is set aside in `late_answers`, never
     taken as the answer to the next call. `set_faults()` injects host faults (tests/host README, "Faults")
-    and `advance_clock()` moves the filter's wall clock ahead.
+    and `advance_clock()` moves the filter's wall clock ahead. `call_tokens` is `wasm-host --call-tokens`:
+    "shared" (the default: one counter for HTTP and Redis calls), "per-kind" (one counter per kind from the
+    same start: the n-th HTTP call and the n-th Redis call of a VM get the same token) or "envoy" (as Envoy
+    and Higress number them: HTTP 4, 8, ...; Redis 7, 11, ...; tests/host README, "Call tokens").
     """
 
     READY_TIMEOUT = 90.0  # compiling the filter in a debug wasm-host on a loaded 2-CPU machine
 
     def __init__(self, workdir: Path, plugin: dict | str, *, clusters: dict[str, int], wasm: Path | str = WASM,
                  vms: int = 2, name: str = "emulator", pause_deadline_ms: int = 5000,
-                 redis_clusters: dict[str, list[int]] | None = None, args: tuple[str, ...] = ()):
+                 redis_clusters: dict[str, list[int]] | None = None, args: tuple[str, ...] = (),
+                 call_tokens: str = "shared"):
         # `args`: more `wasm-host serve` options, e.g. ("--host", "higress", "--compile-cache", DIR,
         # "--property", "cluster_name=..."), for modules other than the filter (test_higress_plugins.py).
         self.workdir = workdir
@@ -853,6 +857,7 @@ class Emulator:
         # Clusters of type envoy.clusters.redis ({name: seed ports}): Higress's Redis client gets no host.
         self.redis_clusters = dict(redis_clusters or {})
         self.pause_deadline_ms = pause_deadline_ms
+        self.call_tokens = call_tokens
         self.args = tuple(args)
         self.config_path = workdir / f"{name}.json"
         self.err_path = workdir / f"{name}.err"
@@ -880,6 +885,8 @@ class Emulator:
             argv += ["--redis-cluster", f"{cluster}=" + ",".join(f"{HOST}:{port}" for port in ports)]
         if "--compile-cache" not in self.args:
             argv += ["--compile-cache", str(WASM_HOST_CACHE)]
+        if self.call_tokens != "shared":
+            argv += ["--call-tokens", self.call_tokens]
         argv += self.args
         self.process = Process(self.name, argv, self.err_path, pipes=True)
         threading.Thread(target=self._read_lines, args=(self.process.popen.stdout,), name=f"{self.name}-stdout",
@@ -979,7 +986,7 @@ class Emulator:
     def send_batch(self, requests: list[dict], timeout: float = 20.0) -> list[Response]:
         """Requests in flight together (each a dict of `send()` keyword arguments), in order."""
         lines = [self._request_line(r.get("path", "/"), r.get("headers"), r.get("method", "GET"), r.get("body"),
-                                    r.get("source_address"), r.get("vm")) for r in requests]
+                                    r.get("source_address"), r.get("vm"), r.get("route_name")) for r in requests]
         results = self._call({"batch": lines}, timeout)["batch"]
         return [self._response(result) for result in results]
 
@@ -1099,25 +1106,28 @@ class Stack(contextlib.AbstractContextManager):
         return self
 
     def envoy(self, plugin: dict | str, *, wait_ready: bool = True, wasm: Path | str = WASM,
-              concurrency: int = 2, reloadable: bool = False) -> Envoy:
+              concurrency: int = 2, reloadable: bool = False, webdis_port: int | None = None) -> Envoy:
         """A new Envoy with this plugin configuration, started (and ready unless wait_ready=False);
-        `reloadable`: its listener from a watched file, for `Envoy.reconfigure()`."""
+        `reloadable`: its listener from a watched file, for `Envoy.reconfigure()`; `webdis_port`: where its
+        `webdis` cluster points (default: the stack's webdis; e.g. a `slowbridge.SlowBridge` in front of it)."""
         self._count += 1
-        envoy = Envoy(self.workdir, plugin, webdis_port=self.webdis.port, upstream_port=self.upstream.port,
+        webdis_port = self.webdis.port if webdis_port is None else webdis_port
+        envoy = Envoy(self.workdir, plugin, webdis_port=webdis_port, upstream_port=self.upstream.port,
                       wasm=wasm, concurrency=concurrency, name=f"envoy-{self._count}", reloadable=reloadable)
         self.envoys.append(envoy)
         return envoy.start(wait_ready=wait_ready)
 
     def emulator(self, plugin: dict | str, *, build: str | None = None, vms: int = 2, wait_ready: bool = True,
                  clusters: dict[str, int] | None = None, keep: bool = False, pause_deadline_ms: int = 5000,
-                 redis_clusters: dict[str, list[int]] | None = None) -> Emulator:
+                 redis_clusters: dict[str, list[int]] | None = None, call_tokens: str = "shared") -> Emulator:
         """A new `Emulator` with this plugin configuration, started (and ready unless wait_ready=False).
 
         `build` ("envoy" or "higress", see BUILDS) defaults to "higress" for `transport: "host"`, else
         "envoy". `clusters` defaults to the one the configuration names (`redis_cluster()`): the stack's
         redis-server for transport "host", its webdis otherwise. `redis_clusters` adds clusters of type
-        envoy.clusters.redis ({name: seed ports}). Stopped with the Envoys after the test
-        (`stop_envoys()`), or with `keep` only when the stack closes (for a module-scoped gateway).
+        envoy.clusters.redis ({name: seed ports}). `call_tokens`: how the emulator numbers calls (see
+        `Emulator`; default "shared"). Stopped with the Envoys after the test (`stop_envoys()`), or with
+        `keep` only when the stack closes (for a module-scoped gateway).
         """
         section: dict = {}
         with contextlib.suppress(ValueError, AttributeError):
@@ -1130,7 +1140,7 @@ class Stack(contextlib.AbstractContextManager):
         self._count += 1
         emulator = Emulator(self.workdir, plugin, clusters=clusters, wasm=BUILDS[build], vms=vms,
                             name=f"emulator-{self._count}", pause_deadline_ms=pause_deadline_ms,
-                            redis_clusters=redis_clusters)
+                            redis_clusters=redis_clusters, call_tokens=call_tokens)
         (self.kept if keep else self.envoys).append(emulator)
         return emulator.start(wait_ready=wait_ready)
 

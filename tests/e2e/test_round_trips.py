@@ -5,7 +5,8 @@ from __future__ import annotations
 from harness import METRIC_PREFIX, HarnessError, plugin_config, rule
 
 COUNTERS = ("allowed", "rejected", "local_rejected", "failure_allowed", "failure_denied", "redis_calls", "redis_errors",
-            "host_errors", "leases", "compensations", "fallback_allowed", "fallback_rejected", "exempt",
+            "host_errors", "leases", "lease_settlements", "lease_permits_lost", "compensations", "fallback_allowed",
+            "fallback_rejected", "exempt",
             "rule.per-user.allowed", "rule.per-user.rejected", "rule.per-user.local_rejected",
             "rule.per-user.shadow_rejected", "rule.per-user.failures")
 
@@ -50,6 +51,8 @@ def test_one_redis_round_trip_per_request_once_the_limiter_exists(stack):
         "redis_errors": 0,
         "host_errors": 0,
         "leases": 0,
+        "lease_settlements": 0,
+        "lease_permits_lost": 0,
         "compensations": 0,
         "fallback_allowed": 0,
         "fallback_rejected": 0,
