@@ -134,7 +134,7 @@ REDISSON4_TRY_SET_RATE = (
     "if res == 1 and tonumber(ARGV[4]) > 0 then redis.call('pexpire', KEYS[1], ARGV[4]); end;"
     "return res;"
 )
-# The filter's default keepAliveTime (README: "1h", or the interval if longer).
+# The filter's default keepAliveTime (docs/configuration.md: "1h", or the interval if longer).
 DEFAULT_KEEP_ALIVE_MS = 3_600_000
 CLIENT_ID = "bench-client"
 

@@ -15,8 +15,8 @@ its memory back when keys expire?
    estimate of its fill. At the end, a verdict per series from the data: growth over the last third of the
    run against the first third.
 2. Keys that expire: the same load for SOAK_EXPIRY_SECONDS on a rule of 1 per 1 s with keep_alive 2 s
-   (README: keep_alive must be 0 or >= interval), then no load: Redis DBSIZE and used_memory, polled until
-   every limiter is gone or keep_alive + SOAK_DRAIN_MARGIN seconds have passed, against where they started.
+   (docs/configuration.md: keep_alive must be 0 or >= interval), then no load: Redis DBSIZE and used_memory, polled
+   until every limiter is gone or keep_alive + SOAK_DRAIN_MARGIN seconds have passed, against where they started.
 
 Every process comes from tests/e2e/harness.py on 127.0.0.1 with free ports and is stopped by its PID, also
 on Ctrl-C. Settings (environment, defaults in brackets): SOAK_SECONDS [600], SOAK_KEYS [1000000],
@@ -62,7 +62,7 @@ SOAK_RULE = h.rule("per-user", rate=1, interval="1h")
 KEEP_ALIVE_S = 2
 EXPIRING_RULE = h.rule("expiring", rate=1, interval="1s", keep_alive=f"{KEEP_ALIVE_S}s")
 STALE_PCT = 10  # Redis's ACTIVE_EXPIRE_CYCLE_ACCEPTABLE_STALE (src/expire.c), at active-expire-effort 1
-KEYS_PER_LIMITER = 3  # the config hash, {name}:value, {name}:permits (README, "Limiter names in Redis")
+KEYS_PER_LIMITER = 3  # the config hash, {name}:value, {name}:permits (docs/configuration.md, "Limiter names in Redis")
 BLOCK_PREFIX = "edge_rate_limiter.block."  # src/block.rs KEY_PREFIX: the local block's shared data slots
 EMULATOR_BATCH = 32
 

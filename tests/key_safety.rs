@@ -2,7 +2,7 @@
 //! gets keeps all its keys in one Redis Cluster hash slot and shares no key with another value's or another
 //! rule's limiter. Property tests against the crate's public naming API (`key::limiter_name`,
 //! `key::LimiterKeys`, `key::hash_slot`), checked with an independent CRC16 and an independent decoding of
-//! the name back to the value (README.md, "Limiter names in Redis").
+//! the name back to the value (docs/configuration.md, "Limiter names in Redis").
 //!
 //! Run: `cargo test --no-default-features --test key_safety` (`PROPTEST_CASES` scales the runs).
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
@@ -63,7 +63,7 @@ fn is_verbatim(value: &[u8]) -> bool {
         && value.iter().all(|&b| b.is_ascii_alphanumeric() || b"._@/:+=-".contains(&b))
 }
 
-/// Reads the value back from its limiter name (README.md: verbatim, `~` + base64url, `#` + base64url of
+/// Reads the value back from its limiter name (docs/configuration.md: verbatim, `~` + base64url, `#` + base64url of
 /// the SHA-256), failing when the name is not the one form the value must take.
 fn check_decodes(base: &str, value: &[u8], name: &str) -> Result<(), TestCaseError> {
     let encoded = name.strip_prefix(base).and_then(|rest| rest.strip_prefix(':'));
@@ -121,7 +121,7 @@ fn the_reference_crc16_is_redis_clusters() {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(CASES))]
 
-    /// A name is the one README form of its value and decodes back to it: no two values of one base share
+    /// A name is the one documented form of its value and decodes back to it: no two values of one base share
     /// a name (up to SHA-256 collisions above 256 bytes), and the value part never holds `{` or `}`.
     #[test]
     fn a_name_decodes_back_to_its_value(base in base(), value in hostile_value()) {

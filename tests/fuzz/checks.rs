@@ -457,7 +457,7 @@ pub fn names_override_field_from_the_top(document: &Value, error: &ConfigError) 
 /// Whether known findings fail the checks too (the regression tests set it).
 pub static STRICT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// What an accepted configuration guarantees (README.md, Configuration).
+/// What an accepted configuration guarantees (docs/configuration.md).
 pub fn check_accepted(config: &PluginConfig) {
     assert!(!config.rules.is_empty());
     assert!(!config.redis.cluster.trim().is_empty() && !config.redis.authority.trim().is_empty());
@@ -1000,7 +1000,7 @@ fn percent_decode(bytes: &[u8]) -> Vec<u8> {
     out
 }
 
-/// The value a key source should read, written from the README's description, not from `src/key.rs`.
+/// The value a key source should read, written from docs/configuration.md's description, not from `src/key.rs`.
 pub fn reference_value(source: &KeySource, request: &Request) -> KeyValue {
     let header = |name: &str| request.header(name);
     let value = match source {
