@@ -16,10 +16,12 @@ One place starts everything the filter needs, on 127.0.0.1 with free ports, and 
 - `erl_admin()`: runs the operator tool (`target/debug/erl-admin` or `$ERL_ADMIN_BIN`, built by
   `cargo build -p erl-admin`, never by the tests) against a `Redis` of the harness.
 
-`rule()`, `plugin_config()` and `host_plugin_config()` build plugin configurations (README.md,
-"Configuration") as small dicts;
+`rule()`, `plugin_config()` and `host_plugin_config()` build plugin configurations
+(docs/configuration.md) as small dicts;
 `limiter_name()`, `limiter_key()`, `decode_permit()` and `retry_after_range()` spell out the Redis layout
-(README.md, Redisson 4.x) and Redisson's delay that the tests check against.
+(docs/redisson.md, Redisson 4.x) and Redisson's delay that the tests check against. `config_for()` picks
+a build's configuration; `user()`, `delta()`, `round_trips()`, `timed_send()` and `hammer()` are what the
+tests read off a gateway (conftest.py's `start_gateway` drives any gateway alike).
 
 Every wait is bounded; when a process does not come up, `HarnessError` carries the tail of its log.
 """
@@ -63,7 +65,7 @@ WASM_HOST_BIN = Path(os.environ.get("ERL_WASM_HOST_BIN", REPO / "target" / "debu
 # Where every emulator keeps the modules it compiled (wasm-host --compile-cache): a module is compiled once
 # per content and wasmtime build, then loaded in milliseconds. Under target/: nobody else writes there.
 WASM_HOST_CACHE = Path(os.environ.get("ERL_WASM_HOST_CACHE", REPO / "target" / "wasm-host-cache"))
-# The artifacts of `make build` by the name of their build (README.md, "Builds").
+# The artifacts of `make build` by the name of their build (docs/deploying.md, "Builds").
 BUILDS = {"envoy": WASM, "higress": WASM_HIGRESS}
 
 HOST = "127.0.0.1"
@@ -114,6 +116,12 @@ def host_plugin_config(*rules: dict, timeout: Any = "500ms", redis: dict | None 
     return {"redis": redis_section, "rules": list(rules), **fields}
 
 
+def config_for(build: str, *rules: dict, **fields: Any) -> dict:
+    """The plugin configuration for a build (BUILDS) in its usual transport: the stock build ("envoy")
+    through webdis (`plugin_config`), the Higress build through the host's Redis client (`host_plugin_config`)."""
+    return (host_plugin_config if build == "higress" else plugin_config)(*rules, **fields)
+
+
 def redis_cluster(redis_section: dict) -> str | None:
     """The cluster a plugin's `redis` section names: `cluster`, else Higress's `outbound|<port>||<name>`
     for `service_name` (port `service_port`, default 80 for a `.static` name, else 6379)."""
@@ -127,7 +135,7 @@ def redis_cluster(redis_section: dict) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Redis layout (README.md, "Limiter names in Redis"; Redisson 4.x RRateLimiter)
+# Redis layout (docs/configuration.md, "Limiter names in Redis"; Redisson 4.x RRateLimiter)
 
 _VERBATIM = set(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._@/:+=-")
 
@@ -311,6 +319,53 @@ def erl_admin(redis: "Redis | None", *args: str, env: dict[str, str] | None = No
     result = subprocess.run(argv + list(args), stdin=subprocess.DEVNULL, capture_output=True, text=True,
                             timeout=timeout, check=False, env=run_env)
     return AdminResult(result.returncode, result.stdout, result.stderr)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What the tests read off a gateway
+
+
+def user(name: str) -> dict[str, str]:
+    """The request headers of user `name` (`x-user-id`, the key of `rule()`'s default `limit_by`)."""
+    return {"x-user-id": name}
+
+
+def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """The counters that changed between two `metrics()` readings, by how much."""
+    return {name: after[name] - before.get(name, 0) for name in after if after[name] != before.get(name, 0)}
+
+
+def round_trips(outcome: dict) -> int:
+    """Calls to Redis an emulator request made (one of `Emulator.outcomes`): through webdis (HTTP) or the
+    host's Redis client."""
+    return outcome["redis_calls"] + outcome["http_calls"]
+
+
+def timed_send(gateway: Any, who: str = "alice") -> tuple[Response, float]:
+    """One request of user `who` to a gateway (Envoy or Emulator): the response, and the seconds it took."""
+    started = time.monotonic()
+    response = gateway.send(headers=user(who))
+    return response, time.monotonic() - started
+
+
+def hammer(sends: list[Callable[[], int]], seconds: float) -> list[list[tuple[float, float, int]]]:
+    """Each `send` (returning a status) in its own thread, back to back, for `seconds`: (start, end, status)
+    of each request, times in epoch ms, a list per `send`."""
+    results: list[list[tuple[float, float, int]]] = [[] for _ in sends]
+    stop = time.monotonic() + seconds
+
+    def run(index: int) -> None:
+        while time.monotonic() < stop:
+            start = epoch_ms()
+            status = sends[index]()
+            results[index].append((start, epoch_ms(), status))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(sends))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(seconds + 30)
+    return results
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -389,7 +389,7 @@ class RedisProxy:
 
 class ClusterStack(harness.Stack):
     """`harness.Stack` on a Redis Cluster: webdis talks to a `RedisProxy` in front of a `RedisCluster`, and
-    Higress-build emulators reach the same proxy as their `redis` cluster (README.md, "Redis Cluster").
+    Higress-build emulators reach the same proxy as their `redis` cluster (docs/deploying.md, "Redis Cluster").
 
     The stack's single `redis` is never started; `cluster` and `proxy` take its place.
     """

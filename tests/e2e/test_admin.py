@@ -20,15 +20,12 @@ from harness import (
     limiter_key,
     plugin_config,
     rule,
+    user,
 )
 from timing import RealClock, permit_scores
 
 ALICE = "erl:per-user:alice"
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-
-
-def user(name: str) -> dict[str, str]:
-    return {"x-user-id": name}
 
 
 def admin(redis: Redis, *args: str) -> AdminResult:

@@ -1,5 +1,5 @@
 """The degraded mode, `failure_mode: "local"`: while Redis fails, each gateway process enforces the rules
-itself at `rate / gateways` per window (README.md, "Degraded mode"), and asks Redis again with one probe
+itself at `rate / gateways` per window (docs/configuration.md, "Degraded mode"), and asks Redis again with one probe
 per VM per `probe_interval`.
 
 Two real Envoys (2 workers each) run with Redis stopped: every sliding window of their admitted requests
@@ -10,36 +10,15 @@ build in the emulator shares its windows across its VMs the same way.
 
 from __future__ import annotations
 
-import threading
 import time
-from typing import Callable
 
-from harness import epoch_ms, host_plugin_config, plugin_config, rule, wait_until, worst_window
+from harness import hammer, host_plugin_config, plugin_config, rule, wait_until, worst_window
 
 RATE = 40
 INTERVAL_MS = 1_000
 RULE = rule("per-user", rate=RATE, interval="1s")
 DEGRADED = {"failure_mode": "local", "local_fallback": {"gateways": 2, "probe_interval": "200ms"}}
 ALICE = {"x-user-id": "alice"}
-
-
-def hammer(sends: list[Callable[[], int]], seconds: float) -> list[list[tuple[float, float, int]]]:
-    """Each `send` in its own thread, back to back, for `seconds`: (start ms, end ms, status) per request."""
-    results: list[list[tuple[float, float, int]]] = [[] for _ in sends]
-    stop = time.monotonic() + seconds
-
-    def run(index: int) -> None:
-        while time.monotonic() < stop:
-            start = epoch_ms()
-            status = sends[index]()
-            results[index].append((start, epoch_ms(), status))
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(sends))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(seconds + 30)
-    return results
 
 
 def admitted(results: list[tuple[float, float, int]]) -> list[tuple[float, float]]:

@@ -1,5 +1,6 @@
 """Exactness of decisions and counters in real Envoy where two rules, leases, a broken limiter or a failing
-Redis meet (README.md, "Leases for hot limiters", "All-or-nothing rules", "Degraded mode", "Metrics").
+Redis meet (docs/configuration.md, "Leases for hot limiters", "All-or-nothing rules", "Degraded mode";
+docs/operating.md, "Metrics").
 
 Each test pins a defect a user would notice: a limit admitting more than its rate, a hot limit admitting
 far less than its rate, one broken limiter switching every rule off, counters that disagree with what

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import time
-
-from harness import plugin_config, rule, wait_until
+from harness import plugin_config, rule, timed_send, wait_until
 from timing import LATENCY_MARGIN_S as MARGIN_S
 
 TIMEOUT_MS = 300
@@ -22,21 +20,15 @@ def gateways(stack):
     return fail_open, fail_closed
 
 
-def timed(envoy, who: str = "alice"):
-    started = time.monotonic()
-    response = envoy.send(headers={"x-user-id": who})
-    return response, time.monotonic() - started
-
-
 def test_redis_down_fails_open_or_closed_quickly_and_limiting_resumes(stack):
     fail_open, fail_closed = gateways(stack)
     stack.redis.stop()
 
     for _ in range(3):
-        response, elapsed = timed(fail_open)
+        response, elapsed = timed_send(fail_open)
         assert (response.status, response.body) == (200, "upstream ok\n")
         assert elapsed < TIMEOUT_S + MARGIN_S
-        response, elapsed = timed(fail_closed)
+        response, elapsed = timed_send(fail_closed)
         assert response.status == 503
         assert elapsed < TIMEOUT_S + MARGIN_S
     assert fail_open.metrics()["failure_allowed"] == 3
@@ -47,20 +39,20 @@ def test_redis_down_fails_open_or_closed_quickly_and_limiting_resumes(stack):
     # connections to Redis when it next uses it, so a request may still fail (503 closed, 200 open) until
     # every connection has: wait for the limit itself, not for one good answer.
     stack.redis.start()
-    wait_until(lambda: timed(fail_closed, "bob")[0].status == 200, 10.0, "the fail-closed gateway to allow")
-    wait_until(lambda: timed(fail_closed, "bob")[0].status == 429, 10.0, "the fail-closed gateway to limit")
-    wait_until(lambda: timed(fail_open, "bob")[0].status == 429, 10.0, "the fail-open gateway to limit")
+    wait_until(lambda: timed_send(fail_closed, "bob")[0].status == 200, 10.0, "the fail-closed gateway to allow")
+    wait_until(lambda: timed_send(fail_closed, "bob")[0].status == 429, 10.0, "the fail-closed gateway to limit")
+    wait_until(lambda: timed_send(fail_open, "bob")[0].status == 429, 10.0, "the fail-open gateway to limit")
 
 
 def test_hung_redis_fails_open_or_closed_after_the_timeout(stack):
     fail_open, fail_closed = gateways(stack)
     stack.redis.pause(PAUSE_MS)
     try:
-        response, elapsed = timed(fail_open)
+        response, elapsed = timed_send(fail_open)
         assert (response.status, response.body) == (200, "upstream ok\n")
         assert TIMEOUT_S - 0.05 <= elapsed < TIMEOUT_S + MARGIN_S, "waited for the Redis timeout, no longer"
 
-        response, elapsed = timed(fail_closed)
+        response, elapsed = timed_send(fail_closed)
         assert response.status == 503
         assert TIMEOUT_S - 0.05 <= elapsed < TIMEOUT_S + MARGIN_S
     finally:

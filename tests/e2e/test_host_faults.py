@@ -11,11 +11,9 @@ in the failure mode, counted; a refused switch is counted and the decision deliv
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
-from harness import HarnessError, host_plugin_config, plugin_config, rule
+from harness import HarnessError, config_for, delta, rule, timed_send
 
 TIMEOUT_MS = 200
 # The guard ends a call 10 ms after the timeout, at the next 10 ms tick; the rest is the emulator, Redis and
@@ -24,11 +22,9 @@ TIMEOUT_MS = 200
 BOUND_S = TIMEOUT_MS / 1000 + 0.5
 ALWAYS = 2**32 - 1
 
-BUILDS = {
-    # The stock build: Redis through webdis (HTTP calls); the Higress build: the host's Redis client.
-    "envoy": (plugin_config, "drop_http_call_responses"),
-    "higress": (host_plugin_config, "drop_redis_replies"),
-}
+# The fault that drops every reply of a build's Redis calls: the stock build reaches Redis through webdis
+# (HTTP calls), the Higress build through the host's Redis client.
+DROP_REPLIES = {"envoy": "drop_http_call_responses", "higress": "drop_redis_replies"}
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +33,9 @@ def gateways(processes):
     test uses its own key values. A request the emulator cannot get answered counts as paused after 1 s."""
     started = {}
     try:
-        for build, (config, _) in BUILDS.items():
+        for build in DROP_REPLIES:
             for mode in ("allow", "deny"):
-                plugin = config(rule(rate=5, interval="1m"), timeout=TIMEOUT_MS, failure_mode=mode)
+                plugin = config_for(build, rule(rate=5, interval="1m"), timeout=TIMEOUT_MS, failure_mode=mode)
                 started[build, mode] = processes.emulator(plugin, build=build, vms=1, keep=True, wait_ready=False,
                                                           pause_deadline_ms=1000)
         for gw in started.values():
@@ -50,7 +46,7 @@ def gateways(processes):
             gw.stop()
 
 
-@pytest.fixture(params=sorted(BUILDS), ids=lambda build: f"{build}-build")
+@pytest.fixture(params=sorted(DROP_REPLIES), ids=lambda build: f"{build}-build")
 def build(request) -> str:
     return request.param
 
@@ -65,22 +61,12 @@ def gateway(gateways, stack):
     return pick
 
 
-def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    return {name: after[name] - before[name] for name in after if after[name] != before.get(name, 0)}
-
-
-def timed_send(gw, user: str):
-    started = time.monotonic()
-    response = gw.send(headers={"x-user-id": user})
-    return response, time.monotonic() - started
-
-
 @pytest.mark.parametrize("failure_mode, status, counter", [("allow", 200, "failure_allowed"),
                                                             ("deny", 503, "failure_denied")])
 def test_a_call_never_answered_ends_in_the_failure_mode_within_the_timeout(gateway, build, failure_mode, status,
                                                                            counter):
     gw = gateway(build, failure_mode)
-    gw.set_faults(**{BUILDS[build][1]: True})
+    gw.set_faults(**{DROP_REPLIES[build]: True})
     before = gw.metrics()
 
     response, took = timed_send(gw, f"dropped-{failure_mode}")

@@ -232,7 +232,7 @@ def test_a_limiter_recreated_after_it_expired_starts_with_its_full_rate(stack):
 
 
 def test_a_gateways_lease_is_permits_taken_for_a_redisson_client_and_the_window_holds_the_rate(stack):
-    """A lease (README "Leases for hot limiters") is one ordinary member to Redisson: a Java service on the
+    """A lease (docs/configuration.md, "Leases") is one ordinary member to Redisson: a Java service on the
     same limiter sees the leased permits as taken, and the two together never exceed the rate."""
     envoy = stack.envoy(plugin_config(rule("hot", limit_by="global", rate=20, interval="1m",
                                            lease={"max_permits": 8, "max_age": "30s"})), concurrency=1)

@@ -2,65 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, NamedTuple
-
 import pytest
 
-from harness import Emulator, Envoy, host_plugin_config, limiter_key, plugin_config, retry_after_range, rule
-from timing import EmulatorClock, GatewayClock, RealClock, permit_scores
+from harness import limiter_key, plugin_config, retry_after_range, rule, user
+from timing import permit_scores
 
 ALICE = "erl:per-user:alice"
 
 
-def user(name: str) -> dict[str, str]:
-    return {"x-user-id": name}
+# The sliding window in real Envoy (the stock build, Redis through webdis) and in the emulator with the
+# Higress build (Redis through the host), as before: the stock build is checked in real Envoy. Real Envoy
+# cannot have its clock moved: the test sleeps through a 4 s window. The emulator gets a 1 minute window and
+# its clock is moved instead: nothing sleeps, and the real time between two steps (milliseconds, seconds on
+# a loaded machine) is far from any window boundary.
+WINDOWS_MS = {"envoy": 4000, "emulator-higress": 60_000}
 
 
-class Gateway(NamedTuple):
-    """A gateway running the filter with one rule, `per-user`: 3 requests per `interval_ms`."""
-
-    send: Callable
-    clock: GatewayClock
-    interval_ms: int
-    upstream_hits: Callable[[], int]
-
-
-# The sliding window in both builds. Real Envoy (stock build, Redis through webdis) cannot have its clock
-# moved: the test sleeps through a 4 s window. The Higress build in the host emulator (Redis through the
-# host) gets a 1 minute window and its clock is moved instead: nothing sleeps, and the real time between
-# two steps (milliseconds, seconds on a loaded machine) is far from any window boundary.
-WINDOWS_MS = {"envoy": 4000, "higress-emulator": 60_000}
-
-
-@pytest.fixture(scope="module")
-def higress_emulator(processes) -> Iterator[Emulator]:
-    """The Higress build in the emulator, compiling (seconds in a debug wasm-host) while the Envoy variant
-    of the tests below runs; each test moves its clock further."""
-    emulator = processes.emulator(host_plugin_config(rule(rate=3, interval=WINDOWS_MS["higress-emulator"])),
-                                  build="higress", keep=True, wait_ready=False)
-    try:
-        yield emulator
-    finally:
-        emulator.stop()
-
-
-@pytest.fixture(params=list(WINDOWS_MS))
-def gateway(request, stack, higress_emulator) -> Iterator[Gateway]:
-    interval_ms = WINDOWS_MS[request.param]
-    if request.param == "envoy":
-        envoy: Envoy = stack.envoy(plugin_config(rule(rate=3, interval=interval_ms)))
-        yield Gateway(envoy.send, RealClock(), interval_ms, lambda: stack.upstream.hits)
-        return
-    higress_emulator.wait_ready()
-    # The emulator answers for the upstream: a request that reached it ended "continued".
-    yield Gateway(higress_emulator.send, EmulatorClock(higress_emulator), interval_ms,
-                  lambda: higress_emulator.outcome_kinds().get("continued", 0))
-    report = getattr(request.node, "report_call", None)
-    if report is not None and report.failed:  # conftest prints only the Envoys' logs
-        print(f"--- {higress_emulator.name} log (excerpt) ---\n{higress_emulator.log_excerpt()}")
-
-
-def test_burst_passes_then_429_with_retry_after_and_the_window_slides(stack, gateway):
+@pytest.mark.parametrize("gateway_kind", list(WINDOWS_MS))
+def test_burst_passes_then_429_with_retry_after_and_the_window_slides(stack, start_gateway, gateway_kind):
     """A burst of 3 passes, the 4th is rejected with Retry-After from Redisson's delay, and the window
     slides: each permit leaves it one interval after it was taken (not all at once at a window reset).
 
@@ -68,8 +27,9 @@ def test_burst_passes_then_429_with_retry_after_and_the_window_slides(stack, gat
     a loaded machine cannot make too short). What must happen *before* a boundary has at least half a
     window of margin: 2 s of real time in Envoy, 30 s in the emulator (its clock moves only when told). It
     is checked before the statuses, so that a machine too slow for it says so."""
-    clock, window = gateway.clock, gateway.interval_ms
-    redis = stack.redis.client
+    window = WINDOWS_MS[gateway_kind]
+    gateway = start_gateway(rule(rate=3, interval=window))
+    clock, redis = gateway.clock, stack.redis.client
     hits_before = gateway.upstream_hits()
 
     first = gateway.send(headers=user("alice"))
@@ -108,15 +68,15 @@ def test_burst_passes_then_429_with_retry_after_and_the_window_slides(stack, gat
     assert gateway.upstream_hits() - hits_before == 3 + 1 + 3
 
 
-def test_each_key_value_has_its_own_limit_and_requests_without_one_are_not_limited(stack):
-    envoy = stack.envoy(plugin_config(rule(rate=1, interval="1m")))
+# In real Envoy and in the Higress build in the emulator (as before; the stock build is checked in Envoy).
+@pytest.mark.parametrize("gateway_kind", ["envoy", "emulator-higress"])
+def test_each_key_value_has_its_own_limit_and_requests_without_one_are_not_limited(stack, start_gateway):
+    gateway = start_gateway(rule(rate=3, interval="1m"))
 
-    assert envoy.send(headers=user("alice")).status == 200
-    assert envoy.send(headers=user("alice")).status == 429
-    assert envoy.send(headers=user("bob")).status == 200
-    assert envoy.send(headers=user("bob")).status == 429
+    assert [gateway.send(headers=user("alice")).status for _ in range(4)] == [200, 200, 200, 429]
+    assert [gateway.send(headers=user("bob")).status for _ in range(4)] == [200, 200, 200, 429]
     # on_missing defaults to "skip": the rule does not apply without the header.
-    assert [envoy.send().status for _ in range(3)] == [200, 200, 200]
+    assert [gateway.send().status for _ in range(4)] == [200] * 4
 
 
 def test_on_missing_deny_rejects_requests_without_a_key_value(stack):
@@ -135,10 +95,12 @@ def test_on_missing_share_puts_requests_without_a_key_value_in_one_limiter(stack
     assert envoy.send(headers=user("alice")).status == 200
 
 
-def test_weighted_requests_take_several_permits(stack):
-    envoy = stack.envoy(plugin_config(rule(rate=5, interval="1m", permits=2)))
+# In real Envoy and in the Higress build in the emulator (as before; the stock build is checked in Envoy).
+@pytest.mark.parametrize("gateway_kind", ["envoy", "emulator-higress"])
+def test_weighted_requests_take_several_permits(stack, start_gateway):
+    gateway = start_gateway(rule(rate=5, interval="1m", permits=2))
 
-    assert [envoy.send(headers=user("alice")).status for _ in range(3)] == [200, 200, 429]
+    assert [gateway.send(headers=user("alice")).status for _ in range(3)] == [200, 200, 429]
     # 5 - 2 - 2: one permit left, too few for a request that takes two.
     assert stack.redis.client.get(limiter_key("erl:per-user:alice", "value")) == b"1"
 

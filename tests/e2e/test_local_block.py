@@ -1,34 +1,26 @@
-"""The exact local block (README.md, "Local block"): once Redis rejects a limiter's acquire, every VM of the
+"""The exact local block (docs/configuration.md, "Local block"): once Redis rejects a limiter's acquire, every VM of the
 gateway process rejects that limiter's requests that Redis would reject too, without a Redis call, until the
 limiter's oldest permit leaves the window or the rule's `local_block_max` ends the block.
 
-In real Envoy (2 workers, one wasm VM each) and in the host emulator (both builds, both transports, both
-clocks): shared across VMs, with the rejection Redis would give (status, body, `Retry-After`, rate limit
-headers); a request asking for no more permits than are free still goes to Redis; the block ends; a new
-plugin configuration forgets it; `local_block_max: 0` turns it off; memory stays within the slots whatever
-the number of keys; and it changes no decision: the same steps with and without it answer alike, and every
-sliding window of the permits admitted holds at most the rate.
+In real Envoy (2 workers, one wasm VM each) and in the host emulator (the stock build through webdis, the
+Higress build through the host's Redis client, both clocks; conftest.GATEWAYS): shared across VMs, with
+the rejection Redis would give (status, body, `Retry-After`, rate limit headers); a request asking for no
+more permits than are free still goes to Redis; the block ends; a new plugin configuration forgets it;
+`local_block_max: 0` turns it off; memory stays within the slots whatever the number of keys; and it
+changes no decision: the same steps with and without it answer alike, and every sliding window of the
+permits admitted holds at most the rate.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from harness import HarnessError, decode_permit, host_plugin_config, limiter_key, plugin_config, rule
+from harness import decode_permit, delta, limiter_key, plugin_config, round_trips, rule
 from redisson_client import OVERALL, RateLimiter
 from timing import EmulatorClock, RealClock
 
 ALICE = {"x-user-id": "alice"}
 BODY = "rate limit exceeded\n"
-
-
-def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    return {name: after[name] - before.get(name, 0) for name in after if after[name] != before.get(name, 0)}
-
-
-def round_trips(outcome: dict) -> int:
-    """Calls to Redis an emulator request made: through webdis (HTTP) or the host's Redis client."""
-    return outcome["redis_calls"] + outcome["http_calls"]
 
 
 def assert_rejected_like_redis(response, *, retry_after: set[str], policy: str) -> None:
@@ -41,29 +33,69 @@ def assert_rejected_like_redis(response, *, retry_after: set[str], policy: str) 
     assert response.headers["ratelimit"] in {f'"per-user";r=0;t={s}' for s in retry_after}
 
 
-# --- Real Envoy -------------------------------------------------------------------------------------------
+# --- Every gateway ----------------------------------------------------------------------------------------
+
+# Real Envoy with the default clock ("gateway"), the emulator with both (as before): the clock changes what
+# the script is told the time is, not the block.
+CLOCKS = [("envoy", "gateway"), ("emulator-envoy", "gateway"), ("emulator-envoy", "redis"),
+          ("emulator-higress", "gateway"), ("emulator-higress", "redis")]
 
 
-def test_a_rejected_key_is_rejected_by_every_envoy_worker_without_a_redis_call(stack):
-    envoy = stack.envoy(plugin_config(rule(rate=3, interval="1m")), concurrency=2)
-    assert [envoy.send(headers=ALICE).status for _ in range(4)] == [200, 200, 200, 429]
+@pytest.mark.parametrize("gateway_kind,clock", CLOCKS, ids=["-".join(c) for c in CLOCKS])
+def test_a_rejected_key_is_rejected_by_every_vm_without_a_redis_call(stack, start_gateway, clock):
+    """Once Redis has rejected alice, every VM of the gateway (in Envoy, every worker) rejects her as Redis
+    would, without asking it; another key still goes to Redis."""
+    gateway = start_gateway(rule(rate=3, interval="1m"), clock=clock)
+    assert [gateway.send(headers=ALICE).status for _ in range(3)] == [200] * 3
+    scripts = stack.redis.script_calls()
+    assert gateway.send(headers=ALICE).status == 429
+    assert stack.redis.script_calls() == scripts + 1, "Redis rejected"
+    if gateway.emulated:  # the emulator also counts each request's calls
+        assert gateway.last_round_trips() == 1
 
-    metrics, scripts, workers = envoy.metrics(), stack.redis.script_calls(), envoy.worker_connections()
-    responses = []
-    # Fresh connections until each worker (one VM each) has answered at least 5 of alice's requests.
-    while min(now - then for now, then in zip(envoy.worker_connections(), workers)) < 5:
-        responses.append(envoy.send(headers=ALICE))
-        if len(responses) > 400:
-            raise HarnessError(f"connections did not reach every worker: {envoy.worker_connections()}")
+    metrics, scripts, sent = gateway.metrics(), stack.redis.script_calls(), gateway.sent()
+    responses = gateway.on_every_vm(ALICE, each=5)
     for response in responses:
         assert_rejected_like_redis(response, retry_after={"59", "60"}, policy='"per-user";q=3;w=60')
     assert stack.redis.script_calls() == scripts, "no request of a blocked key reached Redis"
+    if gateway.emulated:
+        assert gateway.round_trips_since(sent) == [0] * len(responses)
     n = len(responses)
-    assert delta(metrics, envoy.metrics()) == {"rejected": n, "local_rejected": n, "rule.per-user.rejected": n,
-                                              "rule.per-user.local_rejected": n}
+    assert delta(metrics, gateway.metrics()) == {"rejected": n, "local_rejected": n, "rule.per-user.rejected": n,
+                                                "rule.per-user.local_rejected": n}
 
-    assert envoy.send(headers={"x-user-id": "bob"}).status == 200, "another key still goes to Redis"
+    assert gateway.send(headers={"x-user-id": "bob"}).status == 200, "another key still goes to Redis"
     assert stack.redis.script_calls() == scripts + 1
+
+
+def test_a_new_plugin_configuration_forgets_every_block(stack, start_gateway):
+    """After a new plugin configuration (a control plane's update: the same process and VMs), a blocked key
+    is asked of Redis again, and its rejection, in the new configuration's body, blocks it again in every
+    VM."""
+    gateway = start_gateway(rule(rate=2, interval="1m"), reloadable=True)
+    assert [gateway.send(headers=ALICE).status for _ in range(2)] == [200, 200]
+    scripts, sent = stack.redis.script_calls(), gateway.sent()
+    assert [gateway.send(headers=ALICE).status for _ in range(3)] == [429] * 3
+    assert stack.redis.script_calls() == scripts + 1, "Redis rejected once, then the block"
+    if gateway.emulated:  # its VMs in turn: the block Redis's rejection left holds in the other VM too
+        assert gateway.round_trips_since(sent) == [1, 0, 0]
+
+    # The same rule, another body: a new configuration.
+    gateway.reconfigure(rule(rate=2, interval="1m"), rejected_body="slow down\n")
+    if gateway.emulated:  # the VMs' shared data keeps the block's entry
+        assert gateway.process.shared_data(prefix="edge_rate_limiter.block.")["keys"] == 1
+    scripts, sent = stack.redis.script_calls(), gateway.sent()
+    first = gateway.send(headers=ALICE)
+    assert (first.status, first.body) == (429, "slow down\n")
+    assert stack.redis.script_calls() == scripts + 1, "the new configuration asked Redis again"
+    responses = gateway.on_every_vm(ALICE)
+    assert [(r.status, r.body) for r in responses] == [(429, "slow down\n")] * len(responses)
+    assert stack.redis.script_calls() == scripts + 1, "and blocks again from Redis's answer, in every VM"
+    if gateway.emulated:
+        assert gateway.round_trips_since(sent) == [1, 0, 0]
+
+
+# --- Real Envoy -------------------------------------------------------------------------------------------
 
 
 def test_a_request_for_no_more_permits_than_are_free_still_goes_to_redis(stack):
@@ -109,66 +141,7 @@ def test_local_block_max_zero_sends_every_request_to_redis(stack):
                                                   "rule.per-user.rejected": 5, "rule.per-user.allowed": 1}
 
 
-def test_a_new_plugin_configuration_forgets_every_block(stack):
-    envoy = stack.envoy(plugin_config(rule(rate=2, interval="1m")), reloadable=True)
-    assert [envoy.send(headers=ALICE).status for _ in range(4)] == [200, 200, 429, 429]
-    scripts = stack.redis.script_calls()
-    assert envoy.send(headers=ALICE).status == 429
-    assert stack.redis.script_calls() == scripts, "blocked"
-
-    # The same rule, another body: a new configuration (a control plane's update), the same process and VMs.
-    envoy.reconfigure(plugin_config(rule(rate=2, interval="1m"), rejected_body="slow down\n"))
-    first = envoy.send(headers=ALICE)
-    assert (first.status, first.body) == (429, "slow down\n")
-    assert stack.redis.script_calls() == scripts + 1, "the new configuration asked Redis again"
-    assert envoy.send(headers=ALICE).status == 429
-    assert stack.redis.script_calls() == scripts + 1, "and blocks again from Redis's answer"
-
-
 # --- The host emulator ------------------------------------------------------------------------------------
-
-# (build, transport, clock): the stock build through webdis and the Higress build through the host's Redis
-# client, each with the gateway's clock and with Redis's.
-VARIANTS = [("envoy", "http", "gateway"), ("envoy", "http", "redis"), ("higress", "host", "gateway"),
-            ("higress", "host", "redis")]
-
-
-def emulator_config(*rules: dict, transport: str = "http", **fields):
-    make = host_plugin_config if transport == "host" else plugin_config
-    return make(*rules, **fields)
-
-
-@pytest.mark.parametrize("build,transport,clock", VARIANTS, ids=["-".join(v) for v in VARIANTS])
-def test_a_rejected_key_is_rejected_by_every_vm_in_both_builds(stack, build, transport, clock):
-    gateway = stack.emulator(emulator_config(rule(rate=3, interval="1m"), transport=transport, clock=clock),
-                             build=build, vms=2)
-    assert [gateway.send(headers=ALICE, vm=0).status for _ in range(3)] == [200] * 3
-    rejected = gateway.send(headers=ALICE, vm=1)
-    assert rejected.status == 429 and round_trips(gateway.last_outcome()) == 1
-    metrics, sent = gateway.metrics(), len(gateway.outcomes)
-    responses = [gateway.send(headers=ALICE, vm=vm) for vm in (0, 1) * 5]
-    for response in responses:
-        assert_rejected_like_redis(response, retry_after={"59", "60"}, policy='"per-user";q=3;w=60')
-    assert [round_trips(outcome) for outcome in gateway.outcomes[sent:]] == [0] * 10
-    assert delta(metrics, gateway.metrics()) == {"rejected": 10, "local_rejected": 10,
-                                                    "rule.per-user.rejected": 10, "rule.per-user.local_rejected": 10}
-
-
-@pytest.mark.parametrize("build,transport", [("envoy", "http"), ("higress", "host")])
-def test_a_new_plugin_configuration_forgets_every_block_in_both_builds(stack, build, transport):
-    gateway = stack.emulator(emulator_config(rule(rate=1, interval="1m"), transport=transport), build=build, vms=2)
-    assert [gateway.send(headers=ALICE, vm=vm).status for vm in (0, 1, 0)] == [200, 429, 429]
-    assert [round_trips(outcome) for outcome in gateway.outcomes[-2:]] == [1, 0], "Redis rejected, then the block"
-
-    # The same rule, another body: a new configuration on the same VMs, whose shared data keeps the entry.
-    gateway.reconfigure(emulator_config(rule(rate=1, interval="1m"), transport=transport,
-                                        rejected_body="slow down\n"))
-    assert gateway.shared_data(prefix="edge_rate_limiter.block.")["keys"] == 1
-    for vm in (0, 1):
-        response = gateway.send(headers=ALICE, vm=vm)
-        assert (response.status, response.body) == (429, "slow down\n")
-        assert round_trips(gateway.last_outcome()) == (1 if vm == 0 else 0), "Redis asked again, then blocked again"
-
 
 def test_the_block_ends_when_the_oldest_permit_leaves_or_at_local_block_max(stack):
     gateway = stack.emulator(plugin_config(rule(rate=1, interval="10s", local_block_max="3s")))
@@ -216,7 +189,8 @@ def test_memory_stays_within_the_slots_whatever_the_number_of_keys(stack):
     prefix = "edge_rate_limiter.block."
     view = gateway.shared_data(prefix=prefix)
     assert 0 < view["keys"] <= slots, view
-    # README "Local block": an entry is its key (the prefix and the slot number) and 37 bytes + the name.
+    # docs/configuration.md, "Local block": an entry is its key (the prefix and the slot number) and 37 bytes
+    # + the name.
     assert view["bytes"] <= slots * (len(prefix) + len(str(slots - 1)) + 37 + len("erl:per-user:user-000")), view
     # The newest block takes its slot: a user just rejected is rejected again without Redis.
     assert gateway.send(headers=users[0]).status == 429
@@ -277,7 +251,8 @@ def test_with_skewed_gateway_clocks_each_block_ends_when_its_own_clock_frees_a_p
     """Two gateway processes on one limiter, B's clock `skew_ms` ahead of A's (`clock: "gateway"`): each
     block ends when its own gateway's clock passes the oldest permit's expiry, which is when Redis, asked
     with that gateway's time, frees it. B's block ends `skew_ms` earlier than A's: A's outlasts B's view of
-    Redis by the skew (README "Local block"), and A never admits a permit B's view had already given away."""
+    Redis by the skew (docs/configuration.md, "Local block"), and A never admits a permit B's view had already
+    given away."""
     skew_ms, step_ms, interval_ms = 1_000, 100, 60_000
     config = plugin_config(rule(rate=2, interval="1m", local_block_max="5m"))
     a, b = stack.emulator(config, vms=1), stack.emulator(config, vms=1)

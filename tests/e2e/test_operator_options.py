@@ -1,8 +1,8 @@
-"""What operators ask for, end to end in real Envoy (README.md, "Shadow mode", "Richer keys", "Exemptions",
-"Metrics"): shadow rules that count but never reject, per-rule counters, the rejecting rule in the access
-log (filter state), composite keys, IP prefixes, per-value rates (exact values in the stock build, regular
-expressions in the -regex build) and exemptions; each checked in what the client sees, Envoy's stats and
-access log, and the limiters Redis holds.
+"""What operators ask for, end to end in real Envoy (docs/configuration.md, "Shadow mode", "Richer keys",
+"Exemptions"; docs/operating.md, "Metrics"): shadow rules that count but never reject, per-rule counters,
+the rejecting rule in the access log (filter state), composite keys, IP prefixes, per-value rates (exact
+values in the stock build, regular expressions in the -regex build) and exemptions; each checked in what the
+client sees, Envoy's stats and access log, and the limiters Redis holds.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Both builds on a real Redis Cluster: 3 masters with a replica each (tests/e2e/redis_cluster.py).
 
-The deployment (README.md, "Redis Cluster"): the stock build in real Envoy reaches the cluster through
+The deployment (docs/deploying.md, "Redis Cluster"): the stock build in real Envoy reaches the cluster through
 webdis and stock Envoy's `redis_proxy` (envoy/redis-proxy.yaml), which routes each script by its first key;
 the Higress build in the host emulator reaches the same proxy as its Redis service. Higress's own Redis
 client cannot route on a Redis Cluster: on a cluster of type `envoy.clusters.redis` every call fails at
@@ -31,7 +31,7 @@ _failover_users: list[str] = []
 
 @pytest.fixture(scope="module")
 def cluster_stack() -> Iterator[ClusterStack]:
-    # cluster-require-full-coverage no, as README.md advises: a failed master fails only its own slots.
+    # cluster-require-full-coverage no, as docs/deploying.md advises: a failed master fails only its own slots.
     with ClusterStack(masters=3, replicas=1, full_coverage=False) as stack:
         stack.start()
         yield stack

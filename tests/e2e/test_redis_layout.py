@@ -11,36 +11,47 @@ import pytest
 from harness import decode_permit, epoch_ms, limiter_key, plugin_config, retry_after_range, rule
 
 ALICE = "erl:per-user:alice"
+GLOBEX = "erl:weighted:globex"
 
 
-def test_state_is_the_redisson_layout(stack):
-    # A 1 minute window: both requests fall in it however slow the machine (none releases the other's permit).
-    envoy = stack.envoy(plugin_config(rule(rate=5, interval="1m")))
+def keys_of(name: str) -> list[str]:
+    """The three keys of an OVERALL limiter: its configuration hash, `{name}:value`, `{name}:permits`."""
+    return [name, limiter_key(name, "value"), limiter_key(name, "permits")]
+
+
+# In real Envoy and in the Higress build in the emulator (as before; the stock build is checked in Envoy).
+@pytest.mark.parametrize("gateway_kind", ["envoy", "emulator-higress"])
+def test_state_is_the_redisson_layout(stack, start_gateway):
+    # A 1 minute window: the requests fall in it however slow the machine (none releases another's permit).
+    gateway = start_gateway(rule(rate=5, interval="1m"),
+                            rule("weighted", limit_by={"header": "x-tenant-id"}, rate=5, interval="1m", permits=2))
     redis = stack.redis.client
 
     before_ms = epoch_ms()
-    assert [envoy.send(headers={"x-user-id": "alice"}).status for _ in range(2)] == [200, 200]
+    assert [gateway.send(headers={"x-user-id": "alice"}).status for _ in range(2)] == [200, 200]
+    assert gateway.send(headers={"x-tenant-id": "globex"}).status == 200
     after_ms = epoch_ms()
 
-    assert redis.hgetall(ALICE) == {
-        b"rate": b"5",
-        b"interval": b"60000",
-        b"type": b"0",
-        b"keepAliveTime": b"3600000",  # keep_alive defaults to 1h (longer than the interval)
-    }
-    assert redis.get(limiter_key(ALICE, "value")) == b"3"
+    # Each limiter: its value (permits free) and the permits of each of its members.
+    for name, value, permits in ((ALICE, b"3", [1, 1]), (GLOBEX, b"3", [2])):
+        assert redis.hgetall(name) == {
+            b"rate": b"5",
+            b"interval": b"60000",
+            b"type": b"0",
+            b"keepAliveTime": b"3600000",  # keep_alive defaults to 1h (longer than the interval)
+        }
+        assert redis.get(limiter_key(name, "value")) == value
 
-    members = redis.zrange(limiter_key(ALICE, "permits"), 0, -1, withscores=True)
-    permits = [decode_permit(member, score) for member, score in members]
-    assert [permit.permits for permit in permits] == [1, 1]
-    assert permits[0].random != permits[1].random
-    for permit in permits:
-        assert before_ms - 1000 <= permit.score_ms <= after_ms + 1000, "scores are epoch ms of the acquire"
+        members = redis.zrange(limiter_key(name, "permits"), 0, -1, withscores=True)
+        decoded = [decode_permit(member, score) for member, score in members]  # 21 bytes, the first one 16
+        assert [permit.permits for permit in decoded] == permits
+        assert len({permit.random for permit in decoded}) == len(decoded), "each member its own random bytes"
+        for permit in decoded:
+            assert before_ms - 1000 <= permit.score_ms <= after_ms + 1000, "scores are epoch ms of the acquire"
 
-    for key in (ALICE, limiter_key(ALICE, "value"), limiter_key(ALICE, "permits")):
-        assert 0 < redis.pttl(key) <= 3_600_000, f"{key} expires after keepAliveTime"
-    assert sorted(redis.keys("*")) == sorted(
-        k.encode() for k in (ALICE, limiter_key(ALICE, "value"), limiter_key(ALICE, "permits")))
+        for key in keys_of(name):
+            assert 0 < redis.pttl(key) <= 3_600_000, f"{key} expires after keepAliveTime"
+    assert sorted(redis.keys("*")) == sorted(key.encode() for key in keys_of(ALICE) + keys_of(GLOBEX))
 
 
 def b64url(raw: bytes) -> str:
@@ -67,22 +78,24 @@ def test_key_values_become_limiter_names(stack, value, expected):
     assert redis.get(limiter_key(expected, "value")) == b"4"
 
 
-def test_a_limiter_created_by_a_java_service_is_obeyed_and_not_overwritten(stack):
+# In real Envoy and in the Higress build in the emulator (as before; the stock build is checked in Envoy).
+@pytest.mark.parametrize("gateway_kind", ["envoy", "emulator-higress"])
+def test_a_limiter_created_by_a_java_service_is_obeyed_and_not_overwritten(stack, start_gateway):
     redis = stack.redis.client
     carol = "erl:per-user:carol"
     config = {b"rate": b"1", b"interval": b"60000", b"type": b"0", b"keepAliveTime": b"0"}
     redis.hset(carol, mapping=config)  # as redissonClient.getRateLimiter(...).trySetRate(OVERALL, 1, 1 min)
-    envoy = stack.envoy(plugin_config(rule(rate=10, interval="1m")))
+    gateway = start_gateway(rule(rate=10, interval="1m"))
 
-    assert envoy.send(headers={"x-user-id": "carol"}).status == 200
+    assert gateway.send(headers={"x-user-id": "carol"}).status == 200
     sent_ms = epoch_ms()
-    rejected = envoy.send(headers={"x-user-id": "carol"})
+    rejected = gateway.send(headers={"x-user-id": "carol"})
     answered_ms = epoch_ms()
     assert rejected.status == 429
     oldest_ms = redis.zrange(limiter_key(carol, "permits"), 0, 0, withscores=True)[0][1]
     assert int(rejected.headers["retry-after"]) in retry_after_range(60_000, oldest_ms, sent_ms, answered_ms)
 
-    assert redis.hgetall(carol) == config
+    assert redis.hgetall(carol) == config, "the limiter in Redis is not overwritten"
     assert redis.pttl(carol) == -1, "keepAliveTime 0: the limiter never expires"
 
 

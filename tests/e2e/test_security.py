@@ -15,7 +15,7 @@ Higress build in the host emulator (Redis through the host, Redis AUTH).
    header-like text, non-ASCII), but for numbers.
 5. The webdis example (envoy/istio-wasmplugin.yaml) accepts EVALSHA and EVAL only, and only with the
    credentials; every other command is refused with and without them.
-6. Every key a client can create expires (default keep_alive); a global rule's limiter does not (README:
+6. Every key a client can create expires (default keep_alive); a global rule's limiter does not (docs/configuration.md:
    `"global"`: keep_alive 0), one per rule.
 
 One module-wide stack: Redis with a password and webdis configured as the Istio example (its ACL and
@@ -404,7 +404,7 @@ def test_the_stock_build_shows_no_credential_whatever_fails(stack):
 
 
 def test_envoy_itself_shows_the_bridge_credential_at_debug_level_and_in_its_config_dump(stack):
-    """Not the filter's doing, but what an operator must protect (README, "Security"): the plugin
+    """Not the filter's doing, but what an operator must protect (docs/reliability.md, "Security"): the plugin
     configuration holds the credential in clear (Envoy's admin `/config_dump`, the WasmPlugin resource),
     and Envoy at log level debug prints the headers of the filter's calls to the bridge, Basic credentials
     included. At the default level (info, and the `wasm` logger at debug), nothing shows: tests above."""
@@ -589,7 +589,7 @@ def test_any_key_value_gets_a_limiter_of_its_own_in_one_slot(stack, gateway, key
     wanted = len({(name, value) for _, _, values in requests for name, value in values.items()})
     assert len(expected) == wanted, "README's naming gives every (rule, value) its own name"
     keys = redis_keys(stack)
-    # Exactly the README's names: three keys per limiter, nothing else.
+    # Exactly the documented names (docs/configuration.md): three keys per limiter, nothing else.
     assert keys == set().union(*(limiter_keys(name) for name in expected))
     slots = key_slots.of(sorted(keys))
     for name in expected:
@@ -625,7 +625,7 @@ def test_prepended_forwarded_addresses_cannot_choose_the_key(stack, gateway):
 
 @pytest.mark.parametrize("on_missing", ["skip", "deny", "share"])
 def test_fewer_forwarded_entries_than_trusted_hops_is_no_key_value(stack, gateway, on_missing):
-    """README: `x_forwarded_for: N` is the N-th address from the right, and `on_missing` applies to a
+    """docs/configuration.md: `x_forwarded_for: N` is the N-th address from the right, and `on_missing` applies to a
     request without a key value. A header with fewer than N entries (a request that did not come through
     the trusted proxies), or no IP address at the N-th place, gives none (src/key.rs `forwarded_client`):
     skip (not limited by the rule), deny (rejected), share (one limiter for all such requests)."""
@@ -729,7 +729,7 @@ def test_every_key_a_client_can_create_has_a_ttl(stack, gateway):
     ttls = {key: stack.redis.client.pttl(key) for key in redis_keys(stack)}
     everyone = limiter_keys("erl:everyone")
     assert everyone <= set(ttls)
-    # README: a global rule's keep_alive defaults to 0 (never): its one limiter has no TTL, by design.
+    # docs/configuration.md: a global rule's keep_alive defaults to 0 (never): its one limiter has no TTL, by design.
     assert {key: ttls[key] for key in everyone} == {key: -1 for key in everyone}
     per_client = [key for key in ttls if re.match(rb"\{erl:by-query:[0-9]\}:(value|permits):", key)]
     assert per_client, "per-client keys were created"
