@@ -9,7 +9,10 @@
 #                   make run HOST=higress: the Higress build in the host emulator, Redis without a bridge
 #   make lint       clippy (warnings are errors) on both wasm builds, the native core and its tests, the host
 #                   emulator, erl-admin and the test support crate; rustfmt --check; no import cycle
-#                   between modules (scripts/check_imports.py)
+#                   between modules and imports only down src/'s floors (scripts/check_imports.py); no file of
+#                   src/ over 500 lines before its tests, no function over 80 (scripts/check_layout.py); every
+#                   relative link and anchor of README.md
+#                   and docs/, and every citation of a docs section in the code (scripts/check_links.py)
 #   make bench      build, then benchmarks, each figure next to a baseline measured in the same run (~13 min)
 #   make soak       build, then memory under 10^6 new keys and keys that expire (bench/soak.py, not in CI,
 #                   ~13 min; SOAK_SECONDS=60 SOAK_KEYS=100000 for ~2 min)
@@ -61,7 +64,9 @@ dist/edge-rate-limiter-%.wasm: FORCE | setup
 	$(CARGO) build -q --release --target $(WASM_TARGET)$(if $(CARGO_FLAGS_$*), $(CARGO_FLAGS_$*))
 	@$(POSTBUILD) --profile $* $(WASM_BUILT) $@
 
-test: build lint test-unit test-wasm test-parity test-host test-e2e
+# The phases one after the other, each timed; the times are printed at the end (scripts/phases.sh).
+test:
+	@MAKE="$(MAKE)" scripts/phases.sh setup build lint test-unit test-wasm test-parity test-host test-e2e
 
 # The hostcall-free core (without and with the regex feature; the interleavings model of the request path,
 # src/filter/interleavings.rs, against a real redis-server, once) and the operator tool, natively; then the
@@ -114,6 +119,8 @@ lint: setup
 	$(CARGO) clippy -q -p proxy-wasm-host-emulator -p erl-admin -p erl-test-support --all-targets -- -D warnings
 	$(CARGO) fmt --all --check
 	python3 scripts/check_imports.py src tools/admin/src
+	python3 scripts/check_layout.py src tools/admin/src
+	python3 scripts/check_links.py --self-test && python3 scripts/check_links.py
 
 # Gateway overhead (Envoy with and without the filter, under wrk), Redis cost per decision (ACQUIRE vs
 # Redisson's tryAcquire), Redis round trips per request, module sizes: bench/bench.py, which also lists its

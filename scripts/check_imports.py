@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
-"""Checks that the modules of a Rust crate import each other without a cycle.
+"""Checks that the modules of a Rust crate import each other without a cycle, and the filter's modules
+only downwards through the floors of src/lib.rs's map.
 
     scripts/check_imports.py src tools/admin/src
 
 For each source directory (a crate's `src/`), every top-level module (`foo.rs` or `foo/`) is a node; a
 file of module A that names `crate::B` (in a `use` or a path) is an edge A -> B. Exit status 1 and the
-cycle, module by module, if the graph has one; otherwise one line per crate with its edges (`make lint`).
+cycle, module by module, if the graph has one. For the filter's crate (`src`), every module sits on a
+floor ([`FLOORS`], as src/lib.rs describes them) and may import only modules on its own floor or below
+(the test support module `testing` excepted): exit status 1 naming each import that goes up, or a module
+without a floor. Otherwise one line per crate with its edges (`make lint`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,43 @@ from pathlib import Path
 CRATE_PATH = re.compile(r"\bcrate::(?:\{\s*)?([a-z_][a-z0-9_]*)")
 # `use crate::{a, b::c}`: the names inside the braces.
 CRATE_GROUP = re.compile(r"\bcrate::\{([^}]*)\}")
+
+
+# The floors of src/ (src/lib.rs, "Layout"), lowest first: a module imports only from its floor or below.
+FLOORS: dict[str, list[str]] = {
+    "src": [
+        "prelude quote encoding id_map",                       # 0 base
+        "resp host key matching",                               # 1 protocol, the host seam, keys
+        "config",                                               # 2 the configuration
+        "script cache block fallback lease transport response",  # 3 Redis commands and VM/process state
+        "limiter",                                              # 4 the decision
+        "http_bridge host_redis",                               # 5 the transports
+        "filter",                                               # 6 the filter
+        "abi",                                                  # 7 the module's ABI
+    ],
+}
+# Imported by tests only (cfg(test)): any floor may use it.
+TEST_SUPPORT = {"testing"}
+
+
+def floor_errors(src: Path, edges: dict[str, set[str]]) -> list[str]:
+    """Imports that go up a floor, and modules without one."""
+    floors = FLOORS.get(str(src))
+    if floors is None:
+        return []
+    floor_of = {module: level for level, names in enumerate(floors) for module in names.split()}
+    errors = []
+    for module in sorted(edges):
+        if module in TEST_SUPPORT:
+            continue
+        if module not in floor_of:
+            errors.append(f"{src}: module `{module}` has no floor: add it to FLOORS in {__file__} and to src/lib.rs")
+            continue
+        for target in sorted(edges[module] - TEST_SUPPORT):
+            if floor_of.get(target, len(floors)) > floor_of[module]:
+                errors.append(f"{src}: `{module}` (floor {floor_of[module]}) imports `{target}` "
+                              f"(floor {floor_of.get(target, '?')}): imports go down the floors only")
+    return errors
 
 
 def module_of(src: Path, file: Path) -> str | None:
@@ -78,10 +119,14 @@ def main(argv: list[str]) -> int:
         src = Path(directory)
         edges = graph(src)
         cycle = find_cycle(edges)
+        errors = floor_errors(src, edges)
+        for error in errors:
+            print(error, file=sys.stderr)
+            status = 1
         if cycle:
             print(f"{src}: import cycle: {' -> '.join(cycle)}", file=sys.stderr)
             status = 1
-        else:
+        elif not errors:
             count = sum(len(targets) for targets in edges.values())
             print(f"{src}: {len(edges)} modules, {count} imports, no cycle")
     return status

@@ -175,6 +175,50 @@ fn decode(bytes: &[u8]) -> Option<(u32, Block, &[u8])> {
     Some((u32_at(1)?, block, bytes.get(HEADER..)?))
 }
 
+/// The live blocks this VM read or recorded last, kept in the VM ([`RecentBlocks::SLOTS`] entries, one per
+/// value of the name's hash modulo that, the newest wins): under an attack on a few keys their requests are
+/// rejected without a shared data read (a hostcall, and a call back into the module to allocate the value).
+/// As exact as the entry it copies: what a block states (no permit leaves before its end, no more than
+/// `available` free) stays true until its end whatever other VMs record meanwhile. A kept block that would
+/// let a request through is not the last word: another VM may have recorded a newer one (fewer permits
+/// free), so shared data is read then, as it is once the kept one has ended.
+#[derive(Debug, Default)]
+pub struct RecentBlocks {
+    slots: [Option<(String, Block)>; RecentBlocks::SLOTS],
+}
+
+impl RecentBlocks {
+    /// Blocks kept.
+    pub const SLOTS: usize = 8;
+
+    fn slot(hash: u64) -> usize {
+        (hash % RecentBlocks::SLOTS as u64) as usize
+    }
+
+    /// The live block of limiter `name` (whose [`fnv1a`] is `hash`) at `now_ms`, if kept.
+    pub fn find(&self, name: &str, hash: u64, now_ms: u64) -> Option<Block> {
+        match self.slots.get(Self::slot(hash)) {
+            Some(Some((kept, block))) if now_ms < block.until_ms && same_bytes(kept.as_bytes(), name.as_bytes()) => {
+                Some(*block)
+            }
+            _ => None,
+        }
+    }
+
+    /// Keeps `block` of limiter `name` in its slot (reusing the slot's name buffer).
+    pub fn keep(&mut self, name: &str, hash: u64, block: Block) {
+        let Some(slot) = self.slots.get_mut(Self::slot(hash)) else { return };
+        match slot {
+            Some((kept, kept_block)) => {
+                kept.clear();
+                kept.push_str(name);
+                *kept_block = block;
+            }
+            None => *slot = Some((name.into(), block)),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]

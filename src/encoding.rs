@@ -2,7 +2,7 @@
 //! the standard alphabet with padding for HTTP Basic credentials (section 4).
 //!
 //! Our own, a few lines, instead of the `base64` crate, whose engine costs ~2.5 KB of module for these two
-//! calls (README.md, "Module size"); the unit tests compare both with the crate.
+//! calls (docs/deploying.md, "Module size"); the unit tests compare both with the crate.
 
 use crate::prelude::*;
 

@@ -41,7 +41,7 @@ const NAME_AT: usize = HEADER + BUCKETS * 4;
 /// Where a configuration keeps its local windows: slot count, generation, and the gateway count that
 /// divides each rate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LocalWindows {
+pub struct WindowTable {
     /// Number of slots.
     pub slots: u32,
     /// The configuration's generation (as [`crate::block::BlockTable`]): a new configuration starts afresh.
@@ -122,7 +122,7 @@ pub enum Local {
     },
 }
 
-impl LocalWindows {
+impl WindowTable {
     /// The permits each gateway process may admit per window: `floor(rate / gateways)`.
     pub fn budget(&self, rate: u64) -> u64 {
         rate / u64::from(self.gateways.max(1))
@@ -183,7 +183,7 @@ impl LocalWindows {
     }
 }
 
-impl LocalWindows {
+impl WindowTable {
     /// Returns `permits` taken at `taken_ms` from limiter `name`'s window (rule window `interval_ms`) by a
     /// request another rule refused after all: the bucket that counted them gives them back, while the
     /// window still holds it. A host that refuses shared data keeps them counted (never more admitted).
@@ -290,7 +290,7 @@ mod tests {
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const WINDOWS: LocalWindows = LocalWindows { slots: 64, generation: 3, gateways: 2 };
+    const WINDOWS: WindowTable = WindowTable { slots: 64, generation: 3, gateways: 2 };
 
     fn admitted(host: &FakeHost, name: &str, permits: u64, now_ms: u64) -> bool {
         WINDOWS.acquire(host, name, 10, 1_000, permits, now_ms) == Local::Admitted
@@ -354,7 +354,7 @@ mod tests {
     #[test]
     fn a_slot_held_by_another_live_limiter_is_not_taken_over() {
         let host = FakeHost::new();
-        let one = LocalWindows { slots: 1, ..WINDOWS };
+        let one = WindowTable { slots: 1, ..WINDOWS };
         let now = 1_700_000_000_000;
         assert_eq!(one.acquire(&host, "erl:a", 10, 1_000, 1, now), Local::Admitted);
         assert!(matches!(one.acquire(&host, "erl:b", 10, 1_000, 1, now), Local::Refused { .. }));

@@ -1,6 +1,6 @@
 //! Hash maps keyed by the ids a proxy-wasm host hands out (context ids, call tokens): small sequential
 //! integers the host chooses, never a client, so a multiplicative hash is enough and costs a handful of wasm
-//! instructions where hashbrown's default hasher costs ~100 per lookup (README.md, "Lean guest").
+//! instructions where hashbrown's default hasher costs ~100 per lookup (docs/deploying.md, "Lean guest").
 
 use core::hash::{BuildHasherDefault, Hasher};
 

@@ -1,4 +1,4 @@
-//! This VM's permit leases (README.md, "Leases"): per limiter name, the lease Redis granted, whether a
+//! This VM's permit leases (docs/configuration.md, "Leases"): per limiter name, the lease Redis granted, whether a
 //! lease acquire is on its way, how many permits the next lease asks for (what the last one served in its
 //! age, twice that when it was used up, up to `max_permits`, so a VM with little traffic on a limiter holds
 //! few of its permits), and the leases that no longer serve but are not settled yet.
@@ -25,7 +25,7 @@
 //!
 //! Per VM, not shared between the VMs of a process: a shared lease would cost two shared-data hostcalls and
 //! a compare-and-swap per request, and saves round trips only where one VM's traffic cannot use a lease
-//! within `max_age` (README.md, "Leases", measured in `make bench`).
+//! within `max_age` (docs/configuration.md, "Leases", measured in `make bench`).
 
 use crate::prelude::*;
 
@@ -68,7 +68,7 @@ pub struct LeaseTicket {
     pub permits: u64,
 }
 
-/// Where a request finds this VM's permit leases (README.md, "Leases").
+/// Where a request finds this VM's permit leases (docs/configuration.md, "Leases").
 pub trait Leases {
     /// Takes `permits` from the live lease of limiter `name` at `now_ms` (before its expiry): the permits
     /// left (the lease's and Redis's at its grant) and the lease's member random bytes, if taken. The

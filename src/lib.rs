@@ -4,29 +4,33 @@
 //!
 //! # Layout
 //!
-//! The pure core (no hostcalls; unit-tested natively and on wasm32 under wasm-bindgen-test):
-//! - [`config`]: the plugin configuration, parsed and validated once into an immutable value.
-//! - [`key`]: key values of a request (header, query, cookie, client IP, path, global), limiter names,
-//!   Redisson's key layout.
-//! - [`resp`]: RESP: one [`resp::Command`] out, one bounded [`resp::Reply`] back.
-//! - [`script`]: the Redisson operations as Lua scripts (SHA-1 computed by `build.rs`), the acquire
-//!   command and its reply.
-//! - [`limiter`]: one request's acquires across rules and the final decision.
-//! - [`block`]: the exact local block after a rejection, in shared data, bounded slots.
-//! - [`cache`]: per-VM limiter configs as Redis holds them, LRU-bounded.
-//! - [`response`]: `Retry-After` and rate limit headers.
+//! Modules sit on floors and import only from their own floor or below (`scripts/check_imports.py`
+//! checks it in `make lint`; docs/architecture.md walks a request through them):
 //!
-//! The glue, behind the host seam (also hostcall-free: it runs natively against a fake host in tests):
-//! - [`host`]: the [`host::Host`] trait, everything the filter needs from a proxy-wasm host.
-//! - [`transport`]: how a Redis call fails ([`transport::Failure`]); [`http_bridge`] (webdis through
-//!   `proxy_http_call`) and [`host_redis`] (Higress's `proxy_redis_call`) carry the calls.
-//! - [`filter`]: one root context's filter: configuration, metrics, paused requests, replies by token,
-//!   the deadline guard, resume or local reply.
+//! 0. Base: `prelude`, [`quote`] (quoting untrusted text in logs), [`encoding`] (base64url), [`id_map`]
+//!    (maps keyed by host ids).
+//! 1. Protocol and the host seam: [`resp`] (one [`resp::Command`] out, one bounded [`resp::Reply`] back),
+//!    [`host`] (the [`host::Host`] trait: everything the filter needs from a proxy-wasm host), [`key`] (a
+//!    request's key values, limiter names, Redisson's key layout), [`matching`] (exemptions, value
+//!    matches).
+//! 2. [`config`]: the plugin configuration, parsed and validated once into an immutable value, and its
+//!    route and domain overrides.
+//! 3. Redis and what a VM or process keeps: [`script`] (the Redisson operations as Lua scripts, their
+//!    commands and replies), [`cache`] (limiter configs as Redis holds them), [`block`] (the exact local
+//!    block), [`fallback`] (the degraded mode's local windows and circuit), [`lease`] (permit leases),
+//!    [`transport`] (how a call fails, and which call a reply answers), [`response`] (the verdict and every
+//!    header it carries).
+//! 4. [`limiter`]: one request's way through the rules, and its decision, made once.
+//! 5. The transports: [`http_bridge`] (webdis through `proxy_http_call`), [`host_redis`] (Higress's
+//!    `proxy_redis_call`).
+//! 6. [`filter`]: one root context's filter: its routes, paused requests, replies by call, the deadline
+//!    guard, resume or local reply, counters and logs.
+//! 7. `abi` (feature `filter`, in both builds): the proxy-wasm hostcalls (and the Higress Redis calls in
+//!    the `host-redis` build) as the one real [`host::Host`], and the callbacks the host calls, each
+//!    routed to the [`filter::Filter`] of its root context.
 //!
-//! The module's ABI (feature `filter`, in both builds): `abi` declares the proxy-wasm hostcalls (and the
-//! Higress Redis calls in the `host-redis` build), implements [`host::Host`] with them, and exports the
-//! callbacks, each routed to the [`filter::Filter`] of its root context. Imports run one way:
-//! `abi` → `filter` → `host_redis` / `http_bridge` → `transport`, `host`.
+//! Floors 0-6 make no hostcall: they run natively against a fake host (`testing`) and on wasm32 under
+//! wasm-bindgen-test.
 //!
 //! On wasm32 the crate is `no_std` (with `alloc`): the module carries no std runtime (panic printing, I/O
 //! errors, environment access), only its own panic handler (a trap) and allocator (`dlmalloc`), below.

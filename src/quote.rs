@@ -2,7 +2,7 @@
 //! escaped, so a value from a request, a configuration or a Redis reply cannot forge a line (no control
 //! characters reach the log).
 //!
-//! (`{:?}` would do much the same, but brings core's Unicode tables into the module: README.md, "Module
+//! (`{:?}` would do much the same, but brings core's Unicode tables into the module: docs/deploying.md, "Module
 //! size".)
 
 use crate::prelude::*;

@@ -15,6 +15,16 @@ use std::rc::Rc;
 
 use crate::host::{HeaderMap, Host, HostError, LogLevel};
 
+/// The acquire script's reply when Redis holds the rule's config: the permits left.
+pub fn acquired(remaining: i64) -> Vec<u8> {
+    format!(":{remaining}\r\n").into_bytes()
+}
+
+/// The acquire script's reply to a rejection when Redis holds the rule's config: minus Redisson's delay.
+pub fn rejected(delay_ms: i64) -> Vec<u8> {
+    format!(":-{delay_ms}\r\n").into_bytes()
+}
+
 /// The root context's id, as Envoy numbers it.
 pub const ROOT: u32 = 1;
 

@@ -1,7 +1,7 @@
 //! Duration strings of the configuration: humantime's syntax (`"1.5s"`, `"200ms"`, `"1h 30m"`), as whole
 //! milliseconds.
 //!
-//! Our own, because `humantime` needs `std` and the module is `no_std` (README.md, "Module size"): one or
+//! Our own, because `humantime` needs `std` and the module is `no_std` (docs/deploying.md, "Module size"): one or
 //! more `<number><unit>` parts, optionally separated by spaces; a number is digits with an optional decimal
 //! fraction; units as humantime spells them. The sum must be a whole number of milliseconds. Arithmetic is
 //! exact (integers in nanoseconds) and checked.

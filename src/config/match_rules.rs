@@ -8,27 +8,29 @@ use crate::prelude::*;
 use super::reader::Object;
 use super::{ConfigError, PluginConfig};
 
-/// A configuration that applies to some routes or domains only (Higress `matchRules`).
+/// A configuration that applies to some routes or domains only (Higress `matchRules`); `C` is what the
+/// filter makes of a configuration ([`Plugin::map`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Override {
+pub struct Override<C = PluginConfig> {
     /// Route names (the `route_name` property; Higress: the Ingress `namespace/name`) it applies to.
     pub routes: Vec<String>,
     /// Domains (`:authority` without the port, case-insensitive; `*.example.com` matches subdomains).
     pub domains: Vec<String>,
     /// The configuration: the global fields overlaid with the rule's own.
-    pub config: PluginConfig,
+    pub config: C,
 }
 
 /// The whole plugin configuration: a global configuration and Higress's per-route / per-domain overrides.
 ///
 /// A rule's fields replace the global fields of the same name (a shallow overlay). With `_rules_` and no
-/// global fields, requests that match no rule are not limited.
+/// global fields, requests that match no rule are not limited. `C` is what the filter makes of each
+/// configuration ([`Plugin::map`]: its routes).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Plugin {
+pub struct Plugin<C = PluginConfig> {
     /// The configuration of requests no override matches (`None`: they are not limited).
-    pub global: Option<PluginConfig>,
+    pub global: Option<C>,
     /// The overrides, in configuration order.
-    pub overrides: Vec<Override>,
+    pub overrides: Vec<Override<C>>,
 }
 
 impl Plugin {
@@ -77,6 +79,21 @@ impl Plugin {
         }
         Ok(Plugin { global: global_config, overrides })
     }
+}
+
+impl<C> Plugin<C> {
+    /// Each configuration made into a `T` by `f` (given its index in [`Plugin::configs`]), with the same
+    /// matching.
+    pub fn map<T>(self, mut f: impl FnMut(usize, C) -> T) -> Plugin<T> {
+        let global = self.global.map(|config| f(0, config));
+        let overrides = self
+            .overrides
+            .into_iter()
+            .enumerate()
+            .map(|(index, o)| Override { routes: o.routes, domains: o.domains, config: f(index + 1, o.config) })
+            .collect();
+        Plugin { global, overrides }
+    }
 
     /// Whether any configuration depends on the route or domain of a request.
     pub fn has_overrides(&self) -> bool {
@@ -85,7 +102,7 @@ impl Plugin {
 
     /// The configuration for a request on route `route` (the `route_name` property) to `authority`, and
     /// its index in [`Plugin::configs`]; `None` when no configuration applies.
-    pub fn select(&self, route: Option<&str>, authority: Option<&str>) -> Option<(usize, &PluginConfig)> {
+    pub fn select(&self, route: Option<&str>, authority: Option<&str>) -> Option<(usize, &C)> {
         let host = authority.map(|a| strip_port(a).to_ascii_lowercase());
         let by_route = route.and_then(|route| self.overrides.iter().position(|o| o.routes.iter().any(|r| r == route)));
         let by_domain = || {
@@ -99,7 +116,7 @@ impl Plugin {
     }
 
     /// The configuration with this index (see [`Plugin::configs`]).
-    pub fn config(&self, index: usize) -> Option<&PluginConfig> {
+    pub fn config(&self, index: usize) -> Option<&C> {
         match index {
             0 => self.global.as_ref(),
             i => self.overrides.get(i - 1).map(|o| &o.config),
@@ -107,7 +124,7 @@ impl Plugin {
     }
 
     /// Every configuration by index: 0 the global one (if any), then the overrides in order.
-    pub fn configs(&self) -> impl Iterator<Item = (usize, &PluginConfig)> {
+    pub fn configs(&self) -> impl Iterator<Item = (usize, &C)> {
         self.global.iter().map(|c| (0, c)).chain(self.overrides.iter().enumerate().map(|(i, o)| (i + 1, &o.config)))
     }
 }

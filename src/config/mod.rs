@@ -2,7 +2,7 @@
 //! `on_configure`) into an immutable [`PluginConfig`] shared by every request of the VM.
 //!
 //! Every error names the field it is about (`rules[0].rate: must be at least 1`), so an operator can fix
-//! the configuration from the gateway's log line alone. The field reference is in README.md.
+//! the configuration from the gateway's log line alone. The field reference is docs/configuration.md.
 //!
 //! - this module: the validated types ([`PluginConfig`], [`Rule`], [`RedisConfig`]...) and [`ConfigError`];
 //! - `reader`: the JSON read field by field, errors naming the field, unknown fields refused;
@@ -19,6 +19,7 @@ use crate::matching::{Exemption, ValueMatch};
 mod duration;
 mod match_rules;
 mod reader;
+mod rules;
 mod validate;
 
 pub use match_rules::{Override, Plugin};
@@ -155,7 +156,7 @@ pub enum Mode {
     #[default]
     Enforce,
     /// The rule decides and counts (its limiter takes permits as if enforced) but never rejects: a request it
-    /// would reject goes on, counted in `rule.<name>.shadow_rejected` (README.md, "Shadow mode").
+    /// would reject goes on, counted in `rule.<name>.shadow_rejected` (docs/configuration.md, "Shadow mode").
     Shadow,
 }
 
@@ -267,7 +268,7 @@ pub struct Rule {
     pub rate_source: RateSource,
     /// Longest local block after a rejection, ms (0: no local block; every request goes to Redis).
     pub local_block_max_ms: u64,
-    /// Permit leases for a hot limiter (README.md, "Leases"); `None`: one acquire per request.
+    /// Permit leases for a hot limiter (docs/configuration.md, "Leases"); `None`: one acquire per request.
     pub lease: Option<Lease>,
     /// Enforce or shadow (the configuration's `mode` unless the rule sets its own).
     pub mode: Mode,

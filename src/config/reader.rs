@@ -2,7 +2,7 @@
 //! error names its field (`rules[0].rate: must be a whole number`) and unknown fields are refused.
 //!
 //! This replaces serde derives wrapped in `serde_path_to_error`: the same errors, without about 75 KB of
-//! generic visitor code in the module (README.md, "Module size").
+//! generic visitor code in the module (docs/deploying.md, "Module size").
 
 use crate::prelude::*;
 

@@ -1,17 +1,17 @@
-//! The filter's counters (README.md, "Metrics"), its once-per-cause failure log and its once-per-limiter
+//! The filter's counters (docs/operating.md, "Metrics"), its once-per-cause failure log and its once-per-limiter
 //! log of errors on a limiter's keys.
 
 use crate::prelude::*;
 
 use crate::block::fnv1a;
-use crate::config::{FailureMode, Plugin};
+use crate::config::{FailureMode, PluginConfig};
 use crate::host::{Host, LogLevel};
 use crate::limiter::{LimiterError, Outcome, RuleOutcome};
 use crate::transport::Failure;
 
 use super::{log, NAME};
 
-/// Counter ids, by the names in README.md ("Metrics"). A counter the host refused to define is skipped.
+/// Counter ids, by the names in docs/operating.md, "Metrics". A counter the host refused to define is skipped.
 #[derive(Debug, Default)]
 pub(super) struct Metrics {
     allowed: Option<u32>,
@@ -29,36 +29,19 @@ pub(super) struct Metrics {
     fallback_allowed: Option<u32>,
     fallback_rejected: Option<u32>,
     exempt: Option<u32>,
-    /// `rule.<name>.<outcome>` ([`RuleOutcome::ALL`] order), by configuration index, then rule entry index.
-    rule_counters: Vec<(usize, Vec<RuleCounters>)>,
 }
 
-/// One rule's counters, in [`RuleOutcome::ALL`] order.
-type RuleCounters = [Option<u32>; RuleOutcome::ALL.len()];
+/// One rule's counters `edge_rate_limiter.rule.<rule>.<outcome>`, in [`RuleOutcome::ALL`] order.
+pub(super) type RuleCounters = [Option<u32>; RuleOutcome::ALL.len()];
+
+/// The rules given counters so far (a rule name shared by several configurations, or by the entries of
+/// one rule's `rates_by_value`, shares its counters).
+pub(super) type DefinedRules = Vec<(String, RuleCounters)>;
 
 impl Metrics {
-    /// Defines every counter as `edge_rate_limiter.<name>`, and `edge_rate_limiter.rule.<rule>.<outcome>`
-    /// for each rule of `plugin` (a rule name shared by several configurations, or by the entries of one
-    /// rule's `rates_by_value`, shares its counters).
-    pub(super) fn define(host: &impl Host, plugin: &Plugin) -> Self {
+    /// Defines every counter as `edge_rate_limiter.<name>`.
+    pub(super) fn define(host: &impl Host) -> Self {
         let counter = |name: &str| host.define_counter(&format!("{NAME}.{name}")).ok();
-        let mut defined: Vec<(&str, RuleCounters)> = Vec::new();
-        let mut rule_counters = Vec::new();
-        for (index, config) in plugin.configs() {
-            let mut entries = Vec::with_capacity(config.rules.len());
-            for rule in &config.rules {
-                let ids = match defined.iter().find(|(name, _)| *name == rule.name) {
-                    Some((_, ids)) => *ids,
-                    None => {
-                        let ids = RuleOutcome::ALL.map(|o| counter(&format!("rule.{}.{}", rule.name, o.counter())));
-                        defined.push((&rule.name, ids));
-                        ids
-                    }
-                };
-                entries.push(ids);
-            }
-            rule_counters.push((index, entries));
-        }
         Metrics {
             allowed: counter("allowed"),
             rejected: counter("rejected"),
@@ -75,8 +58,24 @@ impl Metrics {
             fallback_allowed: counter("fallback_allowed"),
             fallback_rejected: counter("fallback_rejected"),
             exempt: counter("exempt"),
-            rule_counters,
         }
+    }
+
+    /// The counters of each rule entry of `config`, defined unless `defined` has them already.
+    pub(super) fn rules(host: &impl Host, config: &PluginConfig, defined: &mut DefinedRules) -> Vec<RuleCounters> {
+        let counter = |name: &str| host.define_counter(&format!("{NAME}.{name}")).ok();
+        config
+            .rules
+            .iter()
+            .map(|rule| match defined.iter().find(|(name, _)| *name == rule.name) {
+                Some((_, ids)) => *ids,
+                None => {
+                    let ids = RuleOutcome::ALL.map(|o| counter(&format!("rule.{}.{}", rule.name, o.counter())));
+                    defined.push((rule.name.clone(), ids));
+                    ids
+                }
+            })
+            .collect()
     }
 
     fn add(host: &impl Host, id: Option<u32>, amount: usize) {
@@ -100,7 +99,7 @@ impl Metrics {
             }
             Outcome::FailedOpen => self.failure_allowed,
             Outcome::FailedClosed => self.failure_denied,
-            Outcome::LocallyAllowed | Outcome::Local => self.fallback_allowed,
+            Outcome::LocallyAllowed => self.fallback_allowed,
             Outcome::LocallyRefused => self.fallback_rejected,
         };
         Self::add(host, id, 1);
@@ -133,19 +132,15 @@ impl Metrics {
         Self::add(host, self.lease_settlements, 1);
     }
 
-    /// Permits taken from a lease that could not be returned: their lease was forgotten (README.md,
+    /// Permits taken from a lease that could not be returned: their lease was forgotten (docs/configuration.md,
     /// "Leases": when leased permits are lost).
     pub(super) fn lease_permits_lost(&self, host: &impl Host, permits: u64) {
         Self::add(host, self.lease_permits_lost, usize::try_from(permits).unwrap_or(usize::MAX));
     }
 
-    /// Rule entry `rule` of configuration `entry` ended a request with `outcome` (a rejection by the local
-    /// block counts in `rejected` too: `local_rejected` is a part of it, as for the global counters).
-    pub(super) fn rule(&self, host: &impl Host, entry: usize, rule: usize, outcome: RuleOutcome) {
-        let Some(ids) = self.rule_counters.iter().find(|(index, _)| *index == entry).and_then(|(_, ids)| ids.get(rule))
-        else {
-            return;
-        };
+    /// A rule whose counters are `ids` ended a request with `outcome` (a rejection by the local block
+    /// counts in `rejected` too: `local_rejected` is a part of it, as for the global counters).
+    pub(super) fn rule(host: &impl Host, ids: &RuleCounters, outcome: RuleOutcome) {
         let count = |outcome: RuleOutcome| Self::add(host, ids.get(outcome as usize).copied().flatten(), 1);
         count(outcome);
         if outcome == RuleOutcome::LocallyRejected {

@@ -4,7 +4,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 
 use super::*;
-use crate::testing::{End, FakeHost, ROOT};
+use crate::host::HostError;
+use crate::limiter::RuleOutcome;
+use crate::testing::{acquired, rejected, End, FakeHost, ROOT};
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -19,16 +21,6 @@ fn configure(redis: &str, rules: &str, extra: &str) -> (FakeHost, Filter<FakeHos
     let json = format!(r#"{{{redis},"rules":[{rules}]{extra}}}"#);
     let filter = Filter::configure(host.clone(), json.as_bytes(), true).unwrap();
     (host, filter)
-}
-
-/// The acquire script's reply when Redis holds the rule's config: the permits left.
-fn acquired(remaining: i64) -> Vec<u8> {
-    format!(":{remaining}\r\n").into_bytes()
-}
-
-/// The acquire script's reply to a rejection when Redis holds the rule's config: minus the delay.
-fn rejected(delay_ms: i64) -> Vec<u8> {
-    format!(":-{delay_ms}\r\n").into_bytes()
 }
 
 fn start(host: &FakeHost, filter: &mut Filter<FakeHost>, context_id: u32, user: &str) -> Action {
@@ -61,18 +53,43 @@ fn local_reply(host: &FakeHost, context_id: u32) -> (u16, Vec<(String, String)>,
     }
 }
 
-fn counters(host: &FakeHost) -> [u64; 8] {
-    [
-        "allowed",
-        "rejected",
-        "failure_allowed",
-        "failure_denied",
-        "redis_calls",
-        "redis_errors",
-        "host_errors",
-        "local_rejected",
-    ]
-    .map(|name| host.counter(&format!("{NAME}.{name}")))
+/// The request and call counters of a filter, by name.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Counts {
+    allowed: u64,
+    rejected: u64,
+    failure_allowed: u64,
+    failure_denied: u64,
+    redis_calls: u64,
+    redis_errors: u64,
+    host_errors: u64,
+    local_rejected: u64,
+}
+
+/// No counter moved.
+const NONE: Counts = Counts {
+    allowed: 0,
+    rejected: 0,
+    failure_allowed: 0,
+    failure_denied: 0,
+    redis_calls: 0,
+    redis_errors: 0,
+    host_errors: 0,
+    local_rejected: 0,
+};
+
+fn counters(host: &FakeHost) -> Counts {
+    let counter = |name: &str| host.counter(&format!("{NAME}.{name}"));
+    Counts {
+        allowed: counter("allowed"),
+        rejected: counter("rejected"),
+        failure_allowed: counter("failure_allowed"),
+        failure_denied: counter("failure_denied"),
+        redis_calls: counter("redis_calls"),
+        redis_errors: counter("redis_errors"),
+        host_errors: counter("host_errors"),
+        local_rejected: counter("local_rejected"),
+    }
 }
 
 /// Ticks as the host does, on the root context, after moving the clock.
@@ -88,7 +105,7 @@ fn a_request_no_rule_applies_to_goes_on_without_a_call() {
     host.request(2, &[(":path", "/")]);
     assert_eq!(filter.on_request_headers(2), Action::Continue);
     assert!(host.http_calls().is_empty());
-    assert_eq!(counters(&host), [0; 8], "Outcome::Unlimited counts nothing");
+    assert_eq!(counters(&host), NONE, "Outcome::Unlimited counts nothing");
     assert_eq!(filter.on_response_headers(2), Action::Continue);
     assert!(host.response_headers(2).is_empty());
 }
@@ -109,7 +126,7 @@ fn an_allowed_request_is_paused_then_resumed_with_rate_limit_headers_on_its_resp
     filter.on_response_headers(2);
     let headers = host.response_headers(2);
     assert_eq!(header(&headers, "ratelimit"), Some("\"per-user\";r=1;t=1"));
-    assert_eq!(counters(&host), [1, 0, 0, 0, 1, 0, 0, 0]);
+    assert_eq!(counters(&host), Counts { allowed: 1, redis_calls: 1, ..NONE });
     tick_after(&host, &mut filter, TICK_MS.into());
     assert_eq!(host.tick_period(), 0, "the tick stops when nothing is paused");
 }
@@ -124,7 +141,7 @@ fn a_rejected_request_is_answered_with_the_rejection() {
     assert_eq!(header(&headers, "retry-after"), Some("2"));
     assert_eq!(header(&headers, "x-envoy-ratelimited"), Some("true"));
     assert_eq!(header(&headers, "content-type"), Some("text/plain"));
-    assert_eq!(counters(&host), [0, 1, 0, 0, 1, 0, 0, 0]);
+    assert_eq!(counters(&host), Counts { rejected: 1, redis_calls: 1, ..NONE });
 }
 
 #[test]
@@ -135,7 +152,7 @@ fn failures_follow_the_failure_mode_and_are_logged_once_until_redis_answers() {
         answer_http(&host, &mut filter, last_token(&host), 503, b"");
         assert_eq!(host.end(context_id), Some(End::Resumed), "fail open");
     }
-    assert_eq!(counters(&host), [0, 0, 2, 0, 2, 2, 0, 0]);
+    assert_eq!(counters(&host), Counts { failure_allowed: 2, redis_calls: 2, redis_errors: 2, ..NONE });
     let warnings = |host: &FakeHost| host.logs().iter().filter(|(l, _)| *l == LogLevel::Warn).count();
     assert_eq!(warnings(&host), 1, "{:?}", host.logs());
     start(&host, &mut filter, 4, "alice");
@@ -147,7 +164,7 @@ fn failures_follow_the_failure_mode_and_are_logged_once_until_redis_answers() {
     answer_http(&host, &mut filter, last_token(&host), 200, b"-ERR boom\r\n");
     let (status, _, body) = local_reply(&host, 2);
     assert_eq!((status, body.as_str()), (500, "rate limiter unavailable\n"));
-    assert_eq!(counters(&host), [0, 0, 0, 1, 1, 1, 0, 0]);
+    assert_eq!(counters(&host), Counts { failure_denied: 1, redis_calls: 1, redis_errors: 1, ..NONE });
 }
 
 #[test]
@@ -156,7 +173,7 @@ fn a_refused_call_is_decided_at_once_by_the_failure_mode() {
     host.refuse_calls(Some(HostError::BadArgument));
     assert_eq!(start(&host, &mut filter, 2, "alice"), Action::Pause);
     assert_eq!(local_reply(&host, 2).0, 503);
-    assert_eq!(counters(&host), [0, 0, 0, 1, 0, 1, 0, 0]);
+    assert_eq!(counters(&host), Counts { failure_denied: 1, redis_errors: 1, ..NONE });
     assert!(host.logs().iter().any(|(_, m)| m.contains("knows no cluster \"webdis\"")), "{:?}", host.logs());
 }
 
@@ -170,7 +187,7 @@ fn noscript_is_sent_again_by_source_in_the_same_request() {
     assert!(String::from_utf8(again.body).unwrap().starts_with("EVAL/"));
     answer_http(&host, &mut filter, again.token, 200, &acquired(1));
     assert_eq!(host.end(2), Some(End::Resumed));
-    assert_eq!(counters(&host), [1, 0, 0, 0, 2, 0, 0, 0]);
+    assert_eq!(counters(&host), Counts { allowed: 1, redis_calls: 2, ..NONE });
 }
 
 #[test]
@@ -183,7 +200,11 @@ fn a_rejection_still_counts_and_logs_the_other_rules_failures() {
     answer_http(&host, &mut filter, calls[0].token, 200, &rejected(800));
     answer_http(&host, &mut filter, calls[1].token, 503, b"");
     assert_eq!(local_reply(&host, 2).0, 429);
-    assert_eq!(counters(&host), [0, 1, 0, 0, 2, 1, 0, 0], "redis_errors counts the failed call of per-ip");
+    assert_eq!(
+        counters(&host),
+        Counts { rejected: 1, redis_calls: 2, redis_errors: 1, ..NONE },
+        "redis_errors counts the failed call of per-ip"
+    );
     assert!(host.logs().iter().any(|(_, m)| m.contains("HTTP 503")), "{:?}", host.logs());
 }
 
@@ -202,7 +223,7 @@ fn the_host_redis_transport_sends_resp_and_reads_buffer_nine_replies() {
     host.enter(ROOT);
     filter.on_redis_call_response(last_token(&host), 1, 0);
     assert_eq!(host.end(3), Some(End::Resumed), "fail open");
-    assert_eq!(counters(&host), [1, 0, 1, 0, 2, 1, 0, 0]);
+    assert_eq!(counters(&host), Counts { allowed: 1, failure_allowed: 1, redis_calls: 2, redis_errors: 1, ..NONE });
 }
 
 #[test]
@@ -232,9 +253,11 @@ fn an_unknown_cluster_at_configure_is_retried_on_the_next_request() {
 fn the_stock_build_refuses_the_host_transport_naming_the_field() {
     let json = format!(r#"{{{HOST_REDIS},"rules":[{PER_USER}]}}"#);
     let error = Filter::configure(FakeHost::new(), json.as_bytes(), false).err().unwrap();
+    assert_eq!(error.field, "redis.transport", "the field is named");
+    let error = error.to_string();
     assert!(error.starts_with("redis.transport: \"host\" needs the host-redis build"), "{error}");
     let json = format!(r#"{{"redis":{{}},"rules":[{PER_USER}]}}"#);
-    let error = Filter::configure(FakeHost::new(), json.as_bytes(), true).err().unwrap();
+    let error = Filter::configure(FakeHost::new(), json.as_bytes(), true).err().unwrap().to_string();
     assert_eq!(error, "redis: `cluster` or `service_name` is required");
 }
 
@@ -245,11 +268,11 @@ fn a_refused_context_switch_is_counted_and_the_decision_delivered_on_the_next_ti
     host.refuse_effective_context(1);
     answer_http(&host, &mut filter, last_token(&host), 200, &rejected(900));
     assert_eq!(host.end(2), None, "the host refused the switch: nothing could be sent yet");
-    assert_eq!(counters(&host)[6], 1, "host_errors");
+    assert_eq!(counters(&host).host_errors, 1, "host_errors");
     assert!(host.logs().iter().any(|(_, m)| m.contains("refused proxy_set_effective_context")));
     tick_after(&host, &mut filter, TICK_MS.into());
     assert_eq!(local_reply(&host, 2).0, 429, "the real decision, one tick later");
-    assert_eq!(counters(&host), [0, 1, 0, 0, 1, 0, 1, 0]);
+    assert_eq!(counters(&host), Counts { rejected: 1, redis_calls: 1, host_errors: 1, ..NONE });
     tick_after(&host, &mut filter, TICK_MS.into());
     assert_eq!(host.tick_period(), 0);
 }
@@ -265,11 +288,11 @@ fn a_reply_for_a_token_nobody_waits_for_is_dropped_and_the_request_ends_at_its_d
     assert_eq!(host.end(2), None, "redis.timeout (200 ms) not yet over by the grace");
     tick_after(&host, &mut filter, DEADLINE_GRACE_MS);
     assert_eq!(host.end(2), Some(End::Resumed), "failing open at the deadline");
-    assert_eq!(counters(&host), [0, 0, 1, 0, 1, 1, 0, 0]);
+    assert_eq!(counters(&host), Counts { failure_allowed: 1, redis_calls: 1, redis_errors: 1, ..NONE });
     assert!(host.logs().iter().any(|(_, m)| m.contains("no answer to a Redis call within redis.timeout")));
     // The real reply, if it ever comes, finds nothing to act on.
     answer_http(&host, &mut filter, token, 200, &acquired(1));
-    assert_eq!(counters(&host), [0, 0, 1, 0, 1, 1, 0, 0]);
+    assert_eq!(counters(&host), Counts { failure_allowed: 1, redis_calls: 1, redis_errors: 1, ..NONE });
 }
 
 #[test]
@@ -287,7 +310,7 @@ fn a_call_the_host_never_answers_ends_in_the_failure_mode_within_the_timeout() {
             None => assert_eq!(host.end(2), Some(End::Resumed)),
             Some(status) => assert_eq!(local_reply(&host, 2).0, status),
         }
-        assert_eq!(counters(&host)[5], 1, "redis_errors");
+        assert_eq!(counters(&host).redis_errors, 1, "redis_errors");
     }
 }
 
@@ -299,7 +322,7 @@ fn a_request_that_went_away_is_forgotten_and_its_late_reply_dropped() {
     filter.on_done(2);
     answer_http(&host, &mut filter, token, 200, &acquired(1));
     assert_eq!(host.end(2), None);
-    assert_eq!(counters(&host), [0, 0, 0, 0, 1, 0, 0, 0], "no decision is counted for it");
+    assert_eq!(counters(&host), Counts { redis_calls: 1, ..NONE }, "no decision is counted for it");
     tick_after(&host, &mut filter, 1_000);
     assert_eq!(host.tick_period(), 0);
 }
@@ -312,7 +335,7 @@ fn a_missing_key_denied_by_the_rule_is_answered_without_a_call() {
     assert_eq!(filter.on_request_headers(2), Action::Pause);
     assert_eq!(local_reply(&host, 2).0, 429);
     assert!(host.http_calls().is_empty());
-    assert_eq!(counters(&host), [0, 1, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(counters(&host), Counts { rejected: 1, ..NONE });
 }
 
 #[test]
@@ -367,7 +390,7 @@ fn a_decision_made_while_starting_ends_the_request_at_once_even_with_several_rul
     let (host, mut filter) = configure(BRIDGE_TO_CLUSTER, &rules, "");
     host.refuse_calls(Some(HostError::InternalFailure));
     assert_eq!(start(&host, &mut filter, 2, "alice"), Action::Continue, "both calls refused: fail open now");
-    assert_eq!(counters(&host), [0, 0, 1, 0, 0, 2, 0, 0]);
+    assert_eq!(counters(&host), Counts { failure_allowed: 1, redis_errors: 2, ..NONE });
     assert_eq!(host.tick_period(), 0, "nothing paused");
 }
 
@@ -376,7 +399,7 @@ fn without_a_tick_the_replies_still_end_requests_and_the_refusal_is_counted() {
     let (host, mut filter) = configure(BRIDGE, PER_USER, "");
     host.refuse_tick(true);
     start(&host, &mut filter, 2, "alice");
-    assert_eq!(counters(&host)[6], 1, "host_errors");
+    assert_eq!(counters(&host).host_errors, 1, "host_errors");
     answer_http(&host, &mut filter, last_token(&host), 200, &acquired(1));
     assert_eq!(host.end(2), Some(End::Resumed));
 }
@@ -439,7 +462,7 @@ fn local_rejections_reuse_a_reply_only_while_its_headers_would_be_the_same() {
     assert_eq!(reply(13, "alice", 0), first, "back to alice");
     assert_eq!(reply(14, "alice", 1_000)[0].as_deref(), Some("59"), "a second later: Retry-After counts down");
     assert_eq!(host.http_calls().len(), calls, "every one answered by the local block");
-    assert_eq!(counters(&host)[7], 5);
+    assert_eq!(counters(&host).local_rejected, 5);
 }
 
 #[test]
@@ -466,7 +489,7 @@ fn a_vm_whose_kept_block_would_let_a_request_through_reads_the_newer_one_another
     assert_eq!(request(&first, &mut a, 3, "x-light"), Action::Pause);
     assert_eq!(local_reply(&first, 3).0, 429);
     assert_eq!(first.http_calls().len(), calls, "rejected by the block b recorded, without a call");
-    assert_eq!(counters(&first)[7], 1);
+    assert_eq!(counters(&first).local_rejected, 1);
 }
 
 /// A global rule leasing up to 4 permits for 1 s.
@@ -554,7 +577,7 @@ fn failing_locally_each_gateway_admits_its_share_and_a_probe_closes_the_circuit(
     assert_eq!(start(&host, &mut filter, 6, "dave"), Action::Continue, "decided locally while the probe is out");
     answer_http(&host, &mut filter, last_token(&host), 200, &acquired(1));
     assert_eq!(start(&host, &mut filter, 7, "erin"), Action::Pause, "Redis is asked again");
-    assert_eq!(counters(&host)[0], 1, "the probe was allowed by Redis");
+    assert_eq!(counters(&host).allowed, 1, "the probe was allowed by Redis");
 }
 
 #[test]
@@ -566,7 +589,7 @@ fn local_fallback_is_refused_without_gateways_or_with_another_failure_mode() {
         (r#","local_fallback":{"gateways":2}"#, "local_fallback: only with failure_mode"),
     ] {
         let json = format!(r#"{{{BRIDGE},"rules":[{PER_USER}]{extra}}}"#);
-        let error = Filter::configure(FakeHost::new(), json.as_bytes(), true).err().unwrap();
+        let error = Filter::configure(FakeHost::new(), json.as_bytes(), true).err().unwrap().to_string();
         assert!(error.starts_with(field), "{error}");
     }
 }
@@ -595,7 +618,7 @@ fn each_rule_counts_its_outcomes_and_the_rejecting_rule_is_in_the_filter_state()
     assert_eq!(host.end(3), Some(End::Resumed));
     assert_eq!(host.filter_state(3), vec![(SHADOW_REJECTED_BY_PROPERTY.to_string(), "trial".to_string())]);
     assert_eq!((rule("per-user", "allowed"), rule("trial", "shadow_rejected")), (1, 1));
-    assert_eq!(counters(&host)[..2], [1, 1], "the shadow rejection counts as allowed");
+    assert_eq!((counters(&host).allowed, counters(&host).rejected), (1, 1), "the shadow rejection counts as allowed");
     // Trial's limiter is blocked locally now: another request spares its call and counts it again.
     start(&host, &mut filter, 4, "carol");
     answer_http(&host, &mut filter, last_token(&host), 200, &acquired(1));
@@ -614,7 +637,7 @@ fn an_exempt_request_is_counted_and_not_limited() {
     assert_eq!(start(&host, &mut filter, 2, "alice"), Action::Continue, "the fake host's client is 10.0.0.7");
     assert!(host.http_calls().is_empty());
     assert_eq!(host.counter(&format!("{NAME}.exempt")), 1);
-    assert_eq!(counters(&host), [0; 8]);
+    assert_eq!(counters(&host), NONE);
 }
 
 #[test]

@@ -5,118 +5,12 @@
 //! rule's policy is formatted once, see [`policy_value`]), or a short string written with `itoa`.
 
 use alloc::rc::Rc;
-use core::ops::Deref;
-
-use arrayvec::{ArrayString, ArrayVec};
 
 use crate::prelude::*;
 
 use crate::config::HeaderStyle;
 
-/// Longest value kept inline in a [`HeaderValue`] (no allocation), bytes.
-pub const INLINE: usize = 38;
-
-/// Most headers a decision carries (`Retry-After`, `x-ratelimited-by`, two draft and three legacy rate limit
-/// headers, `x-envoy-ratelimited`, `x-shadow-ratelimited-by`, `content-type`): every header a reply can have,
-/// so a [`Headers`] never fills.
-pub const MAX_HEADERS: usize = 10;
-
-/// A header value: a constant, a value prepared once and shared, a short one kept inline, or one made for
-/// this response.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HeaderValue {
-    /// A constant (`true`, `text/plain`).
-    Static(&'static str),
-    /// Prepared once (a rule's `RateLimit-Policy`), shared by every response.
-    Shared(Rc<str>),
-    /// A short value made for this response, without an allocation.
-    Inline(ArrayString<INLINE>),
-    /// A longer value made for this response.
-    Owned(String),
-}
-
-impl HeaderValue {
-    /// `text` inline when it fits, else owned.
-    pub fn new(text: &str) -> Self {
-        match ArrayString::from(text) {
-            Ok(inline) => HeaderValue::Inline(inline),
-            Err(_) => HeaderValue::Owned(text.to_string()),
-        }
-    }
-
-    /// A decimal number, inline.
-    pub fn number(n: u64) -> Self {
-        HeaderValue::new(itoa::Buffer::new().format(n))
-    }
-}
-
-impl Deref for HeaderValue {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        match self {
-            HeaderValue::Static(text) => text,
-            HeaderValue::Shared(text) => text,
-            HeaderValue::Inline(text) => text,
-            HeaderValue::Owned(text) => text,
-        }
-    }
-}
-
-/// A short string built on the stack (for header values and keys), spilling to the heap only past
-/// [`INLINE`] bytes.
-#[derive(Debug, Default)]
-pub struct Builder {
-    inline: ArrayString<INLINE>,
-    spilled: Option<String>,
-}
-
-impl Builder {
-    /// An empty builder.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Appends text.
-    pub fn push_str(&mut self, text: &str) {
-        match &mut self.spilled {
-            Some(spilled) => spilled.push_str(text),
-            None => {
-                if self.inline.try_push_str(text).is_err() {
-                    let mut spilled = String::with_capacity(self.inline.len() + text.len() + 16);
-                    spilled.push_str(&self.inline);
-                    spilled.push_str(text);
-                    self.spilled = Some(spilled);
-                }
-            }
-        }
-    }
-
-    /// Appends a decimal number.
-    pub fn push_number(&mut self, n: u64) {
-        self.push_str(itoa::Buffer::new().format(n));
-    }
-
-    /// The text so far.
-    pub fn as_str(&self) -> &str {
-        match &self.spilled {
-            Some(spilled) => spilled,
-            None => &self.inline,
-        }
-    }
-
-    /// The text as a header value (inline if it fits).
-    pub fn into_value(self) -> HeaderValue {
-        match self.spilled {
-            Some(spilled) => HeaderValue::Owned(spilled),
-            None => HeaderValue::Inline(self.inline),
-        }
-    }
-}
-
-/// Response headers: a lowercase name and its value, on the stack ([`MAX_HEADERS`] is every header a reply
-/// can have).
-pub type Headers = ArrayVec<(&'static str, HeaderValue), MAX_HEADERS>;
+use super::{Builder, HeaderValue, Headers};
 
 /// One rule's state after its acquire, as the rate limit headers report it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -270,20 +164,6 @@ mod tests {
             headers(HeaderStyle::Draft, &[shared, quota("per-ip", 7)])[0].1,
             "\"per-user\";q=100;w=60, \"per-ip\";q=100;w=60"
         );
-    }
-
-    #[test]
-    fn short_values_stay_inline_and_long_ones_spill() {
-        assert!(matches!(HeaderValue::number(u64::MAX), HeaderValue::Inline(_)));
-        assert_eq!(&*HeaderValue::number(42), "42");
-        let mut builder = Builder::new();
-        builder.push_str("\"per-user\";r=");
-        builder.push_number(7);
-        assert!(matches!(builder.as_str(), "\"per-user\";r=7"));
-        builder.push_str(&"x".repeat(INLINE));
-        let value = builder.into_value();
-        assert!(matches!(value, HeaderValue::Owned(_)));
-        assert_eq!(&*value, format!("\"per-user\";r=7{}", "x".repeat(INLINE)));
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! window come back.
 //!
 //! What it cannot see: a gateway's local block and leases (in the gateway's memory; both agree with Redis
-//! on the answer, README.md "Local block"), and traffic between the read and the request.
+//! on the answer, docs/configuration.md, "Local block"), and traffic between the read and the request.
 
 use edge_rate_limiter::config::{LimiterType, Mode, Plugin, PluginConfig, RateSource, Rule};
 use edge_rate_limiter::key::LimiterKeys;
@@ -143,19 +143,7 @@ fn read_limiter(
     explained.effective = Some(effective);
     explained.config_ttl_ms = Some(redis.pttl(name)?);
     let keys_of = |id: Option<&str>| LimiterKeys::new(name, id.unwrap_or(crate::ops::NO_CLIENT));
-    let clients: Vec<Option<String>> = match (effective.limiter_type, client_id) {
-        (LimiterType::Overall, _) => vec![None],
-        (LimiterType::PerClient, Some(id)) => vec![Some(id.to_string())],
-        (LimiterType::PerClient, None) => {
-            let found = client_ids(redis, name)?;
-            if found.is_empty() {
-                // No gateway has a window yet: each starts full.
-                vec![None]
-            } else {
-                found.into_iter().map(Some).collect()
-            }
-        }
-    };
+    let clients = windows_to_read(redis, name, effective.limiter_type, client_id)?;
     let type_changed = held.is_some_and(|held| held.limiter_type != effective.limiter_type);
     for id in clients {
         let keys = keys_of(id.as_deref());
@@ -197,6 +185,29 @@ fn read_limiter(
     explained.wait_ms = wait_ms;
     explained.delay_ms = delay_ms;
     Ok(())
+}
+
+/// Whose windows of limiter `name` to read: the one window of an overall limiter; of a per-client one,
+/// `client_id`'s, or every gateway's that has one (none yet: one fresh window).
+fn windows_to_read(
+    redis: &mut Redis,
+    name: &str,
+    limiter_type: LimiterType,
+    client_id: Option<&str>,
+) -> Result<Vec<Option<String>>> {
+    Ok(match (limiter_type, client_id) {
+        (LimiterType::Overall, _) => vec![None],
+        (LimiterType::PerClient, Some(id)) => vec![Some(id.to_string())],
+        (LimiterType::PerClient, None) => {
+            let found = client_ids(redis, name)?;
+            if found.is_empty() {
+                // No gateway has a window yet: each starts full.
+                vec![None]
+            } else {
+                found.into_iter().map(Some).collect()
+            }
+        }
+    })
 }
 
 /// The members scored after `now_ms - interval_ms`: those still in the window.

@@ -52,8 +52,8 @@ use crate::units::{parse_duration, parse_interval, parse_keep_alive};
 
 /// Inspect and change edge-rate-limiter limiters in Redis (Redisson RRateLimiter, 4.x layout).
 ///
-/// A limiter NAME is the Redis key of its config hash, e.g. `erl:per-user:alice` (README.md, "Limiter
-/// names in Redis"); Redisson limiters are named as the Java code named them.
+/// A limiter NAME is the Redis key of its config hash, e.g. `erl:per-user:alice` (docs/configuration.md,
+/// "Limiter names in Redis"); Redisson limiters are named as the Java code named them.
 ///
 /// Redis Cluster: give --cluster (or ERL_REDIS_CLUSTER=true) and, as --url, a seed node of the cluster,
 /// e.g. `erl-admin --cluster --url redis://:secret@10.0.0.5:6379 list`. The other nodes are found from the

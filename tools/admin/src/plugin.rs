@@ -19,7 +19,7 @@ use crate::report::{ConfigSummary, RuleSummary};
 /// What the filter writes before the reason when it refuses a configuration.
 pub use edge_rate_limiter::filter::REFUSAL_PREFIX;
 
-/// The build a configuration is loaded by (README.md, "Builds"). Whether it has regular expressions
+/// The build a configuration is loaded by (docs/deploying.md, "Builds"). Whether it has regular expressions
 /// (`rates_by_value`'s `regex`: the -regex artifacts) is this tool's own build's: its feature `regex`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Build {
@@ -66,7 +66,7 @@ pub fn read_document(path: &str) -> Result<Vec<u8>> {
 /// # Errors
 /// The filter's reason, naming the field (`rules[0].rate: must be at least 1`).
 pub fn load(bytes: &[u8], build: Build) -> Result<Plugin, String> {
-    filter::load(bytes, build == Build::Higress)
+    filter::load(bytes, build == Build::Higress).map_err(|error| error.to_string())
 }
 
 /// The name of configuration `index` of [`Plugin::configs`]: `global` (0) or `_rules_[index - 1]`.

@@ -1,0 +1,122 @@
+//! How a decided request ends: [`finish`] counts it, moves the degraded mode's circuit, commits or
+//! puts back what it took from leases and gives back what it took in Redis; [`end`] resumes it
+//! (its rate limit headers kept for its response) or answers it locally, naming the rule in its filter
+//! state, from the request's own callback or from the root context's.
+
+use alloc::rc::Rc;
+
+use crate::prelude::*;
+
+use crate::host::{Host, LogLevel};
+use crate::limiter::{Decision, GiveBack, LeaseTicket, Leases, Outcome, Verdict};
+
+use super::flow::{Flow, Origin, Stage};
+use super::give_back::{GiveBackCall, GiveBackKind};
+use super::metrics::Metrics;
+use super::route::Route;
+use super::{log, Action, Filter, NAME, REJECTED_BY_PROPERTY, SHADOW_REJECTED_BY_PROPERTY};
+
+/// Counts a decision, moves the circuit, settles what the request took (leases committed or put back,
+/// Redis members given back if it does not go on), and says how the request ends.
+pub(super) fn finish<H: Host>(filter: &mut Filter<H>, route: &Rc<Route>, decision: Decision) -> Verdict {
+    let now_ms = filter.host.now_ms();
+    let decided_by_redis = matches!(decision.outcome, Outcome::Allowed | Outcome::Rejected);
+    route.circuit_learns(now_ms, decision.redis_failed, decided_by_redis);
+    filter.metrics.decided(&filter.host, decision.outcome);
+    for &(rule, outcome) in &decision.rules {
+        if let Some(ids) = route.counters.get(rule) {
+            Metrics::rule(&filter.host, ids, outcome);
+        }
+    }
+    let goes_on = matches!(decision.verdict, Verdict::Continue { .. });
+    for ticket in &decision.leases {
+        if goes_on {
+            filter.leases.commit(ticket);
+        } else {
+            put_back(filter, ticket);
+        }
+    }
+    if !goes_on {
+        for GiveBack { name, settlement } in decision.give_back {
+            super::give_back::send_give_back(filter, GiveBackCall::new(route, name, settlement, GiveBackKind::Request));
+        }
+    }
+    super::give_back::send_lease_settlements(filter, route);
+    if !decision.redis_failed && decided_by_redis {
+        filter.failure_log.recovered(&filter.host);
+    }
+    decision.verdict
+}
+
+/// Puts a lease ticket back into its own lease; one whose lease is forgotten is counted as lost.
+pub(super) fn put_back<H: Host>(filter: &mut Filter<H>, ticket: &LeaseTicket) {
+    if !filter.leases.put_back(ticket) {
+        filter.metrics.lease_permits_lost(&filter.host, ticket.permits);
+    }
+}
+
+/// Ends a decided request: from its own callback (its context is effective: the action says go on or
+/// wait for the local reply), or from the root context's (switched to the request's context first; if
+/// the host refuses the switch, the decision waits for the next tick).
+pub(super) fn end<H: Host>(
+    filter: &mut Filter<H>,
+    context_id: u32,
+    route: &Rc<Route>,
+    next: Verdict,
+    origin: Origin,
+) -> Action {
+    if origin != Origin::Callback && filter.host.set_effective_context(context_id).is_err() {
+        host_refused(filter, "proxy_set_effective_context");
+        let flow =
+            Flow { route: Rc::clone(route), stage: Stage::Undelivered(next), tokens: Vec::new(), deadline_ms: 0 };
+        super::flow::pause(filter, context_id, flow);
+        return Action::Pause;
+    }
+    record_rule(filter, route, &next);
+    match next {
+        Verdict::Continue { report } => {
+            if report.shows(&route.plan.headers) {
+                filter.response_headers.insert(context_id, (Rc::clone(route), report));
+            }
+            if origin == Origin::Callback {
+                return Action::Continue;
+            }
+            if filter.host.resume_request().is_err() {
+                host_refused(filter, "proxy_continue_stream");
+            }
+        }
+        Verdict::Respond { status, ref body, .. } => {
+            let headers = filter.replies.headers(route.index, &next, &route.plan.headers);
+            if filter.host.send_local_reply(status, headers, body.as_bytes()).is_err() {
+                host_refused(filter, "proxy_send_local_response");
+            }
+        }
+    }
+    Action::Pause
+}
+
+/// Names the rule that rejected the effective request, or the shadow rule that would have, in its
+/// filter state for access logs ([`REJECTED_BY_PROPERTY`], [`SHADOW_REJECTED_BY_PROPERTY`]).
+fn record_rule<H: Host>(filter: &mut Filter<H>, route: &Route, verdict: &Verdict) {
+    let (path, rule) = match verdict {
+        Verdict::Respond { report, .. } => (REJECTED_BY_PROPERTY, report.rejected_by),
+        Verdict::Continue { report } => (SHADOW_REJECTED_BY_PROPERTY, report.shadow_rejected_by),
+    };
+    let Some(name) = rule.and_then(|rule| route.plan.rule_name(rule)) else { return };
+    if filter.host.set_property(path, name.as_bytes()).is_err() {
+        host_refused(filter, "proxy_set_property");
+    }
+}
+
+/// Counts a hostcall the host refused on a request's path; the first one is logged.
+pub(super) fn host_refused<H: Host>(filter: &mut Filter<H>, call: &str) {
+    filter.metrics.host_error(&filter.host);
+    if !filter.host_error_logged {
+        filter.host_error_logged = true;
+        log(
+            &filter.host,
+            LogLevel::Warn,
+            &format!("the host refused {call} for a request; such refusals are counted in {NAME}.host_errors"),
+        );
+    }
+}

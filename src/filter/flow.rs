@@ -1,0 +1,281 @@
+//! A paused request ([`Flow`]) and its one step: [`advance`] sends what the request's limiter asks
+//! for, follows the replies, and ends the request once it is decided, or pauses it. Every callback that
+//! moves a request (its headers, a reply, a lease acquire it was parked on, its deadline) ends in that
+//! step. Also the deadline guard's end of a request ([`end_flows`]) and the requests parked on
+//! a lease acquire ([`wake_parked`]).
+
+use alloc::rc::Rc;
+
+use crate::prelude::*;
+
+use crate::block::fnv1a;
+use crate::host::{Host, LogLevel};
+use crate::limiter::{Decision, Effects, LeaseEnd, LeaseTicket, PendingRequest, Progress, Verdict};
+use crate::script::Invocation;
+use crate::transport::Failure;
+
+use super::route::Route;
+use super::{log, with_context, Action, Filter, DEADLINE_GRACE_MS, TICK_MS};
+
+/// Where a paused request stands.
+#[derive(Debug)]
+pub(super) enum Stage {
+    /// Waiting for the replies of its calls.
+    Waiting(PendingRequest),
+    /// Decided, but the host refused to switch to its context: delivered again on the next tick.
+    Undelivered(Verdict),
+}
+
+/// A request the filter paused.
+#[derive(Debug)]
+pub(super) struct Flow {
+    /// Its configuration.
+    pub(super) route: Rc<Route>,
+    pub(super) stage: Stage,
+    /// Its outstanding calls ([`crate::transport::CallId::key`]).
+    pub(super) tokens: Vec<u64>,
+    /// When the guard ends the calls still waiting, ms since the epoch.
+    pub(super) deadline_ms: u64,
+}
+
+impl Flow {
+    /// A request of `route` waiting for Redis until `deadline_ms`.
+    pub(super) fn waiting(route: Rc<Route>, pending: PendingRequest, deadline_ms: u64) -> Self {
+        Flow { route, stage: Stage::Waiting(pending), tokens: Vec::new(), deadline_ms }
+    }
+
+    /// Whether the tick ends it now: its deadline passed, or its decision waits to be delivered.
+    pub(super) fn due(&self, now_ms: u64) -> bool {
+        matches!(self.stage, Stage::Undelivered(_)) || self.deadline_ms <= now_ms
+    }
+
+    /// The permits its rules took from this VM's leases so far.
+    pub(super) fn lease_tickets(&self) -> Vec<LeaseTicket> {
+        match &self.stage {
+            Stage::Waiting(pending) => pending.lease_tickets(&self.route.config),
+            Stage::Undelivered(_) => Vec::new(),
+        }
+    }
+}
+
+/// An outstanding call: the request (HTTP context id) and the call index in its [`PendingRequest`].
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Call {
+    pub(super) context_id: u32,
+    pub(super) call: usize,
+}
+
+/// Which callback moves a request: its own (the request's context is effective) or the root context's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Origin {
+    /// `proxy_on_request_headers`.
+    Callback,
+    /// A reply or the tick, on the root context.
+    Reply,
+    /// Woken from a lease acquire it was parked on: it keeps the deadline it had when it arrived.
+    Woken,
+}
+
+/// The request's one step: sends `sends` (by sha), follows `progress` and the sends' own, then ends the
+/// request if it is decided, else pauses it until its replies or its deadline.
+pub(super) fn advance<H: Host>(
+    filter: &mut Filter<H>,
+    context_id: u32,
+    mut flow: Flow,
+    sends: impl IntoIterator<Item = usize>,
+    progress: Progress,
+    origin: Origin,
+) -> Action {
+    let deadline_ms = flow.deadline_ms;
+    let mut decided = drive(filter, &mut flow, progress, context_id);
+    for index in sends {
+        let progress = send(filter, context_id, &mut flow, index, Invocation::BySha);
+        decided = drive(filter, &mut flow, progress, context_id).or(decided);
+    }
+    if origin == Origin::Woken {
+        flow.deadline_ms = deadline_ms;
+    }
+    match decided {
+        None => {
+            pause(filter, context_id, flow);
+            Action::Pause
+        }
+        Some(decision) => {
+            forget(filter, &flow);
+            let next = super::end::finish(filter, &flow.route, decision);
+            super::end::end(filter, context_id, &flow.route, next, origin)
+        }
+    }
+}
+
+/// Follows the progress until the request waits for Redis or is decided.
+fn drive<H: Host>(
+    filter: &mut Filter<H>,
+    flow: &mut Flow,
+    mut progress: Progress,
+    context_id: u32,
+) -> Option<Decision> {
+    loop {
+        progress = match progress {
+            Progress::Resend(call) => send(filter, context_id, flow, call, Invocation::BySource),
+            Progress::Waiting => return None,
+            Progress::Done(decision) => return Some(decision),
+        };
+    }
+}
+
+/// Sends a call's acquire; a refused send is that call's failure.
+fn send<H: Host>(
+    filter: &mut Filter<H>,
+    context_id: u32,
+    flow: &mut Flow,
+    call: usize,
+    invocation: Invocation,
+) -> Progress {
+    let route = Rc::clone(&flow.route);
+    let Stage::Waiting(pending) = &flow.stage else { return Progress::Waiting };
+    let Some(command) = pending.encode(call, invocation, route.transport.encoding(), &route.plan) else {
+        return Progress::Waiting;
+    };
+    match route.transport.send(&filter.host, &command) {
+        Ok(id) => {
+            filter.metrics.redis_call(&filter.host);
+            filter.calls.insert(id.key(), Call { context_id, call });
+            flow.tokens.push(id.key());
+            let deadline =
+                filter.host.now_ms().saturating_add(route.config.redis.timeout_ms).saturating_add(DEADLINE_GRACE_MS);
+            flow.deadline_ms = flow.deadline_ms.max(deadline);
+            Progress::Waiting
+        }
+        Err(failure) => feed(filter, flow, call, Err(failure)),
+    }
+}
+
+/// Hands one call's reply (or failure) to the request's pending acquires; counts and logs what it
+/// teaches, records its blocks and leases.
+pub(super) fn feed<H: Host>(
+    filter: &mut Filter<H>,
+    flow: &mut Flow,
+    call: usize,
+    reply: Result<&[u8], Failure>,
+) -> Progress {
+    let route = Rc::clone(&flow.route);
+    let Stage::Waiting(pending) = &mut flow.stage else { return Progress::Waiting };
+    let now_ms = filter.host.now_ms();
+    let (progress, effects) = with_context!(filter, route, now_ms, false, |ctx| {
+        pending.on_reply(call, reply, &ctx, &mut filter.cache.borrow_mut())
+    });
+    learn(filter, &route, effects, now_ms);
+    progress
+}
+
+/// What a reply taught: failures counted and logged, notices logged, blocks recorded, leases ended.
+fn learn<H: Host>(filter: &mut Filter<H>, route: &Route, effects: Effects, now_ms: u64) {
+    if effects.failed() {
+        filter.metrics.redis_errors(&filter.host, 1);
+    }
+    let Effects { notices, blocks, leases, call_failure, limiter_errors } = effects;
+    let mode = route.config.failure_mode;
+    if let Some(failure) = &call_failure {
+        filter.failure_log.failed(&filter.host, failure, mode);
+    }
+    for error in &limiter_errors {
+        let rule = route.config.rules.get(error.rule).map_or("", |r| r.name.as_str());
+        filter.limiter_errors.failed(&filter.host, rule, error, mode);
+    }
+    for notice in notices {
+        log(&filter.host, LogLevel::Warn, &notice.to_string());
+    }
+    for (name, block) in blocks {
+        route.blocks.record(&filter.host, &name, block, now_ms);
+        filter.recent_blocks.borrow_mut().keep(&name, fnv1a(name.as_bytes()), block);
+    }
+    for LeaseEnd { name, grant, settled } in leases {
+        if grant.is_some() {
+            filter.metrics.lease(&filter.host);
+        }
+        filter.leases.end(&name, grant, settled);
+        filter.ended_leases.push(name);
+    }
+}
+
+/// Keeps a request paused until its replies or its deadline; the tick runs while any is paused.
+pub(super) fn pause<H: Host>(filter: &mut Filter<H>, context_id: u32, flow: Flow) {
+    filter.flows.insert(context_id, flow);
+    start_tick(filter);
+}
+
+/// Turns the tick on (the deadline guard of paused requests and give-backs), if it is off.
+pub(super) fn start_tick<H: Host>(filter: &mut Filter<H>) {
+    if !filter.ticking {
+        match filter.host.set_tick_period_ms(TICK_MS) {
+            Ok(()) => filter.ticking = true,
+            Err(_) => super::end::host_refused(filter, "proxy_set_tick_period_milliseconds"),
+        }
+    }
+}
+
+/// Ends these paused requests now: a decision the host refused before is delivered, a request still
+/// waiting ends its calls as timed out (each a failed call) and follows the failure mode.
+pub(super) fn end_flows<H: Host>(filter: &mut Filter<H>, context_ids: Vec<u32>) {
+    for context_id in context_ids {
+        let Some(mut flow) = filter.flows.remove(&context_id) else { continue };
+        forget(filter, &flow);
+        let route = Rc::clone(&flow.route);
+        let progress = match &mut flow.stage {
+            Stage::Undelivered(next) => {
+                let next = next.clone();
+                super::end::end(filter, context_id, &route, next, Origin::Reply);
+                continue;
+            }
+            Stage::Waiting(pending) => {
+                let now_ms = filter.host.now_ms();
+                let (decision, unanswered) = with_context!(filter, route, now_ms, false, |ctx| pending.expire(&ctx));
+                if unanswered > 0 {
+                    filter.metrics.redis_errors(&filter.host, unanswered);
+                    filter.failure_log.failed(&filter.host, &Failure::TimedOut, route.config.failure_mode);
+                }
+                Progress::Done(decision)
+            }
+        };
+        advance(filter, context_id, flow, 0..0, progress, Origin::Reply);
+    }
+    wake_parked(filter);
+}
+
+/// Requests parked on a lease acquire that ended go on: served from the new lease, or each asking Redis
+/// (docs/configuration.md, "Leases"). A woken request keeps the deadline it had when it arrived, so it still ends
+/// within `redis.timeout` of its start (+ the grace and a tick), in the failure mode if need be.
+pub(super) fn wake_parked<H: Host>(filter: &mut Filter<H>) {
+    while let Some(name) = filter.ended_leases.pop() {
+        let parked: Vec<u32> = filter
+            .flows
+            .iter()
+            .filter(|(_, flow)| matches!(&flow.stage, Stage::Waiting(pending) if pending.parked_on(&name)))
+            .map(|(&context_id, _)| context_id)
+            .collect();
+        for context_id in parked {
+            let Some(mut flow) = filter.flows.remove(&context_id) else { continue };
+            let route = Rc::clone(&flow.route);
+            let Stage::Waiting(pending) = &mut flow.stage else { continue };
+            let now_ms = filter.host.now_ms();
+            let (sends, progress) = with_context!(filter, route, now_ms, false, |ctx| pending.unpark(&name, &ctx));
+            advance(filter, context_id, flow, sends, progress, Origin::Woken);
+        }
+    }
+}
+
+/// Forgets a request's outstanding calls; its lease acquires on their way are given up: nobody will
+/// hear of them, so the requests parked on them are woken to ask Redis themselves.
+pub(super) fn forget<H: Host>(filter: &mut Filter<H>, flow: &Flow) {
+    for token in &flow.tokens {
+        filter.calls.remove(token);
+    }
+    if let Stage::Waiting(pending) = &flow.stage {
+        for (name, settled) in pending.leases_waiting() {
+            // Whether Redis ran the settlement it carried is unknown: it is sent again (safely).
+            filter.leases.end(&name, None, settled.map(|random| (random, false)));
+            filter.ended_leases.push(name);
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! Give-back calls ([`crate::script::GIVE_BACK`]): the members a request that did not go on added in
+//! Redis, and what the leases owe Redis on their own (settlements, permits put back after a lease stopped
+//! serving). Nobody waits for them; each ends by its reply or by its deadline (the tick). And a filter that
+//! goes away: [`Filter::retire`] settles its leases as they stand, [`Filter::adopt`] sends them through the
+//! filter that takes its place.
+
+use alloc::rc::Rc;
+
+use crate::prelude::*;
+
+use crate::config::RedisConfig;
+use crate::host::Host;
+use crate::script::{Invocation, Settlement};
+use crate::transport::Failure;
+
+use super::route::Route;
+use super::{Filter, DEADLINE_GRACE_MS};
+
+/// A give-back call on its way (sent again by source after `NOSCRIPT`).
+#[derive(Debug)]
+pub(super) struct GiveBackCall {
+    route: Rc<Route>,
+    name: String,
+    settlement: Settlement,
+    retried: bool,
+    kind: GiveBackKind,
+    /// When the tick gives up on its reply, ms since the epoch (`redis.timeout` + the grace after sending).
+    deadline_ms: u64,
+}
+
+/// What a give-back call returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum GiveBackKind {
+    /// A member a request that did not go on added ([`crate::limiter::GiveBack`]): counted in
+    /// `compensations`.
+    Request,
+    /// A lease's settlement, or permits put back after it stopped serving
+    /// ([`crate::lease::LeaseTable::take_outbox`]): its end is reported to the lease table; counted in
+    /// `lease_settlements`.
+    Lease,
+    /// A lease of a filter that went away ([`Filter::adopt`]): counted in `lease_settlements`.
+    Handed,
+}
+
+impl GiveBackCall {
+    /// A give-back of limiter `name`'s member through `route`'s transport.
+    pub(super) fn new(route: &Rc<Route>, name: String, settlement: Settlement, kind: GiveBackKind) -> Self {
+        GiveBackCall { route: Rc::clone(route), name, settlement, retried: false, kind, deadline_ms: 0 }
+    }
+}
+
+/// What a filter that goes away leaves to the one that replaces it in the VM ([`Filter::retire`],
+/// [`Filter::adopt`]): the settlements its leases still owe Redis, and where they go.
+#[derive(Debug, Default)]
+pub struct Retirement {
+    /// The Redis its configurations reached (one entry per distinct `redis` section).
+    redis: Vec<RedisConfig>,
+    /// Per limiter name, the settlement to send.
+    settlements: Vec<(String, Settlement)>,
+}
+
+impl Retirement {
+    /// Permits the settlements would return (lost if nobody sends them).
+    pub fn unsettled_permits(&self) -> u64 {
+        self.settlements.iter().map(|(_, s)| s.granted.saturating_sub(s.used)).sum()
+    }
+}
+
+/// Sends what the leases owe Redis on their own (settlements, permits put back after a lease stopped
+/// serving) through `route`'s transport.
+pub(super) fn send_lease_settlements<H: Host>(filter: &mut Filter<H>, route: &Rc<Route>) {
+    for (name, settlement) in filter.leases.take_outbox() {
+        send_give_back(filter, GiveBackCall::new(route, name, settlement, GiveBackKind::Lease));
+    }
+}
+
+/// Sends a give-back call (by sha, or by source after `NOSCRIPT`); counted once, not again when sent by
+/// source. Nobody waits for it: a failure is counted in `redis_errors` and logged once as other
+/// failures are.
+pub(super) fn send_give_back<H: Host>(filter: &mut Filter<H>, mut call: GiveBackCall) {
+    let route = Rc::clone(&call.route);
+    let invocation = if call.retried { Invocation::BySource } else { Invocation::BySha };
+    let Some(template) = route.plan.rules.first().map(|rule| &rule.template) else { return };
+    let bytes = call.settlement.encode(&call.name, template, invocation, route.transport.encoding());
+    match route.transport.send(&filter.host, &bytes) {
+        Ok(id) => {
+            filter.metrics.redis_call(&filter.host);
+            if !call.retried {
+                match call.kind {
+                    GiveBackKind::Request => filter.metrics.compensation(&filter.host),
+                    GiveBackKind::Lease | GiveBackKind::Handed => filter.metrics.lease_settlement(&filter.host),
+                }
+            }
+            let timeout_ms = route.config.redis.timeout_ms;
+            call.deadline_ms = filter.host.now_ms().saturating_add(timeout_ms).saturating_add(DEADLINE_GRACE_MS);
+            filter.give_backs.insert(id.key(), call);
+            super::flow::start_tick(filter);
+        }
+        Err(failure) => give_back_failed(filter, call, &failure),
+    }
+}
+
+pub(super) fn on_give_back_reply<H: Host>(
+    filter: &mut Filter<H>,
+    mut call: GiveBackCall,
+    reply: Result<Vec<u8>, Failure>,
+) {
+    let failure = match reply {
+        Err(failure) => failure,
+        Ok(bytes) if bytes.first() == Some(&b':') => {
+            if call.kind == GiveBackKind::Lease {
+                filter.leases.settled(&call.name, &call.settlement.random, true);
+                send_lease_settlements(filter, &call.route);
+            }
+            return;
+        }
+        Ok(bytes) if bytes.starts_with(b"-NOSCRIPT") && !call.retried => {
+            call.retried = true;
+            send_give_back(filter, call);
+            return;
+        }
+        Ok(_) => Failure::BadReply("the give-back script answered an error".into()),
+    };
+    give_back_failed(filter, call, &failure);
+}
+
+/// Give-backs never answered by `now_ms` fail (their permits stay taken until they leave the window).
+pub(super) fn expire_give_backs<H: Host>(filter: &mut Filter<H>, now_ms: u64) {
+    let late: Vec<u64> =
+        filter.give_backs.iter().filter(|(_, call)| call.deadline_ms <= now_ms).map(|(&key, _)| key).collect();
+    for key in late {
+        if let Some(call) = filter.give_backs.remove(&key) {
+            give_back_failed(filter, call, &Failure::TimedOut);
+        }
+    }
+}
+
+/// A give-back call that failed (or never answered): counted in `redis_errors`, logged once per cause; a
+/// lease's settlement waits for the next acquire of its limiter.
+fn give_back_failed<H: Host>(filter: &mut Filter<H>, call: GiveBackCall, failure: &Failure) {
+    filter.metrics.redis_errors(&filter.host, 1);
+    filter.failure_log.failed(&filter.host, failure, call.route.config.failure_mode);
+    if call.kind == GiveBackKind::Lease {
+        filter.leases.settled(&call.name, &call.settlement.random, false);
+    }
+}
+
+impl<H: Host> Filter<H> {
+    /// This filter goes away (its root context is deleted, or a new configuration replaces it): its paused
+    /// requests end now (as at their deadline: the failure mode), and its leases are settled as they stand,
+    /// to be sent by the filter that takes its place ([`Filter::adopt`]).
+    pub fn retire(&mut self) -> Retirement {
+        let paused: Vec<u32> = self.flows.keys().copied().collect();
+        super::flow::end_flows(self, paused);
+        let mut redis: Vec<RedisConfig> = Vec::new();
+        for (_, route) in self.routes.configs() {
+            if !redis.contains(&route.config.redis) {
+                redis.push(route.config.redis.clone());
+            }
+        }
+        Retirement { redis, settlements: self.leases.retire_all() }
+    }
+
+    /// Sends the settlements a filter that went away left ([`Filter::retire`]) through a configuration of
+    /// this filter that reaches the same Redis (the same `redis` section); when none does, or the old
+    /// filter reached several, their permits are counted as lost (`lease_permits_lost`): they return when
+    /// their members leave the window.
+    pub fn adopt(&mut self, retirement: Retirement) {
+        let route = match retirement.redis.as_slice() {
+            [only] => self.routes.configs().find(|(_, route)| route.config.redis == *only).map(|(_, r)| Rc::clone(r)),
+            _ => None,
+        };
+        match route {
+            Some(route) => {
+                for (name, settlement) in retirement.settlements {
+                    send_give_back(self, GiveBackCall::new(&route, name, settlement, GiveBackKind::Handed));
+                }
+            }
+            None => self.metrics.lease_permits_lost(&self.host, retirement.unsettled_permits()),
+        }
+    }
+
+    /// Counts a retirement nobody adopts (no other configuration in the VM) as lost permits.
+    pub fn drop_retirement(&self, retirement: &Retirement) {
+        self.metrics.lease_permits_lost(&self.host, retirement.unsettled_permits());
+    }
+}
