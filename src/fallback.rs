@@ -15,6 +15,12 @@
 //! limiter name. A limiter takes the slot of its name's FNV-1a or the next one; a slot is free when its
 //! entry is of another configuration or counts nothing in its window. When both slots hold live windows of
 //! other limiters, the request is refused (never admitted uncounted). Updates are compare-and-swap.
+//! A host's compare-and-swap has no "create if absent": a write to a missing key (CAS version 0) always
+//! lands, so two VMs creating one slot at once would lose one's count. Each VM therefore creates every
+//! slot, empty, when it is configured ([`WindowTable::create_slots`]), before it serves a request (Envoy
+//! configures the main thread's VM before any worker starts), and an admission is only ever written over an
+//! existing entry, by version. The slots cost about 100 bytes each of the process's memory (400 KB at the
+//! default), for the process's lifetime, once `failure_mode: "local"` is configured.
 //!
 //! **The circuit** (per VM, [`Circuit`]): a failed Redis call opens it; while open, requests are decided here
 //! without a Redis call, except one probe per `probe_interval`, which asks Redis; the first decision Redis
@@ -37,6 +43,8 @@ const VERSION: u8 = 1;
 const HEADER: usize = 21;
 /// Bytes before the limiter name.
 const NAME_AT: usize = HEADER + BUCKETS * 4;
+/// A slot created empty: no window of any generation (it decodes as none).
+const EMPTY_SLOT: &[u8] = &[0];
 
 /// Where a configuration keeps its local windows: slot count, generation, and the gateway count that
 /// divides each rate.
@@ -133,6 +141,19 @@ impl WindowTable {
         let _ = key.try_push_str(KEY_PREFIX);
         let _ = key.try_push_str(itoa::Buffer::new().format(slot % u64::from(self.slots.max(1))));
         key
+    }
+
+    /// Creates every slot that does not exist yet, empty, so that admissions are only ever written by
+    /// compare-and-swap over an existing entry (see the module's documentation). Run at configure, before
+    /// the VM serves a request. A slot still missing at [`Self::acquire`] (the host refused shared data at
+    /// configure) is created by its first admission's write.
+    pub fn create_slots(&self, host: &impl Host) {
+        for slot in 0..u64::from(self.slots.max(1)) {
+            let key = self.key(slot);
+            if let Ok((None, _)) = host.get_shared_data(key.as_str()) {
+                let _ = host.set_shared_data(key.as_str(), EMPTY_SLOT, 0);
+            }
+        }
     }
 
     /// Takes `permits` from limiter `name`'s local window (rule `rate` per `interval_ms`) at `now_ms`, or
@@ -293,6 +314,7 @@ mod tests {
     const WINDOWS: WindowTable = WindowTable { slots: 64, generation: 3, gateways: 2 };
 
     fn admitted(host: &FakeHost, name: &str, permits: u64, now_ms: u64) -> bool {
+        WINDOWS.create_slots(host);
         WINDOWS.acquire(host, name, 10, 1_000, permits, now_ms) == Local::Admitted
     }
 
@@ -327,6 +349,24 @@ mod tests {
             let inside = admitted_at[i..].iter().take_while(|&&t| t < start + 1_000).count();
             assert!(inside <= 5, "{inside} admitted in the window from {start}");
         }
+    }
+
+    #[test]
+    fn two_vms_taking_a_new_window_at_once_both_count() {
+        let host = FakeHost::new();
+        let other_vm = host.sibling();
+        let now = 1_700_000_000_000;
+        WINDOWS.create_slots(&host);
+        WINDOWS.create_slots(&other_vm);
+        // The other VM admits between this VM's read of the slot and its write.
+        let racer = other_vm.clone();
+        host.before_next_set_shared_data(move || {
+            assert_eq!(WINDOWS.acquire(&racer, "erl:new", 10, 1_000, 1, now), Local::Admitted);
+        });
+        assert_eq!(WINDOWS.acquire(&host, "erl:new", 10, 1_000, 1, now), Local::Admitted);
+        // Both counted: 3 more fill the budget of 5, the 4th is refused.
+        assert!((0..3).all(|_| admitted(&other_vm, "erl:new", 1, now + 1)));
+        assert!(!admitted(&host, "erl:new", 1, now + 2), "a lost count would admit a 6th");
     }
 
     #[test]

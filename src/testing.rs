@@ -109,10 +109,18 @@ struct State {
 }
 
 /// Shared data of one gateway process: key -> (value, CAS version).
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct SharedData {
     entries: HashMap<String, (Vec<u8>, u32)>,
     next_cas: u32,
+    /// Runs before the next write lands (another VM's turn between a read and a write).
+    before_next_set: Option<Box<dyn FnOnce()>>,
+}
+
+impl std::fmt::Debug for SharedData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedData").field("entries", &self.entries).field("next_cas", &self.next_cas).finish()
+    }
 }
 
 /// The fake host of one VM. Cloning gives another handle on the same VM.
@@ -260,6 +268,12 @@ impl FakeHost {
     /// A shared data entry and its CAS version.
     pub fn shared_data(&self, key: &str) -> Option<(Vec<u8>, u32)> {
         self.shared.borrow().entries.get(key).cloned()
+    }
+
+    /// Runs `turn` (e.g. another VM's update) just before the next `set_shared_data` of this process lands:
+    /// the interleaving of two VMs between one's read and its write.
+    pub fn before_next_set_shared_data(&self, turn: impl FnOnce() + 'static) {
+        self.shared.borrow_mut().before_next_set = Some(Box::new(turn));
     }
 
     /// How many shared data keys exist.
@@ -450,6 +464,10 @@ impl Host for FakeHost {
     }
 
     fn set_shared_data(&self, key: &str, value: &[u8], cas: u32) -> Result<(), HostError> {
+        let turn = self.shared.borrow_mut().before_next_set.take();
+        if let Some(turn) = turn {
+            turn();
+        }
         let mut shared = self.shared.borrow_mut();
         shared.next_cas += 1;
         let next = shared.next_cas;

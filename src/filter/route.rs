@@ -41,7 +41,7 @@ pub(super) struct Route {
 
 impl Route {
     /// The route of configuration `index`: its transport (a host Redis client is initialised at once) and
-    /// its tables of configuration `generation`.
+    /// its tables of configuration `generation` (the degraded mode's slots are created at once).
     pub(super) fn new(
         host: &impl Host,
         index: usize,
@@ -61,10 +61,10 @@ impl Route {
             }
         };
         let blocks = BlockTable { slots: config.local_block_slots, generation };
-        let fallback = config.local_fallback.map(|settings| Fallback {
-            windows: WindowTable { slots: settings.slots, generation, gateways: settings.gateways },
-            probe_interval_ms: settings.probe_interval_ms,
-            circuit: Cell::default(),
+        let fallback = config.local_fallback.map(|settings| {
+            let windows = WindowTable { slots: settings.slots, generation, gateways: settings.gateways };
+            windows.create_slots(host);
+            Fallback { windows, probe_interval_ms: settings.probe_interval_ms, circuit: Cell::default() }
         });
         Route { index, plan: Plan::new(&config, client_id), config, transport, blocks, fallback, counters }
     }
