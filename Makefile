@@ -3,12 +3,13 @@
 #   make            = make build
 #   make setup      install what the machine lacks (scripts/setup.sh; quiet and quick when nothing is)
 #   make build      the .wasm artifacts in dist/, checked by scripts/postbuild.py (wasm-tools.toml)
-#   make test       build, then unit tests (native, then wasm32 under Node), then end-to-end tests in Envoy
-#                   (PYTEST_ARGS="-k burst -x" passes arguments to pytest)
+#   make test       build, lint-source, then unit tests (native, then wasm32 under Node), then end-to-end
+#                   tests in Envoy (PYTEST_ARGS="-k burst -x" passes arguments to pytest); every native
+#                   test and the emulator are compiled by clippy's driver, so they are linted as make lint does
 #   make run        build, then Redis + webdis + Envoy + an upstream and a burst (make run RUN_ONCE=1);
 #                   make run HOST=higress: the Higress build in the host emulator, Redis without a bridge
 #   make lint       clippy (warnings are errors) on both wasm builds, the native core and its tests, the host
-#                   emulator, erl-admin and the test support crate; rustfmt --check; no import cycle
+#                   emulator, erl-admin and the test support crate; then lint-source: rustfmt --check; no import cycle
 #                   between modules and imports only down src/'s floors (scripts/check_imports.py); no file of
 #                   src/ over 500 lines before its tests, no function over 80 (scripts/check_layout.py); every
 #                   relative link and anchor of README.md
@@ -32,6 +33,13 @@ SHELL := bash
 export PATH := $(CURDIR)/.tools/bin:$(HOME)/.cargo/bin:$(PATH)
 
 CARGO ?= cargo
+# Native tests and the emulator are compiled by clippy's driver, with warnings as errors: what `cargo clippy
+# -- -D warnings` runs (cargo-clippy sets these two variables for `cargo check`), here for `cargo test`.
+# Compiling them lints them, and make test does not check every dependency a second time for clippy
+# (~150 s on 2 cores: clippy's checks and the tests' builds share no artifacts). Only the workspace's own
+# crates go through the driver; release builds of the module never do.
+LINTED = RUSTC_WORKSPACE_WRAPPER=$(shell PATH="$(PATH)" rustc --print sysroot)/bin/clippy-driver \
+	CLIPPY_ARGS=-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__
 PYTHON := $(CURDIR)/.venv/bin/python
 POSTBUILD := python3 scripts/postbuild.py
 WASM_TARGET := wasm32-wasip1
@@ -51,32 +59,36 @@ CARGO_FLAGS_higress-regex := --no-default-features --features host-redis,regex
 
 DIST := $(ARTIFACTS:%=dist/edge-rate-limiter-%.wasm)
 
-.PHONY: build setup test test-unit test-wasm test-parity test-host test-e2e run lint bench soak fuzz clean distclean FORCE
+.PHONY: build setup test test-unit test-wasm test-parity test-host test-e2e run lint lint-source bench soak fuzz clean \
+	distclean
 
 build: setup $(DIST)
 
 setup:
 	@scripts/setup.sh
 
-# Always asks cargo (it knows whether anything changed), then checks and copies the result. The artifacts
-# are built one after the other because they share $(WASM_BUILT).
-dist/edge-rate-limiter-%.wasm: FORCE | setup
+# What an artifact is built from. Rebuilt only when one of these is newer: the four artifacts share
+# $(WASM_BUILT), so asking cargo each time would relink and re-optimise all four on every `make build`
+# (~50 s on 2 cores, and test-host and test-e2e each run it). The artifacts are built one after the other.
+WASM_INPUTS := $(shell find src -type f) build.rs Cargo.toml Cargo.lock .cargo/config.toml wasm-tools.toml \
+	scripts/postbuild.py
+dist/edge-rate-limiter-%.wasm: $(WASM_INPUTS) | setup
 	$(CARGO) build -q --release --target $(WASM_TARGET)$(if $(CARGO_FLAGS_$*), $(CARGO_FLAGS_$*))
 	@$(POSTBUILD) --profile $* $(WASM_BUILT) $@
 
 # The phases one after the other, each timed; the times are printed at the end (scripts/phases.sh).
 test:
-	@MAKE="$(MAKE)" scripts/phases.sh setup build lint test-unit test-wasm test-parity test-host test-e2e
+	@MAKE="$(MAKE)" scripts/phases.sh setup build lint-source test-unit test-wasm test-parity test-host test-e2e
 
 # The hostcall-free core (without and with the regex feature; the interleavings model of the request path,
 # src/filter/interleavings.rs, against a real redis-server, once) and the operator tool, natively; then the
 # fuzz smoke (tests/fuzz: the property tests of make fuzz, bounded) and the key-safety properties
 # (tests/key_safety.rs).
 test-unit: setup
-	$(CARGO) test -q --lib --no-default-features
-	$(CARGO) test -q --lib --no-default-features --features regex -- --skip interleavings
-	$(CARGO) test -q -p erl-admin
-	$(CARGO) test -q --no-default-features --test fuzz --test key_safety
+	$(LINTED) $(CARGO) test -q --lib --no-default-features
+	$(LINTED) $(CARGO) test -q --lib --no-default-features --features regex -- --skip interleavings
+	$(LINTED) $(CARGO) test -q -p erl-admin
+	$(LINTED) $(CARGO) test -q --no-default-features --test fuzz --test key_safety
 
 # The same tests on wasm32 under Node (wasm-bindgen-test). Compiled with -q, but run without: cargo would
 # pass --quiet on to wasm-bindgen-test-runner, which rejects it. Debug info off: the test module is ~7x
@@ -91,32 +103,45 @@ test-wasm: setup
 # The project's Lua scripts against an independent model of Redisson's RRateLimiter on a real redis-server:
 # property tests over thousands of random steps (PROPTEST_CASES scales them) and real-time scenarios.
 test-parity: setup
-	$(CARGO) test -q --no-default-features --test parity
+	$(LINTED) $(CARGO) test -q --no-default-features --test parity
 
 # The proxy-wasm host emulator (tests/host, on wasmtime) against real Redis and webdis, running both built
-# artifacts (dist/), and checked against Envoy 1.40 observations.
+# artifacts (dist/), and checked against Envoy 1.40 observations; and the test support crate's own tests.
 test-host: build
 	ERL_WASM=$(CURDIR)/dist/edge-rate-limiter-envoy.wasm ERL_WASM_HOST_REDIS=$(CURDIR)/dist/edge-rate-limiter-higress.wasm \
-		$(CARGO) test -q -p proxy-wasm-host-emulator
+		$(LINTED) $(CARGO) test -q -p proxy-wasm-host-emulator -p erl-test-support
 
-# Real redis-server, webdis and Envoy with dist/edge-rate-limiter-envoy.wasm, and the operator tool.
+# target/debug/wasm-host, built as its own tests build it: `cargo build -p proxy-wasm-host-emulator` (without
+# the dev-dependencies' features) or together with erl-admin (the Redis client's features) would unify the
+# dependencies' features differently and compile wasmtime and Cranelift a second and a third time
+# (~330 s on 2 cores); built this way, after test-host it costs nothing.
+WASM_HOST := $(LINTED) $(CARGO) test -q --no-run -p proxy-wasm-host-emulator -p erl-test-support
+
+# Real redis-server, webdis and Envoy with dist/edge-rate-limiter-envoy.wasm, the emulator and the operator
+# tool (built on its own, for the same reason).
 test-e2e: build
-	$(CARGO) build -q -p erl-admin -p proxy-wasm-host-emulator
+	$(WASM_HOST)
+	$(LINTED) $(CARGO) build -q -p erl-admin
 	$(PYTHON) -m pytest -q tests/e2e $(PYTEST_ARGS)
 
 # RUN_ONCE=1 on the command line reaches scripts/run.py through the environment (make exports
 # command-line variables).
 # HOST=higress: the Higress build in the host emulator (tests/host) instead of the stock build in Envoy.
 run: build
-	$(if $(filter higress,$(HOST)),$(CARGO) build -q -p proxy-wasm-host-emulator --bin wasm-host)
+	$(if $(filter higress,$(HOST)),$(WASM_HOST))
 	$(PYTHON) scripts/run.py
 
-lint: setup
-	$(CARGO) clippy -q --target $(WASM_TARGET) $(CARGO_FLAGS_envoy) -- -D warnings
-	$(CARGO) clippy -q --target $(WASM_TARGET) $(CARGO_FLAGS_higress) -- -D warnings
+# make test lints the native code as it compiles the tests ($(LINTED)); make lint checks it with clippy.
+lint: lint-source
 	$(CARGO) clippy -q --no-default-features --lib --tests -- -D warnings
 	$(CARGO) clippy -q --no-default-features --features regex --lib --tests -- -D warnings
 	$(CARGO) clippy -q -p proxy-wasm-host-emulator -p erl-admin -p erl-test-support --all-targets -- -D warnings
+
+# What make test lints before the tests: both wasm builds (clippy), formatting, the module layout and the
+# docs' links.
+lint-source: setup
+	$(CARGO) clippy -q --target $(WASM_TARGET) $(CARGO_FLAGS_envoy) -- -D warnings
+	$(CARGO) clippy -q --target $(WASM_TARGET) $(CARGO_FLAGS_higress) -- -D warnings
 	$(CARGO) fmt --all --check
 	python3 scripts/check_imports.py src tools/admin/src
 	python3 scripts/check_layout.py src tools/admin/src
@@ -129,14 +154,14 @@ lint: setup
 # build, section 9 says why and the others run.
 bench: export SETUP_BENCH := 1
 bench: build
-	$(CARGO) build -q -p proxy-wasm-host-emulator --bin wasm-host
+	$(WASM_HOST)
 	@only="$${BENCH_ONLY:-9}"; if [[ ",$${only// /}," == *,9,* ]]; then \
 		bench/rls/build.sh || echo "bench: bench/rls/build.sh failed; section 9 is skipped" >&2; fi
 	$(PYTHON) bench/bench.py
 
 # Long runs, not in CI: memory over time (bench/soak.py) and fuzzing (scripts/fuzz.sh).
 soak: build
-	$(CARGO) build -q -p proxy-wasm-host-emulator --bin wasm-host
+	$(WASM_HOST)
 	$(PYTHON) bench/soak.py
 
 fuzz: build
@@ -148,4 +173,3 @@ clean:
 distclean: clean
 	rm -rf .venv .tools
 
-FORCE:
