@@ -59,8 +59,8 @@ CARGO_FLAGS_higress-regex := --no-default-features --features host-redis,regex
 
 DIST := $(ARTIFACTS:%=dist/edge-rate-limiter-%.wasm)
 
-.PHONY: build setup test test-unit test-wasm test-parity test-host test-e2e run lint lint-source bench soak fuzz clean \
-	distclean
+.PHONY: build setup emulator test test-unit test-wasm test-parity test-host test-e2e run lint lint-source bench soak \
+	fuzz clean distclean
 
 build: setup $(DIST)
 
@@ -76,9 +76,12 @@ dist/edge-rate-limiter-%.wasm: $(WASM_INPUTS) | setup
 	$(CARGO) build -q --release --target $(WASM_TARGET)$(if $(CARGO_FLAGS_$*), $(CARGO_FLAGS_$*))
 	@$(POSTBUILD) --profile $* $(WASM_BUILT) $@
 
-# The phases one after the other, each timed; the times are printed at the end (scripts/phases.sh).
+# The phases one after the other, each timed; the times are printed at the end (scripts/phases.sh). The
+# module's artifacts and the emulator are built side by side: the artifacts' link-time optimisation keeps
+# one core busy, the emulator's dependencies the other.
 test:
-	@MAKE="$(MAKE)" scripts/phases.sh setup build lint-source test-unit test-wasm test-parity test-host test-e2e
+	@MAKE="$(MAKE)" scripts/phases.sh setup build+emulator lint-source test-unit test-wasm test-parity test-host \
+		test-e2e
 
 # The hostcall-free core (without and with the regex feature; the interleavings model of the request path,
 # src/filter/interleavings.rs, against a real redis-server, once) and the operator tool, natively; then the
@@ -116,6 +119,10 @@ test-host: build
 # dependencies' features differently and compile wasmtime and Cranelift a second and a third time
 # (~330 s on 2 cores); built this way, after test-host it costs nothing.
 WASM_HOST := $(LINTED) $(CARGO) test -q --no-run -p proxy-wasm-host-emulator -p erl-test-support
+
+# The emulator and its tests, built (test-host runs them; make test builds them beside the artifacts).
+emulator: setup
+	$(WASM_HOST)
 
 # Real redis-server, webdis and Envoy with dist/edge-rate-limiter-envoy.wasm, the emulator and the operator
 # tool (built on its own, for the same reason).
