@@ -29,7 +29,7 @@ SHELL := bash
 .NOTPARALLEL:
 .SUFFIXES:
 
-# Tools installed by scripts/setup.sh: wasm-tools and wasm-bindgen-test-runner in .tools/bin.
+# Tools installed by scripts/setup.sh: wasm-tools (and twiggy for make bench) in .tools/bin.
 export PATH := $(CURDIR)/.tools/bin:$(HOME)/.cargo/bin:$(PATH)
 
 CARGO ?= cargo
@@ -59,8 +59,8 @@ CARGO_FLAGS_higress-regex := --no-default-features --features host-redis,regex
 
 DIST := $(ARTIFACTS:%=dist/edge-rate-limiter-%.wasm)
 
-.PHONY: build setup emulator test test-unit test-wasm test-parity test-host test-e2e run lint lint-source bench soak \
-	fuzz clean distclean
+.PHONY: build setup test test-unit test-wasm test-parity test-host test-e2e run lint lint-source bench soak fuzz clean \
+	distclean
 
 build: setup $(DIST)
 
@@ -76,12 +76,9 @@ dist/edge-rate-limiter-%.wasm: $(WASM_INPUTS) | setup
 	$(CARGO) build -q --release --target $(WASM_TARGET)$(if $(CARGO_FLAGS_$*), $(CARGO_FLAGS_$*))
 	@$(POSTBUILD) --profile $* $(WASM_BUILT) $@
 
-# The phases one after the other, each timed; the times are printed at the end (scripts/phases.sh). The
-# module's artifacts and the emulator are built side by side: the artifacts' link-time optimisation keeps
-# one core busy, the emulator's dependencies the other.
+# The phases one after the other, each timed; the times are printed at the end (scripts/phases.sh).
 test:
-	@MAKE="$(MAKE)" scripts/phases.sh setup build+emulator lint-source test-unit test-wasm test-parity test-host \
-		test-e2e
+	@MAKE="$(MAKE)" scripts/phases.sh setup build lint-source test-unit test-wasm test-parity test-host test-e2e
 
 # The hostcall-free core (without and with the regex feature; the interleavings model of the request path,
 # src/filter/interleavings.rs, against a real redis-server, once) and the operator tool, natively; then the
@@ -93,15 +90,14 @@ test-unit: setup
 	$(LINTED) $(CARGO) test -q -p erl-admin
 	$(LINTED) $(CARGO) test -q --no-default-features --test fuzz --test key_safety
 
-# The same tests on wasm32 under Node (wasm-bindgen-test). Compiled with -q, but run without: cargo would
-# pass --quiet on to wasm-bindgen-test-runner, which rejects it. Debug info off: the test module is ~7x
-# smaller and the runner ~4x faster (measured: 2.9 MB and 1.2 s instead of 20.7 MB and 4.7 s).
-WASM_TEST_ARGS := --lib --no-default-features --target wasm32-unknown-unknown
+# The same tests on wasm32-wasip1, the module's own target, under Node's WASI (scripts/wasi-run.mjs, cargo's
+# runner for that target): libtest runs them one after the other. Debug info off: the test module is
+# smaller and loads faster.
+WASM_TEST_ARGS := --lib --no-default-features --target $(WASM_TARGET)
 test-wasm: export CARGO_PROFILE_DEV_DEBUG := false
-test-wasm: export CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER := $(CURDIR)/.tools/bin/wasm-bindgen-test-runner
+test-wasm: export CARGO_TARGET_WASM32_WASIP1_RUNNER := node --no-warnings $(CURDIR)/scripts/wasi-run.mjs
 test-wasm: setup
-	$(CARGO) test -q --no-run $(WASM_TEST_ARGS)
-	$(CARGO) test $(WASM_TEST_ARGS)
+	$(CARGO) test -q $(WASM_TEST_ARGS)
 
 # The project's Lua scripts against an independent model of Redisson's RRateLimiter on a real redis-server:
 # property tests over thousands of random steps (PROPTEST_CASES scales them) and real-time scenarios.
@@ -119,10 +115,6 @@ test-host: build
 # dependencies' features differently and compile wasmtime and Cranelift a second and a third time
 # (~330 s on 2 cores); built this way, after test-host it costs nothing.
 WASM_HOST := $(LINTED) $(CARGO) test -q --no-run -p proxy-wasm-host-emulator -p erl-test-support
-
-# The emulator and its tests, built (test-host runs them; make test builds them beside the artifacts).
-emulator: setup
-	$(WASM_HOST)
 
 # Real redis-server, webdis and Envoy with dist/edge-rate-limiter-envoy.wasm, the emulator and the operator
 # tool (built on its own, for the same reason).

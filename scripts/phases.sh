@@ -3,27 +3,14 @@
 # (also when one fails: the phases so far, and which one failed). Exit status: the failing phase's.
 #
 #   scripts/phases.sh build lint test-unit ...
-#
-# A phase of several targets joined by `+` (`build+emulator`) runs them side by side, as separate `make`
-# runs, and ends when all have; it fails if one does. Use it for builds that keep different cores busy (the
-# module's link-time optimisation runs on one core while the emulator's dependencies compile), and that
-# lock different directories of target/ (cargo waits for a build of the same profile and target).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 names=() times=() status=0 failed=""
 start_all=$SECONDS
 for phase in "$@"; do
     start=$SECONDS
-    pids=()
-    IFS=+ read -ra targets <<<"$phase"
-    for target in "${targets[@]}"; do
-        "${MAKE:-make}" --no-print-directory "$target" &
-        pids+=($!)
-    done
-    status=0
-    for pid in "${pids[@]}"; do
-        wait "$pid" || { code=$?; [ "$status" -eq 0 ] && status=$code; }
-    done
+    "${MAKE:-make}" --no-print-directory "$phase"
+    status=$?
     names+=("$phase")
     times+=($((SECONDS - start)))
     if [ "$status" -ne 0 ]; then
@@ -34,9 +21,9 @@ done
 echo
 echo "make test: time per phase (s)"
 for i in "${!names[@]}"; do
-    printf '  %-16s %6d\n' "${names[$i]}" "${times[$i]}"
+    printf '  %-12s %6d\n' "${names[$i]}" "${times[$i]}"
 done
-printf '  %-16s %6d\n' total $((SECONDS - start_all))
+printf '  %-12s %6d\n' total $((SECONDS - start_all))
 if [ -n "$failed" ]; then
     echo "make test: $failed FAILED (exit $status)"
 fi
