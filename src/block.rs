@@ -224,8 +224,6 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
     use super::*;
     use crate::testing::FakeHost;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const TABLE: BlockTable = BlockTable { slots: 4096, generation: 7 };
 

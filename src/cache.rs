@@ -92,8 +92,6 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
     use super::*;
     use crate::config::LimiterType;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn config(rate: u64) -> EffectiveConfig {
         EffectiveConfig { rate, interval_ms: 1000, limiter_type: LimiterType::Overall }

@@ -33,8 +33,6 @@ pub fn base64_into(bytes: &[u8], alphabet: &[u8; 64], pad: bool, out: &mut Strin
 mod tests {
     use super::*;
     use base64::Engine as _;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn both_forms_match_the_base64_crate() {

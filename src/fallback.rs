@@ -308,8 +308,6 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
     use super::*;
     use crate::testing::FakeHost;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const WINDOWS: WindowTable = WindowTable { slots: 64, generation: 3, gateways: 2 };
 

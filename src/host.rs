@@ -307,8 +307,6 @@ impl HeaderMap {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn a_header_map_reads_back_its_pairs() {

@@ -41,8 +41,6 @@ impl Hasher for IdHasher {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn sequential_ids_find_their_values() {

@@ -2,7 +2,7 @@
 //! Redisson limiter name, and the Redis keys of that limiter.
 //!
 //! Nothing here calls the host: a request is seen through [`RequestView`], so the same code runs in the
-//! filter, in native unit tests and under wasm-bindgen-test.
+//! filter, in native unit tests and in the wasm32 tests under Node's WASI.
 
 use crate::prelude::*;
 
@@ -403,8 +403,6 @@ pub(crate) mod tests {
         assert_eq!(hash_slot("{}:x"), hash_slot("{}:x"), "an empty tag hashes the whole name");
         assert_ne!(hash_slot("{}:x"), hash_slot(""));
     }
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     /// A request for tests: headers (lowercase names) and a source address.
     #[derive(Default)]

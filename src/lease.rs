@@ -372,8 +372,6 @@ impl Leases for LeaseTable {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
     use super::*;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn grant(random: u8, granted: u64, expires_ms: u64) -> LeaseGrant {
         LeaseGrant {

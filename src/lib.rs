@@ -29,8 +29,8 @@
 //!    the `host-redis` build) as the one real [`host::Host`], and the callbacks the host calls, each
 //!    routed to the [`filter::Filter`] of its root context.
 //!
-//! Floors 0-6 make no hostcall: they run natively against a fake host (`testing`) and on wasm32 under
-//! wasm-bindgen-test.
+//! Floors 0-6 make no hostcall: they run natively against a fake host (`testing`) and on wasm32-wasip1
+//! under Node's WASI (scripts/wasi-run.mjs).
 //!
 //! On wasm32 the crate is `no_std` (with `alloc`): the module carries no std runtime (panic printing, I/O
 //! errors, environment access), only its own panic handler (a trap) and allocator (`dlmalloc`), below.

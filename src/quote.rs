@@ -55,8 +55,6 @@ pub fn hex_digit(nibble: u8, ten: u8) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn control_characters_and_non_ascii_are_escaped() {

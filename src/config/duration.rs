@@ -100,8 +100,6 @@ fn part_ns(number: &str, unit_ns: u64) -> Part {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
     use super::*;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn humantime_spellings_become_milliseconds() {

@@ -347,8 +347,6 @@ impl PluginConfig {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
     use super::*;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn parse(json: &str) -> Result<PluginConfig, ConfigError> {
         PluginConfig::from_json(json.as_bytes())

@@ -7,8 +7,6 @@ use super::*;
 use crate::host::HostError;
 use crate::limiter::RuleOutcome;
 use crate::testing::{acquired, rejected, End, FakeHost, ROOT};
-#[cfg(target_arch = "wasm32")]
-use wasm_bindgen_test::wasm_bindgen_test as test;
 
 const BRIDGE: &str = r#""redis":{"cluster":"webdis","timeout":200}"#;
 /// The bridge to a Redis Cluster: the limiters of one request are acquired in one call per hash slot.

@@ -10,8 +10,6 @@ use crate::response::Headers;
 use crate::script::{Encoding, Invocation, MEMBER_RANDOM_LEN};
 use crate::testing::{acquired, rejected};
 use crate::transport::Failure;
-#[cfg(target_arch = "wasm32")]
-use wasm_bindgen_test::wasm_bindgen_test as test;
 
 const NOW: u64 = 1_000_000;
 

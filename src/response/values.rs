@@ -117,8 +117,6 @@ pub fn rate_limit_headers(style: HeaderStyle, quotas: &[Quota<'_>], headers: &mu
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
     use super::*;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn quota(policy: &str, remaining: u64) -> Quota<'_> {
         Quota { policy, prepared_policy: None, limit: 100, window_ms: 60_000, remaining, reset_ms: 1_001 }

@@ -172,8 +172,6 @@ pub static DELETE: Script = Script::new("delete", DELETE_SOURCE, DELETE_SHA);
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
     use super::*;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn every_script_shares_the_prelude_and_has_its_own_sha() {

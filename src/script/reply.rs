@@ -274,8 +274,6 @@ fn decode_full(numbers: &[i64]) -> Result<AcquireReply, ReplyError> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
     use super::*;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn replies_decode_from_integers_or_webdis_bulk_strings() {

@@ -126,8 +126,6 @@ pub(super) fn push_encoded(out: &mut Vec<u8>, bytes: &[u8]) {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
     use super::*;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn every_byte_is_percent_encoded_as_the_percent_encoding_crate_does() {
