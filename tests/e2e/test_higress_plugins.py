@@ -20,11 +20,10 @@ validate`), and the default host (compat) refuses them for the WASI functions th
 (`wasi_snapshot_preview1.sched_yield`, `poll_oneoff`, `fd_fdstat_set_flags`, `path_filestat_get`). Both are
 checked before the module is compiled, so they cost milliseconds.
 
-Compiling a 5-6 MB Go module takes minutes in a debug `wasm-host` (3 to 5 minutes each on a loaded 2-CPU
-machine), so the gateways use the emulator's compile cache (`--compile-cache`, `target/wasm-host-cache`, or
-`$ERL_WASM_HOST_CACHE`): the first run compiles each plugin once, the three at once (4 min 49 s for this
-module here), later runs load them in milliseconds (about 1 s for this module). One gateway per plugin (one
-VM) serves every test of this module.
+Compiling a 5-6 MB Go module takes about 11 s in a debug `wasm-host` (Cranelift is built optimised, Cargo.toml;
+unoptimised it took 3 to 5 minutes), so the gateways use the emulator's compile cache (`--compile-cache`,
+`target/wasm-host-cache`, or `$ERL_WASM_HOST_CACHE`): the first run compiles each plugin once, later runs
+load them in milliseconds. One gateway per plugin (one VM) serves every test of this module.
 """
 
 from __future__ import annotations
