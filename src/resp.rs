@@ -224,6 +224,37 @@ pub fn decode_integers(bytes: &[u8], out: &mut [i64]) -> Option<Integers> {
     (reader.at == bytes.len()).then_some(shape)
 }
 
+/// Most elements accepted in the array of [`array_elements`] (a batch of acquire replies).
+pub const MAX_BATCH_ELEMENTS: usize = 16 * MAX_ELEMENTS;
+
+/// The raw bytes of each element of a flat array reply (integers, strings, errors; no nested array), as
+/// the reply of a batch of calls carries them ([`crate::script::split_batch_reply`]).
+///
+/// # Errors
+/// [`RespError`] when the bytes are not one array of at most [`MAX_BATCH_ELEMENTS`] such elements.
+pub fn array_elements(bytes: &[u8]) -> Result<Vec<&[u8]>, RespError> {
+    let mut reader = Reader { bytes, at: 0 };
+    if bytes.first() != Some(&b'*') {
+        return Err(RespError::Malformed("not an array".into()));
+    }
+    reader.at = 1;
+    let count = reader.length()?.ok_or_else(|| RespError::Malformed("a null array".into()))?;
+    if count > MAX_BATCH_ELEMENTS {
+        return Err(RespError::TooLarge(format!("an array of {count} elements")));
+    }
+    let mut elements = Vec::with_capacity(count);
+    for _ in 0..count {
+        let start = reader.at;
+        // Depth MAX_DEPTH: an element may not be an array.
+        reader.value(MAX_DEPTH)?;
+        elements.push(bytes.get(start..reader.at).unwrap_or_default());
+    }
+    match bytes.len().saturating_sub(reader.at) {
+        0 => Ok(elements),
+        rest => Err(RespError::TrailingBytes(rest)),
+    }
+}
+
 /// A cursor over the reply bytes.
 struct Reader<'a> {
     bytes: &'a [u8],

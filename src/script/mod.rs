@@ -13,9 +13,11 @@
 //! the other scripts serve operators (`erl-admin`) and tests.
 
 use crate::key::LimiterKeys;
+use crate::prelude::*;
 use crate::resp::Command;
 
 mod acquire;
+mod batch;
 mod reply;
 mod wire;
 
@@ -23,6 +25,7 @@ pub use acquire::{
     encode_acquire_all, AcquireConfig, AcquirePart, AcquireTemplate, Clock, Encoding, LeaseRequest, Settlement,
     MEMBER_RANDOM_LEN, RULE_CONFIG_FIELD,
 };
+pub use batch::{encode_batch, split_batch_reply, Segment, SegmentScript};
 pub use reply::{
     decode_acquire_all_reply, decode_acquire_reply, AcquireOutcome, AcquireReply, ConfigChange, EffectiveConfig,
     LimiterReply, ReplyError,
@@ -136,6 +139,44 @@ pub static ACQUIRE: Script = Script::new("acquire", ACQUIRE_SOURCE, ACQUIRE_SHA)
 /// ([`decode_acquire_all_reply`]).
 pub static ACQUIRE_ALL: Script = Script::new("acquireAll", ACQUIRE_ALL_SOURCE, ACQUIRE_ALL_SHA);
 
+/// Acquire-batch (`lua/acquire_batch.lua`): the [`ACQUIRE`] and [`ACQUIRE_ALL`] calls of several
+/// requests in one script call (request coalescing), each run exactly as it would have run alone, in
+/// order; an error in one is its own. Built by `batch::encode_batch` from the calls' own commands and
+/// answered per call by `batch::split_batch_reply`, which rebuilds the reply each call would have had.
+///
+/// `KEYS`: every call's keys in order. `ARGV`: 1 the number of calls, then per call `1` (ACQUIRE) or `2`
+/// (ACQUIRE_ALL), its key count, its argument count and its arguments. Reply: a flat array, per call `1`
+/// and a bare integer reply, `2`, `n` and an array reply's `n` elements, or `3` and an error's text.
+pub static ACQUIRE_BATCH: PartsScript =
+    PartsScript { name: "acquireBatch", parts: &ACQUIRE_BATCH_PARTS, sha: ACQUIRE_BATCH_SHA };
+
+/// A script whose source is written in parts: it runs the code of other scripts, which the module carries
+/// once, in theirs ([`ACQUIRE_BATCH`]).
+#[derive(Debug)]
+pub struct PartsScript {
+    /// Short name for logs and errors.
+    pub name: &'static str,
+    parts: &'static [&'static str],
+    sha: &'static str,
+}
+
+impl PartsScript {
+    /// SHA-1 of the source (the parts joined), lowercase hex, computed by build.rs.
+    pub fn sha(&self) -> &str {
+        self.sha
+    }
+
+    /// The source, in parts: joined, they are what `EVAL` sends.
+    pub fn parts(&self) -> &[&'static str] {
+        self.parts
+    }
+
+    /// The whole source (for `SCRIPT LOAD` by operators and tests).
+    pub fn source(&self) -> String {
+        self.parts.concat()
+    }
+}
+
 /// Give-back (`lua/give_back.lua`): returns the permits of one member: `ARGV` random, granted, used,
 /// early (ms) as [`Settlement`]. The member `(random, granted)` is replaced by `(random, used)` scored
 /// `early` ms earlier (removed when `used` is 0) and the value gets `granted - used` back (never above the
@@ -173,10 +214,25 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
     use super::*;
 
+    const SCRIPTS: [&Script; 8] =
+        [&ACQUIRE, &TRY_SET_RATE, &SET_RATE, &UPDATE_RATE, &AVAILABLE_PERMITS, &DELETE, &ACQUIRE_ALL, &GIVE_BACK];
+
+    #[test]
+    fn the_batch_script_wraps_acquire_and_acquire_all_and_its_sha_is_that_of_its_parts_joined() {
+        use sha1::{Digest, Sha1};
+        let source = ACQUIRE_BATCH.source();
+        assert!(source.starts_with("-- edge-rate-limiter acquireBatch\n"));
+        let code = |script: &Script| script.source.split_once('\n').unwrap().1.to_string();
+        assert!(source.contains(&format!("local function acquire(KEYS, ARGV)\n{}end\n", code(&ACQUIRE))));
+        assert!(source.contains(&format!("local function acquireAll(KEYS, ARGV)\n{}end\n", code(&ACQUIRE_ALL))));
+        let sha: String = Sha1::digest(source.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(ACQUIRE_BATCH.sha(), sha);
+        assert_eq!(source.lines().filter(|l| l.trim_start().starts_with("--")).count(), 1);
+    }
+
     #[test]
     fn every_script_shares_the_prelude_and_has_its_own_sha() {
-        let scripts =
-            [&ACQUIRE, &TRY_SET_RATE, &SET_RATE, &UPDATE_RATE, &AVAILABLE_PERMITS, &DELETE, &ACQUIRE_ALL, &GIVE_BACK];
+        let scripts = SCRIPTS;
         let shas: std::collections::HashSet<&str> = scripts.iter().map(|s| s.sha()).collect();
         assert_eq!(shas.len(), scripts.len());
         for script in scripts {
@@ -197,9 +253,7 @@ mod tests {
         use sha1::{Digest, Sha1};
         let hex = |bytes: &[u8]| Sha1::digest(bytes).iter().map(|b| format!("{b:02x}")).collect::<String>();
         assert_eq!(hex(b"abc"), "a9993e364706816aba3e25717850c26c9cd0d89d", "FIPS 180 test vector");
-        for script in
-            [&ACQUIRE, &TRY_SET_RATE, &SET_RATE, &UPDATE_RATE, &AVAILABLE_PERMITS, &DELETE, &ACQUIRE_ALL, &GIVE_BACK]
-        {
+        for script in SCRIPTS {
             assert_eq!(script.sha(), hex(script.source.as_bytes()), "{}", script.name);
         }
     }

@@ -84,6 +84,25 @@ pub(super) fn push_arg(out: &mut Vec<u8>, encoding: Encoding, bytes: &[u8]) {
     }
 }
 
+/// One argument made of `parts` joined, in the wire form.
+pub(super) fn push_arg_parts(out: &mut Vec<u8>, encoding: Encoding, parts: &[&str]) {
+    match encoding {
+        Encoding::Resp => {
+            push_length(out, b'$', parts.iter().map(|p| p.len()).sum());
+            for part in parts {
+                out.extend_from_slice(part.as_bytes());
+            }
+            out.extend_from_slice(b"\r\n");
+        }
+        Encoding::WebdisPath => {
+            out.push(b'/');
+            for part in parts {
+                push_encoded(out, part.as_bytes());
+            }
+        }
+    }
+}
+
 /// `<kind><n>\r\n`.
 pub(super) fn push_length(out: &mut Vec<u8>, kind: u8, n: usize) {
     out.push(kind);

@@ -1,0 +1,362 @@
+//! Request coalescing on the wire: several acquire calls, each encoded as it would be sent alone, carried
+//! by one [`super::ACQUIRE_BATCH`] call ([`encode_batch`]), and its reply split back into the reply each
+//! call would have had alone ([`split_batch_reply`]), so every request reads its own reply with the
+//! decoders it always used.
+
+use crate::prelude::*;
+
+use crate::resp::array_elements;
+
+use super::acquire::Encoding;
+use super::wire::{push_arg, push_arg_parts, push_length};
+use super::{Invocation, ACQUIRE, ACQUIRE_ALL, ACQUIRE_BATCH};
+
+/// Which script a batched call runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SegmentScript {
+    /// [`super::ACQUIRE`], `1` in the batch's arguments.
+    Acquire,
+    /// [`super::ACQUIRE_ALL`], `2`.
+    AcquireAll,
+}
+
+/// One call's part of a batch: its script, and its keys and arguments as they are in the wire form of
+/// its own command (RESP bulk strings, or webdis's `/`-separated percent-encoded words).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment<'a> {
+    pub script: SegmentScript,
+    keys: &'a [u8],
+    key_count: usize,
+    args: &'a [u8],
+    arg_count: usize,
+}
+
+impl<'a> Segment<'a> {
+    /// The segment of `command`: an [`ACQUIRE`] or [`ACQUIRE_ALL`] call by sha (`EVALSHA <sha> <numkeys>
+    /// <keys>... <args>...`) in `encoding`, as `PendingRequest::encode` writes it. `None` for any other
+    /// command (another script, or `EVAL` by source): such a call is sent alone.
+    pub fn of(command: &'a [u8], encoding: Encoding) -> Option<Self> {
+        match encoding {
+            Encoding::Resp => Self::of_resp(command),
+            Encoding::WebdisPath => Self::of_webdis(command),
+        }
+    }
+
+    fn of_resp(command: &'a [u8]) -> Option<Self> {
+        let mut at = 0;
+        let words = usize::try_from(resp_length(command, &mut at, b'*')?).ok()?;
+        let word = |at: &mut usize| -> Option<&'a [u8]> {
+            let len = usize::try_from(resp_length(command, at, b'$')?).ok()?;
+            let end = at.checked_add(len)?;
+            let bytes = command.get(*at..end)?;
+            (command.get(end..end + 2)? == b"\r\n").then_some(())?;
+            *at = end + 2;
+            Some(bytes)
+        };
+        (word(&mut at)? == b"EVALSHA").then_some(())?;
+        let script = script_of(word(&mut at)?)?;
+        let key_count = count(word(&mut at)?)?;
+        let keys_start = at;
+        for _ in 0..key_count {
+            word(&mut at)?;
+        }
+        let arg_count = words.checked_sub(3 + key_count)?;
+        let keys = command.get(keys_start..at)?;
+        let args = command.get(at..)?;
+        Some(Segment { script, keys, key_count, args, arg_count })
+    }
+
+    fn of_webdis(command: &'a [u8]) -> Option<Self> {
+        let body = command.strip_suffix(b".raw")?;
+        // Where each word ends: at a `/` (arguments are percent-encoded, so every `/` separates two), or
+        // at the end.
+        let mut ends: Vec<usize> = body.iter().enumerate().filter(|(_, &b)| b == b'/').map(|(at, _)| at).collect();
+        let words = ends.len() + 1;
+        ends.push(body.len());
+        let (&first, &second, &third) = (ends.first()?, ends.get(1)?, ends.get(2)?);
+        (body.get(..first)? == b"EVALSHA").then_some(())?;
+        let script = script_of(body.get(first + 1..second)?)?;
+        let key_count = count(body.get(second + 1..third)?)?;
+        let arg_count = words.checked_sub(3 + key_count)?;
+        // The keys run from the `/` before the first key to the `/` before the first argument.
+        let keys_end = *ends.get(2 + key_count)?;
+        let keys = body.get(third..keys_end)?;
+        let args = body.get(keys_end..)?;
+        Some(Segment { script, keys, key_count, args, arg_count })
+    }
+}
+
+/// A decimal count.
+fn count(text: &[u8]) -> Option<usize> {
+    usize::try_from(core::str::from_utf8(text).ok()?.parse::<i64>().ok()?).ok()
+}
+
+/// The script whose sha this is, among those a batch runs.
+fn script_of(sha: &[u8]) -> Option<SegmentScript> {
+    if sha == ACQUIRE.sha().as_bytes() {
+        Some(SegmentScript::Acquire)
+    } else if sha == ACQUIRE_ALL.sha().as_bytes() {
+        Some(SegmentScript::AcquireAll)
+    } else {
+        None
+    }
+}
+
+/// Reads `<kind><n>\r\n` at `at` (moved past it).
+fn resp_length(bytes: &[u8], at: &mut usize, kind: u8) -> Option<i64> {
+    (*bytes.get(*at)? == kind).then_some(())?;
+    let rest = bytes.get(*at + 1..)?;
+    let end = rest.windows(2).position(|pair| pair == b"\r\n")?;
+    let n = core::str::from_utf8(rest.get(..end)?).ok()?.parse().ok()?;
+    *at += 1 + end + 2;
+    Some(n)
+}
+
+/// The [`super::ACQUIRE_BATCH`] call carrying `segments` in order, by sha or by source, in `encoding`
+/// (the encoding the segments were read in).
+pub fn encode_batch(segments: &[Segment<'_>], invocation: Invocation, encoding: Encoding) -> Vec<u8> {
+    let key_count: usize = segments.iter().map(|s| s.key_count).sum();
+    let size: usize = segments.iter().map(|s| s.keys.len() + s.args.len() + 24).sum();
+    let mut out = Vec::with_capacity(size + 96);
+    let mut number = itoa::Buffer::new();
+    if encoding == Encoding::Resp {
+        let words = 3 + key_count + 1 + segments.iter().map(|s| 3 + s.arg_count).sum::<usize>();
+        push_length(&mut out, b'*', words);
+    }
+    let command: &[u8] = match invocation {
+        Invocation::BySha => b"EVALSHA",
+        Invocation::BySource => b"EVAL",
+    };
+    match encoding {
+        // webdis's path starts with the command, without a `/`.
+        Encoding::WebdisPath => out.extend_from_slice(command),
+        Encoding::Resp => push_arg(&mut out, encoding, command),
+    }
+    match invocation {
+        Invocation::BySha => push_arg(&mut out, encoding, ACQUIRE_BATCH.sha().as_bytes()),
+        Invocation::BySource => push_arg_parts(&mut out, encoding, ACQUIRE_BATCH.parts()),
+    }
+    push_arg(&mut out, encoding, number.format(key_count).as_bytes());
+    for segment in segments {
+        out.extend_from_slice(segment.keys);
+    }
+    push_arg(&mut out, encoding, number.format(segments.len()).as_bytes());
+    for segment in segments {
+        let script: &[u8] = match segment.script {
+            SegmentScript::Acquire => b"1",
+            SegmentScript::AcquireAll => b"2",
+        };
+        push_arg(&mut out, encoding, script);
+        push_arg(&mut out, encoding, number.format(segment.key_count).as_bytes());
+        push_arg(&mut out, encoding, number.format(segment.arg_count).as_bytes());
+        out.extend_from_slice(segment.args);
+    }
+    if encoding == Encoding::WebdisPath {
+        out.extend_from_slice(b".raw");
+    }
+    out
+}
+
+/// Splits the reply of an [`super::ACQUIRE_BATCH`] call of `count` segments into each segment's own
+/// reply, in RESP as Redis would have answered the call alone: a bare integer (`:n`), an array of the
+/// elements as they came (integers, or webdis's bulk strings of digits), or an error (`-CODE text`).
+///
+/// # Errors
+/// What is wrong when the reply is not `count` segments: an error reply for the whole call (`-NOSCRIPT
+/// ...`, `-OOM ...`: the caller reads it), or not the batch script's reply.
+pub fn split_batch_reply(bytes: &[u8], count: usize) -> Result<Vec<Vec<u8>>, &'static str> {
+    if bytes.first() == Some(&b'-') {
+        return Err("an error reply for the whole batch");
+    }
+    let elements = array_elements(bytes).map_err(|_| "a batch reply that is not a flat array")?;
+    let mut replies = Vec::with_capacity(count);
+    let mut at = 0;
+    while let Some(&tag) = elements.get(at) {
+        let next = elements.get(at + 1).copied();
+        let reply = match (integer(tag), next) {
+            (Some(1), Some(value)) => {
+                at += 2;
+                let mut reply = Vec::with_capacity(24);
+                reply.push(b':');
+                reply.extend_from_slice(body(value).ok_or("a batch reply with a bad value")?);
+                reply.extend_from_slice(b"\r\n");
+                reply
+            }
+            (Some(2), Some(n)) => {
+                let n = integer(n).and_then(|n| usize::try_from(n).ok()).ok_or("a batch reply with a bad length")?;
+                let items = elements.get(at + 2..at + 2 + n).ok_or("a batch reply cut short")?;
+                let mut reply = Vec::with_capacity(8 + items.iter().map(|i| i.len()).sum::<usize>());
+                push_length(&mut reply, b'*', n);
+                for item in items {
+                    reply.extend_from_slice(item);
+                }
+                at += 2 + n;
+                reply
+            }
+            (Some(3), Some(text)) => {
+                at += 2;
+                let text = body(text).ok_or("a batch reply with a bad error")?;
+                let mut reply = Vec::with_capacity(text.len() + 3);
+                reply.push(b'-');
+                reply.extend(text.iter().map(|&b| if b == b'\r' || b == b'\n' { b' ' } else { b }));
+                reply.extend_from_slice(b"\r\n");
+                reply
+            }
+            _ => return Err("a batch reply with an unknown segment"),
+        };
+        replies.push(reply);
+    }
+    if replies.len() == count {
+        Ok(replies)
+    } else {
+        Err("a batch reply with another number of segments")
+    }
+}
+
+/// The text of a RESP integer (`:n`) or bulk string (`$len`, then the bytes) element.
+fn body(element: &[u8]) -> Option<&[u8]> {
+    let inner = element.strip_suffix(b"\r\n")?;
+    match inner.first()? {
+        b':' => inner.get(1..),
+        b'$' => inner.iter().position(|&b| b == b'\n').and_then(|at| inner.get(at + 1..)),
+        _ => None,
+    }
+}
+
+/// A RESP integer or bulk string of decimal digits (webdis's form of an integer in an array).
+fn integer(element: &[u8]) -> Option<i64> {
+    core::str::from_utf8(body(element)?).ok()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
+    use super::*;
+    use crate::config::LimiterType;
+    use crate::resp::{decode_reply, Reply};
+    use crate::script::{encode_acquire_all, AcquireConfig, AcquirePart, AcquireTemplate, Clock, MEMBER_RANDOM_LEN};
+
+    fn template() -> AcquireTemplate {
+        let config = AcquireConfig {
+            permits: 1,
+            rate: 10,
+            interval_ms: 1000,
+            limiter_type: LimiterType::Overall,
+            keep_alive_ms: 0,
+            apply_config: false,
+        };
+        AcquireTemplate::new(config, "6d1f3b9a-2c4e-4a8b-b5d7-9e0f1a2b3c4d")
+    }
+
+    /// The words of a command in either wire form.
+    fn words(command: &[u8], encoding: Encoding) -> Vec<Vec<u8>> {
+        match encoding {
+            Encoding::Resp => match decode_reply(command).unwrap() {
+                Reply::Array(items) => items
+                    .into_iter()
+                    .map(|item| match item {
+                        Reply::Bulk(bytes) => bytes,
+                        other => panic!("{other:?}"),
+                    })
+                    .collect(),
+                other => panic!("{other:?}"),
+            },
+            Encoding::WebdisPath => command
+                .strip_suffix(b".raw")
+                .unwrap()
+                .split(|&b| b == b'/')
+                .map(|word| percent_encoding::percent_decode(word).collect())
+                .collect(),
+        }
+    }
+
+    /// Three calls (ACQUIRE with an empty argument, ACQUIRE_ALL of two limiters, ACQUIRE on Redis's clock)
+    /// batched in each wire form: the same words, which are the batch script's documented layout.
+    #[test]
+    fn a_batch_carries_each_call_as_it_was_in_both_wire_forms() {
+        let template = template();
+        let random = [7u8; MEMBER_RANDOM_LEN];
+        let commands = |encoding| {
+            let parts = [
+                AcquirePart { template: &template, name: "erl:a", random: &random, lease: None },
+                AcquirePart { template: &template, name: "erl:b", random: &random, lease: None },
+            ];
+            vec![
+                template.encode("erl:a/x y", Clock::Gateway(5), &random, None, Invocation::BySha, encoding),
+                encode_acquire_all(&parts, Clock::Gateway(6), true, Invocation::BySha, encoding),
+                template.encode("erl:c", Clock::Redis, &random, None, Invocation::BySha, encoding),
+            ]
+        };
+        let batch_words = |encoding| {
+            let commands = commands(encoding);
+            let segments: Vec<Segment<'_>> = commands.iter().map(|c| Segment::of(c, encoding).unwrap()).collect();
+            assert_eq!(
+                segments.iter().map(|s| s.script).collect::<Vec<_>>(),
+                [SegmentScript::Acquire, SegmentScript::AcquireAll, SegmentScript::Acquire]
+            );
+            words(&encode_batch(&segments, Invocation::BySha, encoding), encoding)
+        };
+        let resp = batch_words(Encoding::Resp);
+        assert_eq!(resp, batch_words(Encoding::WebdisPath));
+        let alone: Vec<Vec<Vec<u8>>> = commands(Encoding::Resp).iter().map(|c| words(c, Encoding::Resp)).collect();
+        // EVALSHA sha 20 (5 + 10 + 5 keys), then each call's keys, the count, and each call's header and args.
+        assert_eq!(resp[0], b"EVALSHA");
+        assert_eq!(resp[1], ACQUIRE_BATCH.sha().as_bytes());
+        assert_eq!(resp[2], b"20");
+        let mut expected: Vec<Vec<u8>> = Vec::new();
+        for call in &alone {
+            let keys: usize = core::str::from_utf8(&call[2]).unwrap().parse().unwrap();
+            expected.extend(call[3..3 + keys].iter().cloned());
+        }
+        expected.push(b"3".to_vec());
+        for (call, script) in alone.iter().zip(["1", "2", "1"]) {
+            let keys: usize = core::str::from_utf8(&call[2]).unwrap().parse().unwrap();
+            let args = &call[3 + keys..];
+            expected.push(script.into());
+            expected.push(keys.to_string().into_bytes());
+            expected.push(args.len().to_string().into_bytes());
+            expected.extend(args.iter().cloned());
+        }
+        assert_eq!(&resp[3..], &expected[..]);
+    }
+
+    #[test]
+    fn other_commands_are_not_segments() {
+        let template = template();
+        let random = [7u8; MEMBER_RANDOM_LEN];
+        for encoding in [Encoding::Resp, Encoding::WebdisPath] {
+            let by_source = template.encode("erl:a", Clock::Redis, &random, None, Invocation::BySource, encoding);
+            assert_eq!(Segment::of(&by_source, encoding), None, "EVAL by source goes alone");
+        }
+        assert_eq!(Segment::of(b"*1\r\n$4\r\nPING\r\n", Encoding::Resp), None);
+        assert_eq!(Segment::of(b"EVALSHA/0000/1/k.raw", Encoding::WebdisPath), None, "an unknown sha");
+        assert_eq!(Segment::of(b"*3\r\n$7\r\nEVALSHA\r\n", Encoding::Resp), None, "cut short");
+    }
+
+    /// A batch reply as Redis sends it (integers) and as webdis re-encodes it (bulk strings) splits into the
+    /// replies each call would have had alone.
+    #[test]
+    fn a_batch_reply_splits_into_each_calls_own_reply() {
+        let redis =
+            b"*10\r\n:1\r\n:4\r\n:2\r\n:2\r\n:3\r\n:7\r\n:3\r\n$27\r\nWRONGTYPE Operation against\r\n:1\r\n:-12\r\n";
+        let webdis = b"*10\r\n$1\r\n1\r\n$1\r\n4\r\n$1\r\n2\r\n$1\r\n2\r\n$1\r\n3\r\n$1\r\n7\r\n$1\r\n3\r\n$27\r\nWRONGTYPE Operation against\r\n$1\r\n1\r\n$3\r\n-12\r\n";
+        let from_redis = split_batch_reply(redis, 4).unwrap();
+        assert_eq!(
+            from_redis,
+            [
+                b":4\r\n".to_vec(),
+                b"*2\r\n:3\r\n:7\r\n".to_vec(),
+                b"-WRONGTYPE Operation against\r\n".to_vec(),
+                b":-12\r\n".to_vec()
+            ]
+        );
+        let from_webdis = split_batch_reply(webdis, 4).unwrap();
+        assert_eq!(from_webdis[0], b":4\r\n");
+        assert_eq!(from_webdis[1], b"*2\r\n$1\r\n3\r\n$1\r\n7\r\n", "the array's elements as webdis sent them");
+        assert_eq!(from_webdis[2..], from_redis[2..]);
+        assert!(split_batch_reply(redis, 5).is_err(), "a segment missing");
+        assert!(split_batch_reply(b"*2\r\n:9\r\n:1\r\n", 1).is_err(), "an unknown tag");
+        assert!(split_batch_reply(b"*3\r\n:2\r\n:5\r\n:1\r\n", 1).is_err(), "an array cut short");
+        assert!(split_batch_reply(b"-NOSCRIPT No matching script\r\n", 2).is_err());
+    }
+}

@@ -1,0 +1,55 @@
+-- ACQUIRE_BATCH: the acquire calls of several requests in one script call (request coalescing,
+-- docs/configuration.md, "Request coalescing"). Each segment is one call exactly as it would have been
+-- sent alone, ACQUIRE or ACQUIRE_ALL with its own KEYS and ARGV, run in arrival order, so each request is
+-- decided as if it had been sent alone in that order. A Redis or script error in one segment is that
+-- segment's alone: the others still run. Documented in src/script/mod.rs (ACQUIRE_BATCH).
+--
+-- KEYS: every segment's keys, segment after segment. ARGV: 1 the number of segments, then per segment:
+-- its script ('1' ACQUIRE, '2' ACQUIRE_ALL), its number of keys, its number of arguments, its arguments.
+--
+-- Reply, a flat array (webdis re-encodes nested arrays' integers and drops nils: keep it flat), per
+-- segment: 1 and the integer of a bare integer reply; 2, n and the n elements of an array reply; 3 and the
+-- error text of a failed segment: its first word the error code Redis would have answered the call alone
+-- with (WRONGTYPE, OOM, ERR...), without the script name and line Redis appends to a script's error.
+--@wrap acquire acquire
+--@wrap acquireAll acquireAll
+local reply = {}
+local k = 1
+local a = 2
+for _ = 1, tonumber(ARGV[1]) do
+  local script, keyCount, argCount = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  a = a + 3
+  local keys, args = {}, {}
+  for i = 1, keyCount do
+    keys[i] = KEYS[k + i - 1]
+  end
+  for i = 1, argCount do
+    args[i] = ARGV[a + i - 1]
+  end
+  k = k + keyCount
+  a = a + argCount
+  local ok, result = pcall(script == '1' and acquire or acquireAll, keys, args)
+  if ok and type(result) == 'table' and result.err == nil then
+    reply[#reply + 1] = 2
+    reply[#reply + 1] = #result
+    for i = 1, #result do
+      reply[#reply + 1] = result[i]
+    end
+  elseif ok and type(result) == 'number' then
+    reply[#reply + 1] = 1
+    reply[#reply + 1] = result
+  else
+    local text
+    if type(result) == 'table' then
+      text = result.err or 'ERR script error'
+    else
+      text = tostring(result)
+      if not string.find(text, '^[A-Z][A-Z]+ ') then
+        text = 'ERR ' .. text
+      end
+    end
+    reply[#reply + 1] = 3
+    reply[#reply + 1] = (string.gsub(text, '[\r\n]', ' '))
+  end
+end
+return reply

@@ -1,0 +1,226 @@
+//! Request coalescing on a real `redis-server`: a sequence of acquire calls (ACQUIRE, with and without a
+//! lease, and ACQUIRE_ALL over limiters shared between calls, one of them broken) sent one by one to one
+//! server and in random batches (ACQUIRE_BATCH, built from the very same commands) to another gives every
+//! call the very same reply bytes and leaves both servers with the very same keys. So a request decided in
+//! a batch is decided as it would have been alone, in that order, with the same effects in Redis.
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
+use proptest::prelude::*;
+
+use crate::redis_server::{RedisServer, ScriptClient};
+use edge_rate_limiter::config::LimiterType;
+use edge_rate_limiter::script::{
+    encode_acquire_all, encode_batch, split_batch_reply, AcquireConfig, AcquirePart, AcquireTemplate, Clock, Encoding,
+    Invocation, LeaseRequest, Segment, MEMBER_RANDOM_LEN,
+};
+
+const CLIENT: &str = "6d1f3b9a-2c4e-4a8b-b5d7-9e0f1a2b3c4d";
+const T0: u64 = 1_700_000_000_000;
+/// The limiters the calls draw from; the last one's config key is a string (every call on it fails with
+/// WRONGTYPE, the others of its call still decide).
+const NAMES: [&str; 4] = ["erl:batch:a", "erl:batch:b", "erl:batch:c", "erl:batch:broken"];
+
+/// One call of the sequence: its limiters (one: ACQUIRE; more: ACQUIRE_ALL), a lease wanted on the first,
+/// and how far the virtual clock moves before it (ms).
+#[derive(Debug, Clone)]
+struct CallSpec {
+    limiters: Vec<usize>,
+    lease: Option<u64>,
+    advance_ms: u64,
+    redis_clock: bool,
+}
+
+fn call_strategy() -> impl Strategy<Value = CallSpec> {
+    (
+        prop::collection::vec(prop_oneof![8 => 0usize..3, 1 => Just(3usize)], 1..=3),
+        prop_oneof![3 => Just(None), 1 => (2u64..6).prop_map(Some)],
+        prop_oneof![3 => Just(0u64), 2 => 1u64..400, 1 => 900u64..1500],
+        prop::bool::weighted(0.1),
+    )
+        .prop_map(|(limiters, lease, advance_ms, redis_clock)| CallSpec {
+            limiters,
+            lease,
+            advance_ms,
+            redis_clock,
+        })
+}
+
+/// The calls and the sizes of the batches they are cut into.
+fn case_strategy() -> impl Strategy<Value = (Vec<CallSpec>, Vec<usize>)> {
+    (prop::collection::vec(call_strategy(), 1..60), prop::collection::vec(1usize..12, 60))
+}
+
+fn template() -> AcquireTemplate {
+    AcquireTemplate::new(
+        AcquireConfig {
+            permits: 1,
+            rate: 7,
+            interval_ms: 1_000,
+            limiter_type: LimiterType::Overall,
+            keep_alive_ms: 0,
+            apply_config: false,
+        },
+        CLIENT,
+    )
+}
+
+/// The command of call `index` by sha, as the filter encodes it.
+fn command(spec: &CallSpec, index: usize, now_ms: u64, template: &AcquireTemplate) -> Vec<u8> {
+    let mut random = [0x5A; MEMBER_RANDOM_LEN];
+    random[..8].copy_from_slice(&(index as u64 + 1).to_be_bytes());
+    let clock = if spec.redis_clock { Clock::Redis } else { Clock::Gateway(now_ms) };
+    let lease = spec.lease.map(|max_permits| LeaseRequest { max_permits, max_age_ms: 50, settle: None });
+    if let [only] = spec.limiters.as_slice() {
+        return template.encode(NAMES[*only], clock, &random, lease.as_ref(), Invocation::BySha, Encoding::Resp);
+    }
+    let randoms: Vec<[u8; MEMBER_RANDOM_LEN]> = (0..spec.limiters.len())
+        .map(|part| {
+            let mut r = random;
+            r[8] = part as u8;
+            r
+        })
+        .collect();
+    let parts: Vec<AcquirePart<'_>> = spec
+        .limiters
+        .iter()
+        .zip(&randoms)
+        .enumerate()
+        .map(|(part, (&limiter, random))| AcquirePart {
+            template,
+            name: NAMES[limiter],
+            random,
+            lease: if part == 0 { lease.as_ref() } else { None },
+        })
+        .collect();
+    encode_acquire_all(&parts, clock, false, Invocation::BySha, Encoding::Resp)
+}
+
+/// Every key of the server with its content, sorted (TYPE and the value, hash fields, zset members and
+/// scores), and the scripts' effects on TTLs (PTTL > 0 as one flag).
+fn keys_of(server: &RedisServer) -> Vec<String> {
+    let mut inspector = server.inspector();
+    let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut inspector).unwrap();
+    keys.sort();
+    keys.into_iter()
+        .map(|key| {
+            let kind: String = redis::cmd("TYPE").arg(&key).query(&mut inspector).unwrap();
+            let content: Vec<Vec<u8>> = match kind.as_str() {
+                "string" => vec![redis::cmd("GET").arg(&key).query(&mut inspector).unwrap()],
+                "hash" => redis::cmd("HGETALL").arg(&key).query(&mut inspector).unwrap(),
+                "zset" => {
+                    redis::cmd("ZRANGE").arg(&key).arg(0).arg(-1).arg("WITHSCORES").query(&mut inspector).unwrap()
+                }
+                other => panic!("unexpected key type {other}"),
+            };
+            let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut inspector).unwrap();
+            format!("{key} {kind} {:?} ttl:{}", content, ttl > 0)
+        })
+        .collect()
+}
+
+fn break_limiter(server: &RedisServer) {
+    let _: () = redis::cmd("SET").arg(NAMES[3]).arg("not a hash").query(&mut server.inspector()).unwrap();
+}
+
+/// Sends `batch` (commands by sha) as one ACQUIRE_BATCH call, by source after NOSCRIPT, and splits the reply.
+fn run_batch(client: &mut ScriptClient, commands: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    let segments: Vec<Segment<'_>> = commands.iter().map(|c| Segment::of(c, Encoding::Resp).unwrap()).collect();
+    let reply = client.run_raw(&encode_batch(&segments, Invocation::BySha, Encoding::Resp), || {
+        encode_batch(&segments, Invocation::BySource, Encoding::Resp)
+    });
+    split_batch_reply(&reply, commands.len()).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&reply)))
+}
+
+fn check(calls: &[CallSpec], cuts: &[usize], alone: &RedisServer, batched: &RedisServer) -> Result<(), TestCaseError> {
+    let template = template();
+    let mut now_ms = T0;
+    let commands: Vec<Vec<u8>> = calls
+        .iter()
+        .enumerate()
+        .map(|(index, spec)| {
+            now_ms += spec.advance_ms;
+            command(spec, index, now_ms, &template)
+        })
+        .collect();
+    let mut one = alone.script_client();
+    // The scripts are loaded (load_scripts): by sha, as the filter sends them.
+    let replies_alone: Vec<Vec<u8>> = commands.iter().map(|command| one.call_raw(command)).collect();
+    let mut other = batched.script_client();
+    let mut replies_batched = Vec::new();
+    let mut at = 0;
+    for &cut in cuts.iter().cycle() {
+        if at >= commands.len() {
+            break;
+        }
+        let end = (at + cut).min(commands.len());
+        replies_batched.extend(run_batch(&mut other, &commands[at..end]));
+        at = end;
+    }
+    // Calls on Redis's clock run at other instants on the two servers: compared by their kind only.
+    let uses_redis_clock = calls.iter().any(|c| c.redis_clock);
+    if !uses_redis_clock {
+        // An error reply alone ends with the script's name and line (`script: <sha>, on @user_script:2.`),
+        // which a segment's has not: errors are compared by their code and message up to there.
+        let comparable = |reply: &Vec<u8>| -> Vec<u8> {
+            let text = String::from_utf8_lossy(reply);
+            match text.find(" script: ") {
+                Some(at) if reply.first() == Some(&b'-') => text[..at].as_bytes().to_vec(),
+                _ => reply.trim_ascii_end().to_vec(),
+            }
+        };
+        let replies_one: Vec<Vec<u8>> = replies_alone.iter().map(comparable).collect();
+        let replies_together: Vec<Vec<u8>> = replies_batched.iter().map(comparable).collect();
+        prop_assert_eq!(replies_one, replies_together);
+        prop_assert_eq!(keys_of(alone), keys_of(batched));
+    } else {
+        for (a, b) in replies_alone.iter().zip(&replies_batched) {
+            prop_assert_eq!(a.first(), b.first(), "{:?} {:?}", String::from_utf8_lossy(a), String::from_utf8_lossy(b));
+        }
+    }
+    Ok(())
+}
+
+/// Loads ACQUIRE and ACQUIRE_ALL by source once (the single calls are sent by sha).
+fn load_scripts(server: &RedisServer) {
+    let mut inspector = server.inspector();
+    for script in [&edge_rate_limiter::script::ACQUIRE, &edge_rate_limiter::script::ACQUIRE_ALL] {
+        let _: String = redis::cmd("SCRIPT").arg("LOAD").arg(script.source).query(&mut inspector).unwrap();
+    }
+}
+
+#[test]
+fn calls_in_a_batch_are_decided_as_they_are_alone_in_that_order() {
+    let alone = RedisServer::start();
+    let batched = RedisServer::start();
+    load_scripts(&alone);
+    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(64);
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases, ..ProptestConfig::default() });
+    runner
+        .run(&case_strategy(), |(calls, cuts)| {
+            for server in [&alone, &batched] {
+                let _: () = redis::cmd("FLUSHDB").query(&mut server.inspector()).unwrap();
+                break_limiter(server);
+            }
+            check(&calls, &cuts, &alone, &batched)
+        })
+        .unwrap();
+}
+
+/// A batch whose script Redis does not know yet (`NOSCRIPT`, as after a restart or `SCRIPT FLUSH`) is
+/// sent again by source and answers every call.
+#[test]
+fn a_batch_after_script_flush_is_sent_again_by_source() {
+    let server = RedisServer::start();
+    let template = template();
+    let spec = CallSpec { limiters: vec![0], lease: None, advance_ms: 0, redis_clock: false };
+    let commands: Vec<Vec<u8>> = (0..9).map(|i| command(&spec, i, T0, &template)).collect();
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut server.inspector()).unwrap();
+    let replies = run_batch(&mut server.script_client(), &commands);
+    assert!(replies[0].starts_with(b"*8\r\n"), "the first creates the limiter: the full reply");
+    let expected: Vec<Vec<u8>> =
+        [":5", ":4", ":3", ":2", ":1", ":0"].iter().map(|r| format!("{r}\r\n").into_bytes()).collect();
+    assert_eq!(&replies[1..7], &expected[..], "7 permits per second: 5 left ... 0 left");
+    for reply in &replies[7..] {
+        assert!(reply.starts_with(b":-"), "rejected with a delay: {}", String::from_utf8_lossy(reply));
+    }
+}
