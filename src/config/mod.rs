@@ -241,6 +241,32 @@ pub struct RedisConfig {
     /// script call only when their keys are in one hash slot (otherwise one call each, and permits taken
     /// by a request another rule rejected are given back).
     pub redis_cluster: bool,
+    /// Request coalescing: how the calls of concurrent requests share script calls.
+    pub coalescing: Coalescing,
+}
+
+/// Request coalescing (docs/configuration.md, "Request coalescing"): while a VM has `max_in_flight`
+/// acquire calls on their way to one Redis (one hash slot with Redis Cluster), the calls of further
+/// requests wait, and go out together, in arrival order, in one script call of at most `max_batch` calls
+/// and about `max_batch_bytes` bytes when one of those ends. `max_batch: 1` turns coalescing off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Coalescing {
+    /// Most calls in one script call (1 = no coalescing).
+    pub max_batch: u32,
+    /// Most acquire calls in flight per VM and destination before calls wait to be batched.
+    pub max_in_flight: u32,
+    /// Most bytes of the calls' commands in one batch (a batch holds at least one call).
+    pub max_batch_bytes: u32,
+}
+
+/// Largest `redis.max_batch`.
+pub const MAX_BATCH: u32 = 256;
+
+impl Default for Coalescing {
+    /// The defaults measured by `make bench` (docs/benchmarks.md, "10. Request coalescing").
+    fn default() -> Self {
+        Coalescing { max_batch: 32, max_in_flight: 2, max_batch_bytes: 64 * 1024 }
+    }
 }
 
 /// One rate limit rule, validated.

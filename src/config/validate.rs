@@ -8,8 +8,8 @@ use serde_json::Value;
 
 use super::reader::{DurationMs, Object};
 use super::{
-    ClockSource, ConfigError, FailureMode, HeaderStyle, LocalFallback, Mode, PluginConfig, RedisConfig, Rejection,
-    Rule, Secret, TransportKind,
+    ClockSource, Coalescing, ConfigError, FailureMode, HeaderStyle, LocalFallback, Mode, PluginConfig, RedisConfig,
+    Rejection, Rule, Secret, TransportKind, MAX_BATCH,
 };
 
 use crate::matching::{parse_network, Exemption};
@@ -48,6 +48,9 @@ const REDIS_FIELDS: &[&str] = &[
     "database",
     "authority",
     "redis_cluster",
+    "max_batch",
+    "max_in_flight",
+    "max_batch_bytes",
 ];
 /// Default and largest `local_block_slots`.
 const DEFAULT_LOCAL_BLOCK_SLOTS: u32 = 4096;
@@ -257,6 +260,7 @@ fn read_redis(mut redis: Object<'_>) -> Result<RedisConfig, ConfigError> {
         None => cluster.clone(),
     };
     let redis_cluster = redis.boolean("redis_cluster")?.unwrap_or(false);
+    let coalescing = read_coalescing(&mut redis)?;
     redis.finish(REDIS_FIELDS)?;
     Ok(RedisConfig {
         transport,
@@ -268,6 +272,25 @@ fn read_redis(mut redis: Object<'_>) -> Result<RedisConfig, ConfigError> {
         timeout_ms,
         database,
         redis_cluster,
+        coalescing,
+    })
+}
+
+/// `max_batch`, `max_in_flight`, `max_batch_bytes` of `redis` (docs/configuration.md, "Request coalescing").
+fn read_coalescing(redis: &mut Object<'_>) -> Result<Coalescing, ConfigError> {
+    let defaults = Coalescing::default();
+    let mut bounded = |name: &'static str, default: u32, range: core::ops::RangeInclusive<u32>| {
+        let value = redis.number::<u32>(name)?.unwrap_or(default);
+        if range.contains(&value) {
+            Ok(value)
+        } else {
+            Err(redis.error(name, format!("must be between {} and {}", range.start(), range.end())))
+        }
+    };
+    Ok(Coalescing {
+        max_batch: bounded("max_batch", defaults.max_batch, 1..=MAX_BATCH)?,
+        max_in_flight: bounded("max_in_flight", defaults.max_in_flight, 1..=64)?,
+        max_batch_bytes: bounded("max_batch_bytes", defaults.max_batch_bytes, 1024..=1 << 20)?,
     })
 }
 

@@ -101,7 +101,7 @@ pub(super) fn advance<H: Host>(
             Action::Pause
         }
         Some(decision) => {
-            forget(filter, &flow);
+            forget(filter, context_id, &flow);
             let next = super::end::finish(filter, &flow.route, decision);
             super::end::end(filter, context_id, &flow.route, next, origin)
         }
@@ -124,7 +124,8 @@ fn drive<H: Host>(
     }
 }
 
-/// Sends a call's acquire; a refused send is that call's failure.
+/// Sends a call's acquire, or, while its destination has `redis.max_in_flight` calls on their way, puts
+/// it in the queue of the next batch ([`super::coalesce`]); a refused send is that call's failure.
 fn send<H: Host>(
     filter: &mut Filter<H>,
     context_id: u32,
@@ -134,6 +135,16 @@ fn send<H: Host>(
 ) -> Progress {
     let route = Rc::clone(&flow.route);
     let Stage::Waiting(pending) = &flow.stage else { return Progress::Waiting };
+    let coalescing = route.config.redis.coalescing;
+    let destination = (route.index, pending.slot(call, &route.config));
+    let timeout_deadline =
+        filter.host.now_ms().saturating_add(route.config.redis.timeout_ms).saturating_add(DEADLINE_GRACE_MS);
+    let coalesced = coalescing.max_batch > 1 && invocation == Invocation::BySha;
+    if coalesced && filter.coalescer.busy(destination, coalescing.max_in_flight) {
+        filter.coalescer.wait(destination, Call { context_id, call });
+        flow.deadline_ms = flow.deadline_ms.max(timeout_deadline);
+        return Progress::Waiting;
+    }
     let Some(command) = pending.encode(call, invocation, route.transport.encoding(), &route.plan) else {
         return Progress::Waiting;
     };
@@ -142,22 +153,26 @@ fn send<H: Host>(
             filter.metrics.redis_call(&filter.host);
             filter.calls.insert(id.key(), Call { context_id, call });
             flow.tokens.push(id.key());
-            let deadline =
-                filter.host.now_ms().saturating_add(route.config.redis.timeout_ms).saturating_add(DEADLINE_GRACE_MS);
-            flow.deadline_ms = flow.deadline_ms.max(deadline);
+            if coalescing.max_batch > 1 {
+                let expires_ms = super::coalesce::expiry(filter, &route);
+                filter.coalescer.sent(id.key(), destination, expires_ms);
+            }
+            flow.deadline_ms = flow.deadline_ms.max(timeout_deadline);
             Progress::Waiting
         }
-        Err(failure) => feed(filter, flow, call, Err(failure)),
+        Err(failure) => feed(filter, flow, call, Err(failure), true),
     }
 }
 
 /// Hands one call's reply (or failure) to the request's pending acquires; counts and logs what it
-/// teaches, records its blocks and leases.
+/// teaches, records its blocks and leases. `count_failure`: whether a failed call counts in
+/// `redis_errors` (a batch's failure is one failed call, fed to each of its requests).
 pub(super) fn feed<H: Host>(
     filter: &mut Filter<H>,
     flow: &mut Flow,
     call: usize,
     reply: Result<&[u8], Failure>,
+    count_failure: bool,
 ) -> Progress {
     let route = Rc::clone(&flow.route);
     let Stage::Waiting(pending) = &mut flow.stage else { return Progress::Waiting };
@@ -165,13 +180,13 @@ pub(super) fn feed<H: Host>(
     let (progress, effects) = with_context!(filter, route, now_ms, false, |ctx| {
         pending.on_reply(call, reply, &ctx, &mut filter.cache.borrow_mut())
     });
-    learn(filter, &route, effects, now_ms);
+    learn(filter, &route, effects, now_ms, count_failure);
     progress
 }
 
 /// What a reply taught: failures counted and logged, notices logged, blocks recorded, leases ended.
-fn learn<H: Host>(filter: &mut Filter<H>, route: &Route, effects: Effects, now_ms: u64) {
-    if effects.failed() {
+fn learn<H: Host>(filter: &mut Filter<H>, route: &Route, effects: Effects, now_ms: u64, count_failure: bool) {
+    if effects.failed() && (count_failure || effects.call_failure.is_none()) {
         filter.metrics.redis_errors(&filter.host, 1);
     }
     let Effects { notices, blocks, leases, call_failure, limiter_errors } = effects;
@@ -220,7 +235,7 @@ pub(super) fn start_tick<H: Host>(filter: &mut Filter<H>) {
 pub(super) fn end_flows<H: Host>(filter: &mut Filter<H>, context_ids: Vec<u32>) {
     for context_id in context_ids {
         let Some(mut flow) = filter.flows.remove(&context_id) else { continue };
-        forget(filter, &flow);
+        forget(filter, context_id, &flow);
         let route = Rc::clone(&flow.route);
         let progress = match &mut flow.stage {
             Stage::Undelivered(next) => {
@@ -267,10 +282,11 @@ pub(super) fn wake_parked<H: Host>(filter: &mut Filter<H>) {
 
 /// Forgets a request's outstanding calls; its lease acquires on their way are given up: nobody will
 /// hear of them, so the requests parked on them are woken to ask Redis themselves.
-pub(super) fn forget<H: Host>(filter: &mut Filter<H>, flow: &Flow) {
+pub(super) fn forget<H: Host>(filter: &mut Filter<H>, context_id: u32, flow: &Flow) {
     for token in &flow.tokens {
         filter.calls.remove(token);
     }
+    filter.coalescer.forget(context_id, &flow.tokens);
     if let Stage::Waiting(pending) = &flow.stage {
         for (name, settled) in pending.leases_waiting() {
             // Whether Redis ran the settlement it carried is unknown: it is sent again (safely).

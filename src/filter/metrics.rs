@@ -29,6 +29,8 @@ pub(super) struct Metrics {
     fallback_allowed: Option<u32>,
     fallback_rejected: Option<u32>,
     exempt: Option<u32>,
+    batches: Option<u32>,
+    batched_calls: Option<u32>,
 }
 
 /// One rule's counters `edge_rate_limiter.rule.<rule>.<outcome>`, in [`RuleOutcome::ALL`] order.
@@ -58,6 +60,8 @@ impl Metrics {
             fallback_allowed: counter("fallback_allowed"),
             fallback_rejected: counter("fallback_rejected"),
             exempt: counter("exempt"),
+            batches: counter("batches"),
+            batched_calls: counter("batched_calls"),
         }
     }
 
@@ -114,6 +118,12 @@ impl Metrics {
     /// One Redis call sent.
     pub(super) fn redis_call(&self, host: &impl Host) {
         Self::add(host, self.redis_calls, 1);
+    }
+
+    /// One batch call sent, carrying `calls` requests' calls (request coalescing).
+    pub(super) fn batch(&self, host: &impl Host, calls: usize) {
+        Self::add(host, self.batches, 1);
+        Self::add(host, self.batched_calls, calls);
     }
 
     /// One lease granted by Redis.

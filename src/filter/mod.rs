@@ -49,6 +49,11 @@ use crate::response::cache::ReplyCache;
 use crate::response::Headers;
 use crate::transport::{CallId, CallKind, Failure};
 
+use coalesce::Coalescer;
+
+mod coalesce;
+#[cfg(test)]
+mod coalesce_tests;
 mod end;
 mod flow;
 mod give_back;
@@ -136,6 +141,8 @@ pub struct Filter<H: Host> {
     flows: IdMap<Flow>,
     /// Outstanding calls, by [`CallId::key`]: the kind and the token (each kind has its own numbering).
     calls: CallMap<Call>,
+    /// Request coalescing: calls in flight per destination, batches on their way, calls waiting.
+    coalescer: Coalescer,
     /// Outstanding give-back calls, by [`CallId::key`].
     give_backs: CallMap<GiveBackCall>,
     /// What the rate limit headers of resumed requests report (with their route), added when their
@@ -224,6 +231,7 @@ impl<H: Host> Filter<H> {
             client_id_confirmed: false,
             flows: IdMap::default(),
             calls: CallMap::default(),
+            coalescer: Coalescer::default(),
             give_backs: CallMap::default(),
             response_headers: IdMap::default(),
             ticking: false,
@@ -292,7 +300,7 @@ impl<H: Host> Filter<H> {
     pub fn on_done(&mut self, context_id: u32) {
         if !self.flows.is_empty() {
             if let Some(flow) = self.flows.remove(&context_id) {
-                flow::forget(self, &flow);
+                flow::forget(self, context_id, &flow);
                 for ticket in flow.lease_tickets() {
                     end::put_back(self, &ticket);
                 }
@@ -325,8 +333,12 @@ impl<H: Host> Filter<H> {
         let due: Vec<u32> =
             self.flows.iter().filter(|(_, flow)| flow.due(now_ms)).map(|(&context_id, _)| context_id).collect();
         flow::end_flows(self, due);
+        for destination in self.coalescer.expire(now_ms) {
+            coalesce::flush(self, destination);
+        }
         give_back::expire_give_backs(self, now_ms);
         if self.flows.is_empty()
+            && self.coalescer.is_idle()
             && self.give_backs.is_empty()
             && self.ticking
             && self.host.set_tick_period_ms(0).is_ok()
@@ -344,20 +356,17 @@ impl<H: Host> Filter<H> {
                 return;
             }
         }
-        let Some(Call { context_id, call }) = self.calls.remove(&key) else {
+        let landed = self.coalescer.landed(key);
+        if let Some(batch) = self.coalescer.take_batch(key) {
+            coalesce::on_batch_reply(self, key, batch, reply);
+        } else if let Some(call) = self.calls.remove(&key) {
+            coalesce::deliver(self, Some(key), call, reply.as_deref().map_err(Clone::clone), true);
+        } else {
             log(&self.host, LogLevel::Debug, &format!("a reply for unknown call {} was dropped", id.token));
-            return;
-        };
-        // The request may be gone (the client left): nothing to resume then.
-        let Some(mut flow) = self.flows.remove(&context_id) else { return };
-        flow.tokens.retain(|&t| t != key);
-        if reply.as_deref().is_ok_and(|bytes| bytes.starts_with(b"-NOAUTH")) {
-            if let route::Transport::Host(client) = &flow.route.transport {
-                client.reconnect();
-            }
         }
-        let progress = flow::feed(self, &mut flow, call, reply.as_deref().map_err(Clone::clone));
-        flow::advance(self, context_id, flow, 0..0, progress, Origin::Reply);
+        if let Some(destination) = landed {
+            coalesce::flush(self, destination);
+        }
         flow::wake_parked(self);
     }
 

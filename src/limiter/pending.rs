@@ -357,6 +357,16 @@ impl PendingRequest {
         Some(encode_acquire_all(&parts, clock, plan.errors_stop_charge, invocation, encoding))
     }
 
+    /// The hash slot of send `send`'s limiters with `redis.redis_cluster` (a send's limiters share one),
+    /// else 0: where its call may be batched with others ([`crate::script::ACQUIRE_BATCH`]).
+    pub fn slot(&self, send: usize, config: &PluginConfig) -> u16 {
+        let first = self.sends.get(send).and_then(|s| s.calls.first()).and_then(|&c| self.calls.get(c));
+        match first {
+            Some(call) if config.redis.redis_cluster => hash_slot(&call.name),
+            _ => 0,
+        }
+    }
+
     /// Whether a call waits for this VM's lease acquire of limiter `name`.
     pub fn parked_on(&self, name: &str) -> bool {
         self.calls.iter().any(|c| c.state == CallState::Parked && c.name == name)

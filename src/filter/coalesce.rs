@@ -1,0 +1,335 @@
+//! Request coalescing (docs/configuration.md, "Request coalescing"): while this VM has
+//! `redis.max_in_flight` acquire calls on their way to one destination (a route's Redis, or one hash slot
+//! of it with Redis Cluster), the calls of further requests wait in arrival order; when a call ends, the
+//! waiting ones go out together in one [`crate::script::ACQUIRE_BATCH`] call ([`flush`]). Each call in a
+//! batch is the very command it would have been alone, and its part of the batch's reply is the very reply
+//! it would have had ([`crate::script::split_batch_reply`]), so each request is decided as it is alone,
+//! in that order. No timer: on an idle VM a call goes out at once.
+
+use alloc::collections::VecDeque;
+use alloc::rc::Rc;
+
+use crate::prelude::*;
+
+use crate::host::Host;
+use crate::script::{encode_batch, split_batch_reply, Invocation, Segment};
+use crate::transport::Failure;
+
+use super::flow::{advance, feed, Call, Origin, Stage};
+use super::route::{Route, Transport};
+use super::{Filter, DEADLINE_GRACE_MS};
+
+/// Where calls are coalesced: a route's index and the hash slot of the call's limiters (0 without Redis
+/// Cluster).
+pub(super) type Destination = (usize, u16);
+
+/// The calls of one batch on their way: in segment order; a request that ended meanwhile (its client
+/// left, its deadline passed) leaves a hole, and its part of the reply is dropped.
+#[derive(Debug)]
+pub(super) struct Batch {
+    route: Rc<Route>,
+    destination: Destination,
+    members: Vec<Option<Call>>,
+    /// Whether it was sent by source (after `NOSCRIPT`): a second `NOSCRIPT` is every member's reply.
+    by_source: bool,
+}
+
+/// This VM's coalescing state, for every destination.
+#[derive(Debug, Default)]
+pub(super) struct Coalescer {
+    /// Acquire calls on their way, per destination.
+    in_flight: Vec<(Destination, u32)>,
+    /// Each counted call ([`crate::transport::CallId::key`]): its destination, and when it is given up if no
+    /// reply comes (ms since the epoch). A few per destination (`max_in_flight`): a list, not a map.
+    counted: Vec<(u64, Destination, u64)>,
+    /// Batches on their way, by [`crate::transport::CallId::key`].
+    batches: Vec<(u64, Batch)>,
+    /// Calls waiting for a batch, in arrival order.
+    waiting: VecDeque<(Destination, Call)>,
+}
+
+impl Coalescer {
+    /// Whether a call for `destination` waits instead of going out now.
+    pub(super) fn busy(&self, destination: Destination, max_in_flight: u32) -> bool {
+        self.in_flight(destination) >= max_in_flight
+    }
+
+    fn in_flight(&self, destination: Destination) -> u32 {
+        self.in_flight.iter().find(|(d, _)| *d == destination).map_or(0, |&(_, n)| n)
+    }
+
+    /// A call waits for the next batch of `destination`.
+    pub(super) fn wait(&mut self, destination: Destination, call: Call) {
+        self.waiting.push_back((destination, call));
+    }
+
+    /// Call `key` to `destination` went out; given up at `expires_ms` if no reply comes.
+    pub(super) fn sent(&mut self, key: u64, destination: Destination, expires_ms: u64) {
+        self.counted.push((key, destination, expires_ms));
+        match self.in_flight.iter_mut().find(|(d, _)| *d == destination) {
+            Some((_, n)) => *n += 1,
+            None => self.in_flight.push((destination, 1)),
+        }
+    }
+
+    /// Call `key` ended (its reply came, or it was given up): its destination, if it was counted.
+    pub(super) fn landed(&mut self, key: u64) -> Option<Destination> {
+        let at = self.counted.iter().position(|&(k, _, _)| k == key)?;
+        let (_, destination, _) = self.counted.swap_remove(at);
+        if let Some((_, n)) = self.in_flight.iter_mut().find(|(d, _)| *d == destination) {
+            *n = n.saturating_sub(1);
+        }
+        Some(destination)
+    }
+
+    /// The batch of call `key`, if it is one.
+    pub(super) fn take_batch(&mut self, key: u64) -> Option<Batch> {
+        let at = self.batches.iter().position(|(k, _)| *k == key)?;
+        Some(self.batches.swap_remove(at).1)
+    }
+
+    /// Forgets request `context_id` (it ended): out of the waiting calls, and a hole in its batches
+    /// (`tokens`: its outstanding calls).
+    pub(super) fn forget(&mut self, context_id: u32, tokens: &[u64]) {
+        if !self.waiting.is_empty() {
+            self.waiting.retain(|(_, call)| call.context_id != context_id);
+        }
+        for token in tokens {
+            if let Some((_, batch)) = self.batches.iter_mut().find(|(k, _)| k == token) {
+                for member in &mut batch.members {
+                    if member.is_some_and(|m| m.context_id == context_id) {
+                        *member = None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The counted calls past their expiry (a host that never answered): no longer counted; their
+    /// destinations, to send what waits for them.
+    pub(super) fn expire(&mut self, now_ms: u64) -> Vec<Destination> {
+        if self.counted.is_empty() {
+            return Vec::new();
+        }
+        let expired: Vec<u64> =
+            self.counted.iter().filter(|&&(_, _, expires_ms)| expires_ms <= now_ms).map(|&(key, _, _)| key).collect();
+        expired
+            .into_iter()
+            .filter_map(|key| {
+                self.take_batch(key);
+                self.landed(key)
+            })
+            .collect()
+    }
+
+    /// Whether calls wait or are counted (the tick must go on).
+    pub(super) fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.counted.is_empty()
+    }
+}
+
+/// When a call sent now is given up if no reply comes: twice the route's timeout (the host's own timeout
+/// answers first).
+pub(super) fn expiry<H: Host>(filter: &Filter<H>, route: &Route) -> u64 {
+    let timeout_ms = route.config.redis.timeout_ms;
+    filter.host.now_ms().saturating_add(timeout_ms.saturating_mul(2)).saturating_add(DEADLINE_GRACE_MS)
+}
+
+/// Sends what waits for `destination` while it has room: batches of at most `max_batch` calls and about
+/// `max_batch_bytes` bytes, in arrival order (a lone call goes as itself).
+pub(super) fn flush<H: Host>(filter: &mut Filter<H>, destination: Destination) {
+    loop {
+        let Some(route) = next_route(filter, destination) else { return };
+        let coalescing = route.config.redis.coalescing;
+        if filter.coalescer.busy(destination, coalescing.max_in_flight) {
+            return;
+        }
+        let (members, commands) = take_batch(filter, &route, destination);
+        match (members.as_slice(), commands.as_slice()) {
+            ([], _) => return,
+            ([only], [command]) => send_alone(filter, &route, destination, *only, command),
+            _ => {
+                let batch =
+                    Batch { route, destination, members: members.into_iter().map(Some).collect(), by_source: false };
+                send_batch(filter, batch, &commands, Invocation::BySha);
+            }
+        }
+    }
+}
+
+/// The route of the first call waiting for `destination` whose request is still there.
+fn next_route<H: Host>(filter: &mut Filter<H>, destination: Destination) -> Option<Rc<Route>> {
+    let flows = &filter.flows;
+    let mut waiting = filter.coalescer.waiting.iter().filter(|(d, _)| *d == destination);
+    waiting.find_map(|(_, call)| flows.get(&call.context_id)).map(|flow| Rc::clone(&flow.route))
+}
+
+/// Takes the calls of the next batch of `destination` off the queue, with their commands (by sha).
+fn take_batch<H: Host>(filter: &mut Filter<H>, route: &Route, destination: Destination) -> (Vec<Call>, Vec<Vec<u8>>) {
+    let coalescing = route.config.redis.coalescing;
+    let encoding = route.transport.encoding();
+    let (mut members, mut commands, mut bytes) = (Vec::new(), Vec::new(), 0usize);
+    let mut kept = VecDeque::with_capacity(filter.coalescer.waiting.len());
+    while let Some((d, call)) = filter.coalescer.waiting.pop_front() {
+        if d != destination || members.len() >= coalescing.max_batch as usize {
+            kept.push_back((d, call));
+            continue;
+        }
+        let command = filter.flows.get(&call.context_id).and_then(|flow| match &flow.stage {
+            Stage::Waiting(pending) => pending.encode(call.call, Invocation::BySha, encoding, &flow.route.plan),
+            Stage::Undelivered(_) => None,
+        });
+        let Some(command) = command else { continue };
+        if !members.is_empty() && bytes + command.len() > coalescing.max_batch_bytes as usize {
+            kept.push_back((d, call));
+            continue;
+        }
+        bytes += command.len();
+        members.push(call);
+        commands.push(command);
+    }
+    filter.coalescer.waiting = kept;
+    (members, commands)
+}
+
+/// Sends one waiting call as itself.
+fn send_alone<H: Host>(filter: &mut Filter<H>, route: &Route, destination: Destination, call: Call, command: &[u8]) {
+    match route.transport.send(&filter.host, command) {
+        Ok(id) => {
+            let key = id.key();
+            filter.metrics.redis_call(&filter.host);
+            filter.calls.insert(key, call);
+            let expires_ms = expiry(filter, route);
+            filter.coalescer.sent(key, destination, expires_ms);
+            if let Some(flow) = filter.flows.get_mut(&call.context_id) {
+                flow.tokens.push(key);
+            }
+        }
+        Err(failure) => deliver(filter, None, call, Err(failure), true),
+    }
+}
+
+/// Sends a batch of `commands` (its members' own, by sha) by `invocation`; a refused send is every
+/// member's failure (counted as one failed call).
+fn send_batch<H: Host>(filter: &mut Filter<H>, mut batch: Batch, commands: &[Vec<u8>], invocation: Invocation) {
+    let encoding = batch.route.transport.encoding();
+    let segments: Option<Vec<Segment<'_>>> = commands.iter().map(|c| Segment::of(c, encoding)).collect();
+    let Some(segments) = segments else {
+        // Not acquire calls by sha (cannot happen: the limiter encodes them): each goes as itself.
+        let route = Rc::clone(&batch.route);
+        for (member, command) in batch.members.iter().zip(commands) {
+            if let Some(call) = member {
+                send_alone(filter, &route, batch.destination, *call, command);
+            }
+        }
+        return;
+    };
+    let command = encode_batch(&segments, invocation, encoding);
+    batch.by_source = invocation == Invocation::BySource;
+    match batch.route.transport.send(&filter.host, &command) {
+        Ok(id) => {
+            let key = id.key();
+            filter.metrics.redis_call(&filter.host);
+            filter.metrics.batch(&filter.host, batch.members.iter().flatten().count());
+            let expires_ms = expiry(filter, &batch.route);
+            filter.coalescer.sent(key, batch.destination, expires_ms);
+            for call in batch.members.iter().flatten() {
+                if let Some(flow) = filter.flows.get_mut(&call.context_id) {
+                    flow.tokens.push(key);
+                }
+            }
+            filter.coalescer.batches.push((key, batch));
+        }
+        Err(failure) => {
+            for (index, call) in batch.members.iter().flatten().enumerate() {
+                deliver(filter, None, *call, Err(failure.clone()), index == 0);
+            }
+        }
+    }
+}
+
+/// The reply of batch call `key`: each member's part fed to its request; `NOSCRIPT` sends the batch again
+/// by source, once; a failed call is every member's failure (counted once).
+pub(super) fn on_batch_reply<H: Host>(filter: &mut Filter<H>, key: u64, batch: Batch, reply: Result<Vec<u8>, Failure>) {
+    let bytes = match reply {
+        Err(failure) => {
+            for (index, call) in batch.members.iter().flatten().enumerate() {
+                deliver(filter, Some(key), *call, Err(failure.clone()), index == 0);
+            }
+            return;
+        }
+        Ok(bytes) => bytes,
+    };
+    if bytes.starts_with(b"-NOSCRIPT") && !batch.by_source {
+        resend_by_source(filter, key, batch);
+        return;
+    }
+    match split_batch_reply(&bytes, batch.members.len()) {
+        Ok(replies) => {
+            for (member, reply) in batch.members.iter().zip(replies) {
+                if let Some(call) = member {
+                    deliver(filter, Some(key), *call, Ok(&reply), true);
+                }
+            }
+        }
+        // An error reply for the whole call (Redis out of memory, busy...): every member's own reply.
+        Err(_) if bytes.first() == Some(&b'-') => {
+            for (index, call) in batch.members.iter().flatten().enumerate() {
+                deliver(filter, Some(key), *call, Ok(&bytes), index == 0);
+            }
+        }
+        Err(why) => {
+            for (index, call) in batch.members.iter().flatten().enumerate() {
+                deliver(filter, Some(key), *call, Err(Failure::BadReply(why.into())), index == 0);
+            }
+        }
+    }
+}
+
+/// After `NOSCRIPT`: the batch again by source (which loads the script), its members' commands encoded
+/// anew from their requests.
+fn resend_by_source<H: Host>(filter: &mut Filter<H>, key: u64, mut batch: Batch) {
+    let encoding = batch.route.transport.encoding();
+    let mut commands = Vec::with_capacity(batch.members.len());
+    batch.members.retain(|member| member.is_some());
+    for call in batch.members.iter_mut() {
+        let Some(member) = call else { continue };
+        let command = filter.flows.get_mut(&member.context_id).and_then(|flow| {
+            flow.tokens.retain(|&t| t != key);
+            match &flow.stage {
+                Stage::Waiting(pending) => pending.encode(member.call, Invocation::BySha, encoding, &flow.route.plan),
+                Stage::Undelivered(_) => None,
+            }
+        });
+        match command {
+            Some(command) => commands.push(command),
+            None => *call = None,
+        }
+    }
+    batch.members.retain(|member| member.is_some());
+    if !batch.members.is_empty() {
+        send_batch(filter, batch, &commands, Invocation::BySource);
+    }
+}
+
+/// Feeds one request its reply of call `key` (none: the call was never sent) and moves it one step;
+/// `count_failure`: whether a failed call counts in `redis_errors` (once per call, not per request).
+pub(super) fn deliver<H: Host>(
+    filter: &mut Filter<H>,
+    key: Option<u64>,
+    call: Call,
+    reply: Result<&[u8], Failure>,
+    count_failure: bool,
+) {
+    let Some(mut flow) = filter.flows.remove(&call.context_id) else { return };
+    if let Some(key) = key {
+        flow.tokens.retain(|&t| t != key);
+    }
+    if reply.as_ref().is_ok_and(|bytes| bytes.starts_with(b"-NOAUTH")) {
+        if let Transport::Host(client) = &flow.route.transport {
+            client.reconnect();
+        }
+    }
+    let progress = feed(filter, &mut flow, call.call, reply, count_failure);
+    advance(filter, call.context_id, flow, 0..0, progress, Origin::Reply);
+}

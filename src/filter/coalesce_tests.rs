@@ -1,0 +1,197 @@
+//! Request coalescing driven callback by callback through the fake host: who waits, what a batch carries,
+//! each request's own decision from its part of the reply, and every way a batch ends (a reply with mixed
+//! outcomes, a failed or timed-out call, `NOSCRIPT`, a client that leaves, a configuration push).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
+
+use super::*;
+use crate::script::{ACQUIRE, ACQUIRE_BATCH};
+use crate::testing::{acquired, End, FakeHost, ROOT};
+
+/// The bridge with at most one acquire call in flight: the second request on waits.
+const BRIDGE_ONE_IN_FLIGHT: &str = r#""redis":{"cluster":"webdis","timeout":200,"max_in_flight":1}"#;
+const HOST_ONE_IN_FLIGHT: &str = r#""redis":{"transport":"host","cluster":"redis","timeout":200,"max_in_flight":1}"#;
+const PER_USER: &str = r#"{"name":"per-user","limit_by":{"header":"x-user"},"rate":2,"interval":"1s"}"#;
+
+fn configure(redis: &str, extra: &str) -> (FakeHost, Filter<FakeHost>) {
+    let host = FakeHost::new();
+    let json = format!(r#"{{{redis},"rules":[{PER_USER}]{extra}}}"#);
+    let filter = Filter::configure(host.clone(), json.as_bytes(), true).unwrap();
+    (host, filter)
+}
+
+fn start(host: &FakeHost, filter: &mut Filter<FakeHost>, context_id: u32, user: &str) -> Action {
+    host.request(context_id, &[(":path", "/"), ("x-user", user)]);
+    filter.on_request_headers(context_id)
+}
+
+fn counter(host: &FakeHost, name: &str) -> u64 {
+    host.counter(&format!("{NAME}.{name}"))
+}
+
+/// The bodies of the HTTP calls made so far, as text.
+fn bodies(host: &FakeHost) -> Vec<String> {
+    host.http_calls().iter().map(|c| String::from_utf8_lossy(&c.body).into_owned()).collect()
+}
+
+fn answer_http(host: &FakeHost, filter: &mut Filter<FakeHost>, token: u32, status: u16, body: &[u8]) {
+    host.http_reply(status, body);
+    filter.on_http_call_response(token, 1, body.len());
+}
+
+fn status(host: &FakeHost, context_id: u32) -> Option<u16> {
+    match host.end(context_id)? {
+        End::Resumed => Some(200),
+        End::LocalReply { status, .. } => Some(status),
+    }
+}
+
+/// One request in flight, two waiting: the two go out in one batch when the first reply comes.
+fn two_waiting(redis: &str, extra: &str) -> (FakeHost, Filter<FakeHost>) {
+    let (host, mut filter) = configure(redis, extra);
+    for (context_id, user) in [(2, "alice"), (3, "bob"), (4, "carol")] {
+        assert_eq!(start(&host, &mut filter, context_id, user), Action::Pause);
+    }
+    (host, filter)
+}
+
+#[test]
+fn on_an_idle_vm_a_request_goes_out_at_once_and_later_ones_wait_for_one_batch() {
+    let (host, mut filter) = two_waiting(BRIDGE_ONE_IN_FLIGHT, "");
+    let first = host.http_calls();
+    assert_eq!(first.len(), 1, "bob and carol wait while alice's call is out");
+    assert!(bodies(&host)[0].starts_with(&format!("EVALSHA/{}/", ACQUIRE.sha())));
+    answer_http(&host, &mut filter, first[0].token, 200, &acquired(1));
+    assert_eq!(status(&host, 2), Some(200));
+    let calls = host.http_calls();
+    assert_eq!(calls.len(), 2, "one batch for the two waiting requests");
+    assert!(bodies(&host)[1].starts_with(&format!("EVALSHA/{}/10/", ACQUIRE_BATCH.sha())), "{}", bodies(&host)[1]);
+    assert!(bodies(&host)[1].contains("bob") && bodies(&host)[1].contains("carol"));
+    // bob allowed with 1 left, carol rejected with a 700 ms wait: each reads its own part.
+    answer_http(&host, &mut filter, calls[1].token, 200, b"*4\r\n:1\r\n:1\r\n:1\r\n:-700\r\n");
+    assert_eq!(status(&host, 3), Some(200));
+    assert_eq!(status(&host, 4), Some(429));
+    let Some(End::LocalReply { headers, .. }) = host.end(4) else { panic!() };
+    assert!(headers.contains(&("retry-after".into(), "1".into())), "{headers:?}");
+    assert_eq!(
+        [counter(&host, "allowed"), counter(&host, "rejected"), counter(&host, "redis_calls")],
+        [2, 1, 2],
+        "three requests, two calls"
+    );
+    assert_eq!([counter(&host, "batches"), counter(&host, "batched_calls")], [1, 2]);
+}
+
+#[test]
+fn max_batch_one_sends_every_call_alone() {
+    let (host, mut filter) =
+        configure(r#""redis":{"cluster":"webdis","timeout":200,"max_in_flight":1,"max_batch":1}"#, "");
+    for (context_id, user) in [(2, "alice"), (3, "bob"), (4, "carol")] {
+        assert_eq!(start(&host, &mut filter, context_id, user), Action::Pause);
+    }
+    assert_eq!(host.http_calls().len(), 3, "coalescing off: nothing waits");
+    assert!(bodies(&host).iter().all(|b| b.starts_with(&format!("EVALSHA/{}/", ACQUIRE.sha()))));
+}
+
+#[test]
+fn a_batch_with_an_error_on_one_requests_limiter_decides_the_others() {
+    let (host, mut filter) = two_waiting(BRIDGE_ONE_IN_FLIGHT, r#","failure_mode":"deny""#);
+    answer_http(&host, &mut filter, host.http_calls()[0].token, 200, &acquired(1));
+    let batch = host.http_calls()[1].token;
+    // webdis's form: integers as bulk strings; bob's limiter raised WRONGTYPE.
+    answer_http(&host, &mut filter, batch, 200, b"*4\r\n$1\r\n3\r\n$9\r\nWRONGTYPE\r\n$1\r\n1\r\n$1\r\n0\r\n");
+    assert_eq!(status(&host, 3), Some(503), "bob's rule failed: fail closed");
+    assert_eq!(status(&host, 4), Some(200), "carol's part decided her request");
+    assert_eq!(counter(&host, "redis_errors"), 1);
+}
+
+#[test]
+fn a_failed_batch_call_sends_each_request_to_its_failure_mode_and_counts_one_failed_call() {
+    let (host, mut filter) = two_waiting(BRIDGE_ONE_IN_FLIGHT, "");
+    answer_http(&host, &mut filter, host.http_calls()[0].token, 200, &acquired(1));
+    answer_http(&host, &mut filter, host.http_calls()[1].token, 503, b"");
+    assert_eq!([status(&host, 3), status(&host, 4)], [Some(200), Some(200)], "fail open");
+    assert_eq!([counter(&host, "failure_allowed"), counter(&host, "redis_errors")], [2, 1]);
+}
+
+#[test]
+fn a_batch_never_answered_ends_each_request_within_its_own_timeout_from_arrival() {
+    let (host, mut filter) = configure(BRIDGE_ONE_IN_FLIGHT, r#","failure_mode":"deny""#);
+    assert_eq!(start(&host, &mut filter, 2, "alice"), Action::Pause);
+    host.advance(150);
+    assert_eq!(start(&host, &mut filter, 3, "bob"), Action::Pause);
+    // Alice's call is answered late; bob's waits in the queue, then in a batch never answered.
+    host.advance(40);
+    answer_http(&host, &mut filter, host.http_calls()[0].token, 200, &acquired(1));
+    assert_eq!(host.http_calls().len(), 2, "bob's call went out alone");
+    host.advance(165);
+    host.enter(ROOT);
+    filter.on_tick();
+    assert_eq!(status(&host, 3), None, "bob arrived 205 ms ago: within 200 ms + the grace");
+    for _ in 0..10 {
+        host.advance(u64::from(TICK_MS));
+        host.enter(ROOT);
+        filter.on_tick();
+    }
+    assert_eq!(status(&host, 3), Some(503), "ended by the deadline guard: fail closed");
+    assert_eq!(filter.flows.len(), 0);
+}
+
+#[test]
+fn a_client_that_leaves_is_dropped_from_the_queue_and_from_its_batch() {
+    let (host, mut filter) = two_waiting(BRIDGE_ONE_IN_FLIGHT, "");
+    assert_eq!(start(&host, &mut filter, 5, "dave"), Action::Pause);
+    // Bob leaves while waiting: the batch carries carol and dave only.
+    filter.on_done(3);
+    answer_http(&host, &mut filter, host.http_calls()[0].token, 200, &acquired(1));
+    let batch = bodies(&host)[1].clone();
+    assert!(!batch.contains("bob") && batch.contains("carol") && batch.contains("dave"), "{batch}");
+    // Carol leaves while her batch is out: dave still reads his part.
+    filter.on_done(4);
+    answer_http(&host, &mut filter, host.http_calls()[1].token, 200, b"*4\r\n:1\r\n:1\r\n:1\r\n:0\r\n");
+    assert_eq!([status(&host, 3), status(&host, 4), status(&host, 5)], [None, None, Some(200)]);
+    assert!(filter.flows.is_empty());
+}
+
+#[test]
+fn noscript_for_a_batch_sends_it_again_by_source_once() {
+    let (host, mut filter) = two_waiting(BRIDGE_ONE_IN_FLIGHT, "");
+    answer_http(&host, &mut filter, host.http_calls()[0].token, 200, &acquired(1));
+    answer_http(&host, &mut filter, host.http_calls()[1].token, 200, b"-NOSCRIPT No matching script.\r\n");
+    let calls = host.http_calls();
+    assert_eq!(calls.len(), 3);
+    assert!(bodies(&host)[2].starts_with("EVAL/"), "the batch by source");
+    answer_http(&host, &mut filter, calls[2].token, 200, b"*4\r\n:1\r\n:0\r\n:1\r\n:1\r\n");
+    assert_eq!([status(&host, 3), status(&host, 4)], [Some(200), Some(200)]);
+    assert_eq!([counter(&host, "redis_calls"), counter(&host, "redis_errors")], [3, 0]);
+}
+
+#[test]
+fn the_host_redis_build_batches_in_resp() {
+    let (host, mut filter) = two_waiting(HOST_ONE_IN_FLIGHT, "");
+    let calls = host.redis_calls();
+    assert_eq!(calls.len(), 1);
+    host.redis_reply(&acquired(1));
+    filter.on_redis_call_response(calls[0].token, host_redis::STATUS_OK, 4);
+    let calls = host.redis_calls();
+    assert_eq!(calls.len(), 2);
+    let query = String::from_utf8_lossy(&calls[1].query).into_owned();
+    assert!(
+        query.starts_with(&format!("*36\r\n$7\r\nEVALSHA\r\n$40\r\n{}\r\n$2\r\n10\r\n", ACQUIRE_BATCH.sha())),
+        "{query}"
+    );
+    let reply = b"*4\r\n:1\r\n:1\r\n:1\r\n:-300\r\n";
+    host.redis_reply(reply);
+    filter.on_redis_call_response(calls[1].token, host_redis::STATUS_OK, reply.len());
+    assert_eq!([status(&host, 3), status(&host, 4)], [Some(200), Some(429)]);
+}
+
+#[test]
+fn a_configuration_push_with_a_batch_in_flight_ends_its_requests_and_drops_the_late_reply() {
+    let (host, mut filter) = two_waiting(BRIDGE_ONE_IN_FLIGHT, "");
+    answer_http(&host, &mut filter, host.http_calls()[0].token, 200, &acquired(1));
+    let batch = host.http_calls()[1].token;
+    let _retirement = filter.retire();
+    assert_eq!([status(&host, 3), status(&host, 4)], [Some(200), Some(200)], "failure mode: allow");
+    answer_http(&host, &mut filter, batch, 200, b"*4\r\n:1\r\n:1\r\n:1\r\n:1\r\n");
+    assert!(filter.flows.is_empty());
+    assert_eq!(counter(&host, "allowed"), 1, "the late reply decides nothing");
+}
