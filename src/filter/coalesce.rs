@@ -34,14 +34,34 @@ pub(super) struct Batch {
     by_source: bool,
 }
 
-/// This VM's coalescing state, for every destination.
+/// One destination's calls on their way.
+#[derive(Debug, Clone, Copy)]
+struct Lane {
+    destination: Destination,
+    /// Acquire calls on their way.
+    in_flight: u32,
+    /// How long its calls took lately, ms: rises at once to a slower call, falls by an eighth of the gap
+    /// per faster one (a guess that errs long, for the deadlines).
+    round_trip_ms: u64,
+}
+
+/// A counted call on its way.
+#[derive(Debug, Clone, Copy)]
+struct Counted {
+    /// [`crate::transport::CallId::key`].
+    key: u64,
+    destination: Destination,
+    sent_ms: u64,
+    /// When it is given up if no reply comes (ms since the epoch).
+    expires_ms: u64,
+}
+
+/// This VM's coalescing state, for every destination. A few calls per destination are out at a time
+/// (`max_in_flight`): lists, not maps.
 #[derive(Debug, Default)]
 pub(super) struct Coalescer {
-    /// Acquire calls on their way, per destination.
-    in_flight: Vec<(Destination, u32)>,
-    /// Each counted call ([`crate::transport::CallId::key`]): its destination, and when it is given up if no
-    /// reply comes (ms since the epoch). A few per destination (`max_in_flight`): a list, not a map.
-    counted: Vec<(u64, Destination, u64)>,
+    lanes: Vec<Lane>,
+    counted: Vec<Counted>,
     /// Batches on their way, by [`crate::transport::CallId::key`].
     batches: Vec<(u64, Batch)>,
     /// Calls waiting for a batch, in arrival order.
@@ -49,13 +69,21 @@ pub(super) struct Coalescer {
 }
 
 impl Coalescer {
-    /// Whether a call for `destination` waits instead of going out now.
-    pub(super) fn busy(&self, destination: Destination, max_in_flight: u32) -> bool {
-        self.in_flight(destination) >= max_in_flight
+    /// Whether a call for `destination` at `now_ms` of a request that must be decided by `deadline_ms` waits
+    /// for the next batch: `max_in_flight` calls are out, and waiting for one to end and then for the batch
+    /// (twice the longer of the destination's recent round trip and the age of its oldest call out) still
+    /// ends before the deadline. Otherwise it goes out at once: when Redis is slow against `redis.timeout`,
+    /// coalescing steps aside rather than fail requests.
+    pub(super) fn waits(&self, destination: Destination, max_in_flight: u32, now_ms: u64, deadline_ms: u64) -> bool {
+        let Some(lane) = self.lanes.iter().find(|l| l.destination == destination) else { return false };
+        lane.in_flight >= max_in_flight && now_ms.saturating_add(2 * self.expected_ms(lane, now_ms)) < deadline_ms
     }
 
-    fn in_flight(&self, destination: Destination) -> u32 {
-        self.in_flight.iter().find(|(d, _)| *d == destination).map_or(0, |&(_, n)| n)
+    /// How long the next call of `lane` may take: its recent round trip, or longer if a call has been out
+    /// longer than that.
+    fn expected_ms(&self, lane: &Lane, now_ms: u64) -> u64 {
+        let oldest = self.counted.iter().filter(|c| c.destination == lane.destination).map(|c| c.sent_ms).min();
+        lane.round_trip_ms.max(oldest.map_or(0, |sent_ms| now_ms.saturating_sub(sent_ms)))
     }
 
     /// A call waits for the next batch of `destination`.
@@ -63,23 +91,26 @@ impl Coalescer {
         self.waiting.push_back((destination, call));
     }
 
-    /// Call `key` to `destination` went out; given up at `expires_ms` if no reply comes.
-    pub(super) fn sent(&mut self, key: u64, destination: Destination, expires_ms: u64) {
-        self.counted.push((key, destination, expires_ms));
-        match self.in_flight.iter_mut().find(|(d, _)| *d == destination) {
-            Some((_, n)) => *n += 1,
-            None => self.in_flight.push((destination, 1)),
+    /// Call `key` to `destination` went out at `sent_ms`; given up at `expires_ms` if no reply comes.
+    pub(super) fn sent(&mut self, key: u64, destination: Destination, sent_ms: u64, expires_ms: u64) {
+        self.counted.push(Counted { key, destination, sent_ms, expires_ms });
+        match self.lanes.iter_mut().find(|l| l.destination == destination) {
+            Some(lane) => lane.in_flight += 1,
+            None => self.lanes.push(Lane { destination, in_flight: 1, round_trip_ms: 0 }),
         }
     }
 
-    /// Call `key` ended (its reply came, or it was given up): its destination, if it was counted.
-    pub(super) fn landed(&mut self, key: u64) -> Option<Destination> {
-        let at = self.counted.iter().position(|&(k, _, _)| k == key)?;
-        let (_, destination, _) = self.counted.swap_remove(at);
-        if let Some((_, n)) = self.in_flight.iter_mut().find(|(d, _)| *d == destination) {
-            *n = n.saturating_sub(1);
+    /// Call `key` ended at `now_ms` (its reply came, or it was given up): its destination, if it was counted.
+    pub(super) fn landed(&mut self, key: u64, now_ms: u64) -> Option<Destination> {
+        let at = self.counted.iter().position(|c| c.key == key)?;
+        let call = self.counted.swap_remove(at);
+        if let Some(lane) = self.lanes.iter_mut().find(|l| l.destination == call.destination) {
+            lane.in_flight = lane.in_flight.saturating_sub(1);
+            let took = now_ms.saturating_sub(call.sent_ms);
+            lane.round_trip_ms =
+                if took >= lane.round_trip_ms { took } else { lane.round_trip_ms - (lane.round_trip_ms - took) / 8 };
         }
-        Some(destination)
+        Some(call.destination)
     }
 
     /// The batch of call `key`, if it is one.
@@ -111,20 +142,51 @@ impl Coalescer {
         if self.counted.is_empty() {
             return Vec::new();
         }
-        let expired: Vec<u64> =
-            self.counted.iter().filter(|&&(_, _, expires_ms)| expires_ms <= now_ms).map(|&(key, _, _)| key).collect();
+        let expired: Vec<u64> = self.counted.iter().filter(|c| c.expires_ms <= now_ms).map(|c| c.key).collect();
         expired
             .into_iter()
             .filter_map(|key| {
                 self.take_batch(key);
-                self.landed(key)
+                self.landed(key, now_ms)
             })
             .collect()
+    }
+
+    /// The destinations whose waiting calls must go out now, whatever is in flight: a request among them
+    /// would otherwise miss its deadline (`deadline_of` a request, ms) waiting for the calls out, which
+    /// take longer than expected (Redis became slow).
+    pub(super) fn overdue(&self, now_ms: u64, deadline_of: impl Fn(u32) -> Option<u64>) -> Vec<Destination> {
+        let mut due: Vec<Destination> = Vec::new();
+        for (destination, call) in &self.waiting {
+            if due.contains(destination) {
+                continue;
+            }
+            let Some(lane) = self.lanes.iter().find(|l| l.destination == *destination) else { continue };
+            let deadline_ms = deadline_of(call.context_id).unwrap_or(0);
+            if now_ms.saturating_add(2 * self.expected_ms(lane, now_ms)) >= deadline_ms {
+                due.push(*destination);
+            }
+        }
+        due
     }
 
     /// Whether calls wait or are counted (the tick must go on).
     pub(super) fn is_idle(&self) -> bool {
         self.waiting.is_empty() && self.counted.is_empty()
+    }
+}
+
+/// Sends at once what waits for destinations where a request would otherwise miss its deadline
+/// ([`Coalescer::overdue`]); on the tick.
+pub(super) fn send_overdue<H: Host>(filter: &mut Filter<H>) {
+    if filter.coalescer.waiting.is_empty() {
+        return;
+    }
+    let now_ms = filter.host.now_ms();
+    let flows = &filter.flows;
+    let overdue = filter.coalescer.overdue(now_ms, |context_id| flows.get(&context_id).map(|f| f.deadline_ms));
+    for destination in overdue {
+        flush(filter, destination, true);
     }
 }
 
@@ -135,13 +197,19 @@ pub(super) fn expiry<H: Host>(filter: &Filter<H>, route: &Route) -> u64 {
     filter.host.now_ms().saturating_add(timeout_ms.saturating_mul(2)).saturating_add(DEADLINE_GRACE_MS)
 }
 
-/// Sends what waits for `destination` while it has room: batches of at most `max_batch` calls and about
-/// `max_batch_bytes` bytes, in arrival order (a lone call goes as itself).
-pub(super) fn flush<H: Host>(filter: &mut Filter<H>, destination: Destination) {
+/// Sends what waits for `destination` while it has room (`now`: all of it, room or not): batches of at
+/// most `max_batch` calls and about `max_batch_bytes` bytes, in arrival order (a lone call goes as itself).
+pub(super) fn flush<H: Host>(filter: &mut Filter<H>, destination: Destination, now: bool) {
     loop {
         let Some(route) = next_route(filter, destination) else { return };
         let coalescing = route.config.redis.coalescing;
-        if filter.coalescer.busy(destination, coalescing.max_in_flight) {
+        let room = filter
+            .coalescer
+            .lanes
+            .iter()
+            .find(|l| l.destination == destination)
+            .is_none_or(|lane| lane.in_flight < coalescing.max_in_flight);
+        if !room && !now {
             return;
         }
         let (members, commands) = take_batch(filter, &route, destination);
@@ -200,7 +268,7 @@ fn send_alone<H: Host>(filter: &mut Filter<H>, route: &Route, destination: Desti
             filter.metrics.redis_call(&filter.host);
             filter.calls.insert(key, call);
             let expires_ms = expiry(filter, route);
-            filter.coalescer.sent(key, destination, expires_ms);
+            filter.coalescer.sent(key, destination, filter.host.now_ms(), expires_ms);
             if let Some(flow) = filter.flows.get_mut(&call.context_id) {
                 flow.tokens.push(key);
             }
@@ -232,7 +300,7 @@ fn send_batch<H: Host>(filter: &mut Filter<H>, mut batch: Batch, commands: &[Vec
             filter.metrics.redis_call(&filter.host);
             filter.metrics.batch(&filter.host, batch.members.iter().flatten().count());
             let expires_ms = expiry(filter, &batch.route);
-            filter.coalescer.sent(key, batch.destination, expires_ms);
+            filter.coalescer.sent(key, batch.destination, filter.host.now_ms(), expires_ms);
             for call in batch.members.iter().flatten() {
                 if let Some(flow) = filter.flows.get_mut(&call.context_id) {
                     flow.tokens.push(key);

@@ -195,3 +195,37 @@ fn a_configuration_push_with_a_batch_in_flight_ends_its_requests_and_drops_the_l
     assert!(filter.flows.is_empty());
     assert_eq!(counter(&host, "allowed"), 1, "the late reply decides nothing");
 }
+
+#[test]
+fn a_waiting_call_goes_out_at_once_when_the_call_out_is_too_slow_for_its_deadline() {
+    let (host, mut filter) = configure(BRIDGE_ONE_IN_FLIGHT, "");
+    assert_eq!(start(&host, &mut filter, 2, "alice"), Action::Pause);
+    host.advance(50);
+    assert_eq!(start(&host, &mut filter, 3, "bob"), Action::Pause);
+    assert_eq!(host.http_calls().len(), 1, "bob waits: alice's call is young");
+    // Alice's call is still out 80 ms later: waiting for it and then a batch would take bob past
+    // 50 + 200 + 10 ms, so his call goes out alone on the tick.
+    for _ in 0..8 {
+        host.advance(u64::from(TICK_MS));
+        host.enter(ROOT);
+        filter.on_tick();
+    }
+    assert_eq!(host.http_calls().len(), 2, "bob's call went out while alice's was still out");
+    assert!(bodies(&host)[1].starts_with(&format!("EVALSHA/{}/", ACQUIRE.sha())));
+    let calls = host.http_calls();
+    answer_http(&host, &mut filter, calls[1].token, 200, &acquired(1));
+    answer_http(&host, &mut filter, calls[0].token, 200, &acquired(1));
+    assert_eq!([status(&host, 2), status(&host, 3)], [Some(200), Some(200)]);
+}
+
+#[test]
+fn after_a_slow_round_trip_a_call_does_not_wait_for_a_batch_it_could_not_make_in_time() {
+    let (host, mut filter) = configure(BRIDGE_ONE_IN_FLIGHT, "");
+    assert_eq!(start(&host, &mut filter, 2, "alice"), Action::Pause);
+    host.advance(120);
+    answer_http(&host, &mut filter, host.http_calls()[0].token, 200, &acquired(1));
+    // Redis took 120 ms: one call and a batch (240 ms) would not end within 210 ms.
+    assert_eq!(start(&host, &mut filter, 3, "carol"), Action::Pause);
+    assert_eq!(start(&host, &mut filter, 4, "dave"), Action::Pause);
+    assert_eq!(host.http_calls().len(), 3, "dave went out at once, beside carol's call");
+}

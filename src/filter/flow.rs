@@ -139,8 +139,9 @@ fn send<H: Host>(
     let destination = (route.index, pending.slot(call, &route.config));
     let timeout_deadline =
         filter.host.now_ms().saturating_add(route.config.redis.timeout_ms).saturating_add(DEADLINE_GRACE_MS);
+    let now_ms = filter.host.now_ms();
     let coalesced = coalescing.max_batch > 1 && invocation == Invocation::BySha;
-    if coalesced && filter.coalescer.busy(destination, coalescing.max_in_flight) {
+    if coalesced && filter.coalescer.waits(destination, coalescing.max_in_flight, now_ms, flow.deadline_ms) {
         filter.coalescer.wait(destination, Call { context_id, call });
         flow.deadline_ms = flow.deadline_ms.max(timeout_deadline);
         return Progress::Waiting;
@@ -155,7 +156,7 @@ fn send<H: Host>(
             flow.tokens.push(id.key());
             if coalescing.max_batch > 1 {
                 let expires_ms = super::coalesce::expiry(filter, &route);
-                filter.coalescer.sent(id.key(), destination, expires_ms);
+                filter.coalescer.sent(id.key(), destination, now_ms, expires_ms);
             }
             flow.deadline_ms = flow.deadline_ms.max(timeout_deadline);
             Progress::Waiting

@@ -334,8 +334,9 @@ impl<H: Host> Filter<H> {
             self.flows.iter().filter(|(_, flow)| flow.due(now_ms)).map(|(&context_id, _)| context_id).collect();
         flow::end_flows(self, due);
         for destination in self.coalescer.expire(now_ms) {
-            coalesce::flush(self, destination);
+            coalesce::flush(self, destination, false);
         }
+        coalesce::send_overdue(self);
         give_back::expire_give_backs(self, now_ms);
         if self.flows.is_empty()
             && self.coalescer.is_idle()
@@ -356,7 +357,7 @@ impl<H: Host> Filter<H> {
                 return;
             }
         }
-        let landed = self.coalescer.landed(key);
+        let landed = self.coalescer.landed(key, self.host.now_ms());
         if let Some(batch) = self.coalescer.take_batch(key) {
             coalesce::on_batch_reply(self, key, batch, reply);
         } else if let Some(call) = self.calls.remove(&key) {
@@ -365,7 +366,7 @@ impl<H: Host> Filter<H> {
             log(&self.host, LogLevel::Debug, &format!("a reply for unknown call {} was dropped", id.token));
         }
         if let Some(destination) = landed {
-            coalesce::flush(self, destination);
+            coalesce::flush(self, destination, false);
         }
         flow::wake_parked(self);
     }

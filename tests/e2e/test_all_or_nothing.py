@@ -37,6 +37,9 @@ PER_USER_EVERY_TIME = {**PER_USER, "local_block_max": 0}
 RULE_A = rule("a", limit_by="global", rate=100, interval="1m")
 RULE_B = rule("b", limit_by="global", rate=2, interval="1m", local_block_max=0)
 CLUSTER = {"redis_cluster": True}
+# Tests that count one Redis call per request (a burst's requests in flight together) turn request
+# coalescing off: with it, the burst's waiting requests share calls (tests/e2e/test_coalescing.py).
+ONE_CALL_EACH = {"max_batch": 1}
 
 
 # --- Helpers ----------------------------------------------------------------------------------------------
@@ -109,7 +112,7 @@ def wait_for_give_backs(stack, name: str, expected: tuple[int | None, dict[bytes
 def test_a_user_over_their_limit_costs_the_global_limit_nothing(stack, start_gateway):
     """Alice exhausts her per-user limit; her burst is rejected naming `per-user`, and the global limit's
     value and permits stay exactly as they were. Every request, allowed or rejected, is one Redis call."""
-    gateway = start_gateway(GLOBAL, PER_USER_EVERY_TIME)
+    gateway = start_gateway(GLOBAL, PER_USER_EVERY_TIME, redis=ONE_CALL_EACH)
     assert gateway.send(headers=CAROL).status == 200  # loads the script into Redis (EVALSHA, then EVAL)
 
     metrics, scripts, sent = gateway.metrics(), stack.redis.script_calls(), gateway.sent()
@@ -141,7 +144,7 @@ def test_with_redis_cluster_a_permit_taken_in_another_slot_is_given_back(stack, 
     admitted. Each client gets 429 from b at once; the give-backs then restore a to the members and value it
     had, one `compensations` call per rejected request."""
     assert hash_slot(limiter_key("erl:a", "value")) != hash_slot(limiter_key("erl:b", "value"))
-    gateway = start_gateway(RULE_A, RULE_B, redis=CLUSTER)
+    gateway = start_gateway(RULE_A, RULE_B, redis={**CLUSTER, **ONE_CALL_EACH})
     assert [gateway.send().status for _ in range(2)] == [200, 200]  # b is out of permits
     a_before, b_before = state(stack, "erl:a"), state(stack, "erl:b")
     assert (a_before[0], b_before[0]) == (98, 0) and permits_of(a_before[1]) == [1, 1]

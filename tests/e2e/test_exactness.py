@@ -155,10 +155,13 @@ def test_a_permit_put_back_after_its_lease_was_settled_is_not_served_again(stack
     bobs_b, a_name = webdis_form("erl:b:bob"), webdis_form("erl:a") + b"/"
     bridge = SlowBridge(stack.webdis.port).start()
     try:
+        # Request coalescing off: the plan times each X's own held call (batched, the X's would wait for the
+        # first two and then be held again, past the plan's timing).
         config = plugin_config(
             rule("a", limit_by="global", rate=20, interval="1s", lease={"max_permits": 16, "max_age": "100ms"}),
             rule("b", rate=1, interval="1h", local_block_max=0),
             timeout="1s",
+            redis={"max_batch": 1},
         )
         envoy = stack.envoy(config, concurrency=1, webdis_port=bridge.port)
         exhaust(stack, "erl:b:bob")
