@@ -245,8 +245,7 @@ pub fn array_elements(bytes: &[u8]) -> Result<Vec<&[u8]>, RespError> {
     let mut elements = Vec::with_capacity(count);
     for _ in 0..count {
         let start = reader.at;
-        // Depth MAX_DEPTH: an element may not be an array.
-        reader.value(MAX_DEPTH)?;
+        reader.skip_flat()?;
         elements.push(bytes.get(start..reader.at).unwrap_or_default());
     }
     match bytes.len().saturating_sub(reader.at) {
@@ -311,6 +310,31 @@ impl Reader<'_> {
                 }
             },
             other => Err(RespError::Malformed(format!("unknown type byte 0x{other:02x}"))),
+        }
+    }
+
+    /// Moves past one value that is not an array, without copying it ([`array_elements`]).
+    fn skip_flat(&mut self) -> Result<(), RespError> {
+        let kind = *self.bytes.get(self.at).ok_or(RespError::Truncated)?;
+        self.at += 1;
+        match kind {
+            b'+' | b'-' | b':' => self.line().map(|_| ()),
+            b'$' => match self.length()? {
+                None => Ok(()),
+                Some(len) if len > MAX_BULK_BYTES => Err(RespError::TooLarge(format!("a bulk string of {len} bytes"))),
+                Some(len) => {
+                    let end = self.at.checked_add(len).ok_or(RespError::Truncated)?;
+                    match self.bytes.get(end..end + 2) {
+                        Some(b"\r\n") => {
+                            self.at = end + 2;
+                            Ok(())
+                        }
+                        Some(_) => Err(RespError::Malformed("a bulk string longer than its length".into())),
+                        None => Err(RespError::Truncated),
+                    }
+                }
+            },
+            other => Err(RespError::Malformed(format!("not a flat element: type byte 0x{other:02x}"))),
         }
     }
 

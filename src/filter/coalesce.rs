@@ -237,14 +237,18 @@ fn take_batch<H: Host>(filter: &mut Filter<H>, route: &Route, destination: Desti
     let coalescing = route.config.redis.coalescing;
     let encoding = route.transport.encoding();
     let (mut members, mut commands, mut bytes) = (Vec::new(), Vec::new(), 0usize);
+    let now_ms = filter.host.now_ms();
     let mut kept = VecDeque::with_capacity(filter.coalescer.waiting.len());
     while let Some((d, call)) = filter.coalescer.waiting.pop_front() {
         if d != destination || members.len() >= coalescing.max_batch as usize {
             kept.push_back((d, call));
             continue;
         }
-        let command = filter.flows.get(&call.context_id).and_then(|flow| match &flow.stage {
-            Stage::Waiting(pending) => pending.encode(call.call, Invocation::BySha, encoding, &flow.route.plan),
+        let command = filter.flows.get_mut(&call.context_id).and_then(|flow| match &mut flow.stage {
+            Stage::Waiting(pending) => {
+                pending.restamp(call.call, now_ms);
+                pending.encode(call.call, Invocation::BySha, encoding, &flow.route.plan)
+            }
             Stage::Undelivered(_) => None,
         });
         let Some(command) = command else { continue };

@@ -357,6 +357,22 @@ impl PendingRequest {
         Some(encode_acquire_all(&parts, clock, plan.errors_stop_charge, invocation, encoding))
     }
 
+    /// Stamps send `send`'s acquires at `now_ms`, as a call sent now is stamped (it waited for a batch): the
+    /// gateway clock its script reads, and the base of its lease's age and its local block. A call that
+    /// waited keeping its arrival time could reach Redis after calls stamped later by other VMs, and the
+    /// window (released by the stamps) would hold more than the rate by the wait.
+    pub fn restamp(&mut self, send: usize, now_ms: u64) {
+        let Some(send) = self.sends.get(send) else { return };
+        for &index in &send.calls {
+            if let Some(call) = self.calls.get_mut(index) {
+                call.sent_ms = now_ms;
+                if let Clock::Gateway(_) = call.clock {
+                    call.clock = Clock::Gateway(now_ms);
+                }
+            }
+        }
+    }
+
     /// The hash slot of send `send`'s limiters with `redis.redis_cluster` (a send's limiters share one),
     /// else 0: where its call may be batched with others ([`crate::script::ACQUIRE_BATCH`]).
     pub fn slot(&self, send: usize, config: &PluginConfig) -> u16 {
