@@ -265,7 +265,7 @@ pub const MAX_BATCH: u32 = 256;
 impl Default for Coalescing {
     /// The defaults measured by `make bench` (docs/benchmarks.md, "10. Request coalescing").
     fn default() -> Self {
-        Coalescing { max_batch: 32, max_in_flight: 2, max_batch_bytes: 64 * 1024 }
+        Coalescing { max_batch: 32, max_in_flight: 1, max_batch_bytes: 64 * 1024 }
     }
 }
 

@@ -12,7 +12,7 @@ use alloc::rc::Rc;
 use crate::prelude::*;
 
 use crate::host::Host;
-use crate::script::{encode_batch, split_batch_reply, Invocation, Segment};
+use crate::script::{encode_batch, split_batch_reply, Invocation, Layout, Segment};
 use crate::transport::Failure;
 
 use super::flow::{advance, feed, Call, Origin, Stage};
@@ -84,6 +84,13 @@ impl Coalescer {
     fn expected_ms(&self, lane: &Lane, now_ms: u64) -> u64 {
         let oldest = self.counted.iter().filter(|c| c.destination == lane.destination).map(|c| c.sent_ms).min();
         lane.round_trip_ms.max(oldest.map_or(0, |sent_ms| now_ms.saturating_sub(sent_ms)))
+    }
+
+    /// Whether a call of request `context_id` waits for a batch of `destination` (a lane that has a call
+    /// out: the batch goes when it lands).
+    pub(super) fn is_waiting(&self, context_id: u32, destination: Destination) -> bool {
+        !self.waiting.is_empty()
+            && self.waiting.iter().any(|(d, call)| *d == destination && call.context_id == context_id)
     }
 
     /// A call waits for the next batch of `destination`.
@@ -215,7 +222,7 @@ pub(super) fn flush<H: Host>(filter: &mut Filter<H>, destination: Destination, n
         let (members, commands) = take_batch(filter, &route, destination);
         match (members.as_slice(), commands.as_slice()) {
             ([], _) => return,
-            ([only], [command]) => send_alone(filter, &route, destination, *only, command),
+            ([only], [(command, _)]) => send_alone(filter, &route, destination, *only, command),
             _ => {
                 let batch =
                     Batch { route, destination, members: members.into_iter().map(Some).collect(), by_source: false };
@@ -232,35 +239,39 @@ fn next_route<H: Host>(filter: &mut Filter<H>, destination: Destination) -> Opti
     waiting.find_map(|(_, call)| flows.get(&call.context_id)).map(|flow| Rc::clone(&flow.route))
 }
 
-/// Takes the calls of the next batch of `destination` off the queue, with their commands (by sha).
-fn take_batch<H: Host>(filter: &mut Filter<H>, route: &Route, destination: Destination) -> (Vec<Call>, Vec<Vec<u8>>) {
+/// Takes the calls of the next batch of `destination` off the queue, with their commands (by sha), each
+/// stamped now; drops the calls of requests that ended.
+fn take_batch<H: Host>(filter: &mut Filter<H>, route: &Route, destination: Destination) -> (Vec<Call>, Commands) {
     let coalescing = route.config.redis.coalescing;
+    let (max_batch, max_bytes) = (coalescing.max_batch as usize, coalescing.max_batch_bytes as usize);
     let encoding = route.transport.encoding();
-    let (mut members, mut commands, mut bytes) = (Vec::new(), Vec::new(), 0usize);
     let now_ms = filter.host.now_ms();
-    let mut kept = VecDeque::with_capacity(filter.coalescer.waiting.len());
-    while let Some((d, call)) = filter.coalescer.waiting.pop_front() {
-        if d != destination || members.len() >= coalescing.max_batch as usize {
-            kept.push_back((d, call));
-            continue;
+    let capacity = max_batch.min(filter.coalescer.waiting.len());
+    let (mut members, mut commands, mut bytes) = (Vec::with_capacity(capacity), Vec::with_capacity(capacity), 0);
+    let Filter { coalescer, flows, .. } = filter;
+    let mut full = false;
+    coalescer.waiting.retain(|&(d, call)| {
+        if d != destination || full {
+            return true;
         }
-        let command = filter.flows.get_mut(&call.context_id).and_then(|flow| match &mut flow.stage {
+        let command = flows.get_mut(&call.context_id).and_then(|flow| match &mut flow.stage {
             Stage::Waiting(pending) => {
                 pending.restamp(call.call, now_ms);
-                pending.encode(call.call, Invocation::BySha, encoding, &flow.route.plan)
+                pending.encode_laid_out(call.call, Invocation::BySha, encoding, &flow.route.plan)
             }
             Stage::Undelivered(_) => None,
         });
-        let Some(command) = command else { continue };
-        if !members.is_empty() && bytes + command.len() > coalescing.max_batch_bytes as usize {
-            kept.push_back((d, call));
-            continue;
+        let Some(command) = command else { return false };
+        if !members.is_empty() && bytes + command.0.len() > max_bytes {
+            full = true;
+            return true;
         }
-        bytes += command.len();
+        bytes += command.0.len();
         members.push(call);
         commands.push(command);
-    }
-    filter.coalescer.waiting = kept;
+        full = members.len() >= max_batch;
+        false
+    });
     (members, commands)
 }
 
@@ -281,15 +292,19 @@ fn send_alone<H: Host>(filter: &mut Filter<H>, route: &Route, destination: Desti
     }
 }
 
+/// The commands of a batch's calls, each with where its keys and arguments are.
+type Commands = Vec<(Vec<u8>, Layout)>;
+
 /// Sends a batch of `commands` (its members' own, by sha) by `invocation`; a refused send is every
 /// member's failure (counted as one failed call).
-fn send_batch<H: Host>(filter: &mut Filter<H>, mut batch: Batch, commands: &[Vec<u8>], invocation: Invocation) {
+fn send_batch<H: Host>(filter: &mut Filter<H>, mut batch: Batch, commands: &Commands, invocation: Invocation) {
     let encoding = batch.route.transport.encoding();
-    let segments: Option<Vec<Segment<'_>>> = commands.iter().map(|c| Segment::of(c, encoding)).collect();
+    let segments: Option<Vec<Segment<'_>>> =
+        commands.iter().map(|(command, layout)| Segment::laid_out(command, layout, encoding)).collect();
     let Some(segments) = segments else {
         // Not acquire calls by sha (cannot happen: the limiter encodes them): each goes as itself.
         let route = Rc::clone(&batch.route);
-        for (member, command) in batch.members.iter().zip(commands) {
+        for (member, (command, _)) in batch.members.iter().zip(commands) {
             if let Some(call) = member {
                 send_alone(filter, &route, batch.destination, *call, command);
             }
@@ -369,7 +384,9 @@ fn resend_by_source<H: Host>(filter: &mut Filter<H>, key: u64, mut batch: Batch)
         let command = filter.flows.get_mut(&member.context_id).and_then(|flow| {
             flow.tokens.retain(|&t| t != key);
             match &flow.stage {
-                Stage::Waiting(pending) => pending.encode(member.call, Invocation::BySha, encoding, &flow.route.plan),
+                Stage::Waiting(pending) => {
+                    pending.encode_laid_out(member.call, Invocation::BySha, encoding, &flow.route.plan)
+                }
                 Stage::Undelivered(_) => None,
             }
         });

@@ -229,3 +229,25 @@ fn after_a_slow_round_trip_a_call_does_not_wait_for_a_batch_it_could_not_make_in
     assert_eq!(start(&host, &mut filter, 4, "dave"), Action::Pause);
     assert_eq!(host.http_calls().len(), 3, "dave went out at once, beside carol's call");
 }
+
+#[test]
+fn a_requests_own_calls_do_not_wait_for_one_another() {
+    // An enforced rule and a shadow rule: two calls of one request, out together on an idle VM.
+    let shadow = r#"{"name":"trial","limit_by":{"header":"x-user"},"rate":1,"interval":"1s","mode":"shadow"}"#;
+    let host = FakeHost::new();
+    let json = format!(r#"{{{BRIDGE_ONE_IN_FLIGHT},"rules":[{PER_USER},{shadow}]}}"#);
+    let mut filter = Filter::configure(host.clone(), json.as_bytes(), true).unwrap();
+    assert_eq!(start(&host, &mut filter, 2, "alice"), Action::Pause);
+    assert_eq!(host.http_calls().len(), 2, "the shadow rule's call went out with the enforced one");
+    // A second request waits for a batch, both of its calls in the same one.
+    assert_eq!(start(&host, &mut filter, 3, "bob"), Action::Pause);
+    assert_eq!(host.http_calls().len(), 2);
+    let calls = host.http_calls();
+    answer_http(&host, &mut filter, calls[0].token, 200, &acquired(1));
+    assert_eq!(host.http_calls().len(), 2, "alice's shadow call is still out (max_in_flight 1)");
+    answer_http(&host, &mut filter, calls[1].token, 200, &acquired(0));
+    assert_eq!(status(&host, 2), Some(200));
+    let batch = bodies(&host);
+    assert_eq!(batch.len(), 3, "bob's two calls in one batch");
+    assert!(batch[2].starts_with(&format!("EVALSHA/{}/10/", ACQUIRE_BATCH.sha())), "{}", batch[2]);
+}

@@ -140,8 +140,12 @@ fn send<H: Host>(
     let timeout_deadline =
         filter.host.now_ms().saturating_add(route.config.redis.timeout_ms).saturating_add(DEADLINE_GRACE_MS);
     let now_ms = filter.host.now_ms();
-    let coalesced = coalescing.max_batch > 1 && invocation == Invocation::BySha;
-    if coalesced && filter.coalescer.waits(destination, coalescing.max_in_flight, now_ms, flow.deadline_ms) {
+    // A request's own calls (its shadow rules', its hash slots') never wait for one another: its later
+    // calls go with its first, out at once or in the same batch.
+    let coalesced = coalescing.max_batch > 1 && invocation == Invocation::BySha && flow.tokens.is_empty();
+    let wait = filter.coalescer.is_waiting(context_id, destination)
+        || filter.coalescer.waits(destination, coalescing.max_in_flight, now_ms, flow.deadline_ms);
+    if coalesced && wait {
         filter.coalescer.wait(destination, Call { context_id, call });
         flow.deadline_ms = flow.deadline_ms.max(timeout_deadline);
         return Progress::Waiting;

@@ -11,7 +11,9 @@ use crate::block::Block;
 use crate::config::{ClockSource, Mode, PluginConfig};
 use crate::key::{hash_slot, RequestView};
 use crate::response::RuleQuota;
-use crate::script::{encode_acquire_all, AcquirePart, Clock, Encoding, Invocation, LeaseRequest, MEMBER_RANDOM_LEN};
+use crate::script::{
+    encode_acquire_all_laid_out, AcquirePart, Clock, Encoding, Invocation, Layout, LeaseRequest, MEMBER_RANDOM_LEN,
+};
 
 use super::decision::{block_quota, blocked, decide, exempt};
 use super::resolve::{group_end, resolve, Resolved};
@@ -329,11 +331,22 @@ impl PendingRequest {
     /// The bytes of send `send`, by sha or by source, in the transport's wire form; `None` for an unknown
     /// send.
     pub fn encode(&self, send: usize, invocation: Invocation, encoding: Encoding, plan: &Plan) -> Option<Vec<u8>> {
+        self.encode_laid_out(send, invocation, encoding, plan).map(|(bytes, _)| bytes)
+    }
+
+    /// [`PendingRequest::encode`], and where the command's keys and arguments are (for a batch).
+    pub fn encode_laid_out(
+        &self,
+        send: usize,
+        invocation: Invocation,
+        encoding: Encoding,
+        plan: &Plan,
+    ) -> Option<(Vec<u8>, Layout)> {
         let send = self.sends.get(send)?;
         if let [only] = send.calls.as_slice() {
             let call = self.calls.get(*only)?;
             let template = &plan.rules.get(call.rule)?.template;
-            return Some(template.encode(
+            return Some(template.encode_laid_out(
                 &call.name,
                 call.clock,
                 &call.member_random,
@@ -354,7 +367,7 @@ impl PendingRequest {
                 lease: call.lease.as_ref(),
             });
         }
-        Some(encode_acquire_all(&parts, clock, plan.errors_stop_charge, invocation, encoding))
+        Some(encode_acquire_all_laid_out(&parts, clock, plan.errors_stop_charge, invocation, encoding))
     }
 
     /// Stamps send `send`'s acquires at `now_ms`, as a call sent now is stamped (it waited for a batch): the

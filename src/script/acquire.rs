@@ -7,12 +7,15 @@
 //! keep-alive, apply flag) in both wire forms, the client id. A request adds its limiter name, time and
 //! member bytes into one buffer ([`AcquireTemplate::encode`]).
 
+use core::ops::Range;
+
 use crate::prelude::*;
 
 use crate::config::LimiterType;
 use crate::key::LimiterKeys;
 use crate::resp::Command;
 
+use super::batch::{Layout, SegmentScript};
 use super::wire::{push_arg, push_bulk, push_encoded, push_length, ArgWriter};
 use super::{Invocation, ACQUIRE, ACQUIRE_ALL, GIVE_BACK};
 
@@ -117,16 +120,31 @@ impl AcquireTemplate {
         invocation: Invocation,
         encoding: Encoding,
     ) -> Vec<u8> {
+        self.encode_laid_out(name, clock, random, lease, invocation, encoding).0
+    }
+
+    /// [`AcquireTemplate::encode`], and where its keys and arguments are ([`Layout`], for a batch).
+    pub fn encode_laid_out(
+        &self,
+        name: &str,
+        clock: Clock,
+        random: &[u8; MEMBER_RANDOM_LEN],
+        lease: Option<&LeaseRequest>,
+        invocation: Invocation,
+        encoding: Encoding,
+    ) -> (Vec<u8>, Layout) {
         let mut now_digits = itoa::Buffer::new();
         let now = match clock {
             Clock::Gateway(ms) => now_digits.format(ms).as_bytes(),
             Clock::Redis => b"",
         };
         let hash_tag = !name.contains('{');
-        match encoding {
+        let (out, keys) = match encoding {
             Encoding::Resp => self.encode_resp(name, hash_tag, now, random, lease, invocation),
             Encoding::WebdisPath => self.encode_webdis(name, hash_tag, now, random, lease, invocation),
-        }
+        };
+        let arg_count = if lease.is_some() { 14 } else { 8 };
+        (out, Layout { script: SegmentScript::Acquire, keys, key_count: 5, arg_count })
     }
 
     /// [`AcquireTemplate::encode`] as RESP: one array of bulk strings.
@@ -139,7 +157,7 @@ impl AcquireTemplate {
         random: &[u8; MEMBER_RANDOM_LEN],
         lease: Option<&LeaseRequest>,
         invocation: Invocation,
-    ) -> Vec<u8> {
+    ) -> (Vec<u8>, Range<usize>) {
         let (open, close) = if hash_tag { ("{", "}") } else { ("", "") };
         let mut out = Vec::with_capacity(5 * name.len() + self.resp_tail.len() + 256);
         out.extend_from_slice(if lease.is_some() { b"*22\r\n" } else { b"*16\r\n" });
@@ -154,6 +172,7 @@ impl AcquireTemplate {
             }
         }
         push_bulk(&mut out, b"5");
+        let keys_start = out.len();
         push_bulk(&mut out, name.as_bytes());
         let client = &self.client_suffix.0;
         for (suffix, per_client) in [(":value", false), (":value", true), (":permits", false), (":permits", true)] {
@@ -168,13 +187,14 @@ impl AcquireTemplate {
             }
             out.extend_from_slice(b"\r\n");
         }
+        let keys = keys_start..out.len();
         push_bulk(&mut out, now);
         push_bulk(&mut out, random);
         out.extend_from_slice(&self.resp_tail);
         if let Some(lease) = lease {
             lease.push_args(&mut out, Encoding::Resp);
         }
-        out
+        (out, keys)
     }
 
     /// [`AcquireTemplate::encode`] in webdis's path form, with the `.raw` suffix.
@@ -187,7 +207,7 @@ impl AcquireTemplate {
         random: &[u8; MEMBER_RANDOM_LEN],
         lease: Option<&LeaseRequest>,
         invocation: Invocation,
-    ) -> Vec<u8> {
+    ) -> (Vec<u8>, Range<usize>) {
         let mut out = Vec::with_capacity(15 * name.len() + self.webdis_tail.len() + 256);
         match invocation {
             Invocation::BySha => {
@@ -200,6 +220,7 @@ impl AcquireTemplate {
             }
         }
         out.extend_from_slice(b"/5/");
+        let keys_start = out.len() - 1;
         // The name, encoded once; the four other keys copy it.
         let start = out.len();
         push_encoded(&mut out, name.as_bytes());
@@ -218,6 +239,7 @@ impl AcquireTemplate {
                 out.extend_from_slice(client);
             }
         }
+        let keys = keys_start..out.len();
         out.push(b'/');
         out.extend_from_slice(now);
         out.push(b'/');
@@ -227,7 +249,7 @@ impl AcquireTemplate {
             lease.push_args(&mut out, Encoding::WebdisPath);
         }
         out.extend_from_slice(b".raw");
-        out
+        (out, keys)
     }
 
     /// The same command as a generic [`Command`] (for tools and tests; the filter uses
@@ -373,12 +395,25 @@ pub fn encode_acquire_all(
     invocation: Invocation,
     encoding: Encoding,
 ) -> Vec<u8> {
+    encode_acquire_all_laid_out(parts, clock, errors_stop_charge, invocation, encoding).0
+}
+
+/// [`encode_acquire_all`], and where its keys and arguments are ([`Layout`], for a batch).
+pub fn encode_acquire_all_laid_out(
+    parts: &[AcquirePart<'_>],
+    clock: Clock,
+    errors_stop_charge: bool,
+    invocation: Invocation,
+    encoding: Encoding,
+) -> (Vec<u8>, Layout) {
     let mut out = Vec::with_capacity(512 * parts.len());
     let mut writer = ArgWriter::new(&mut out, encoding, 3 + parts.len() * (5 + 13) + 2);
     writer.script(&ACQUIRE_ALL, invocation, parts.len());
+    let keys_start = writer.position();
     for part in parts {
         writer.keys(part.name, part.template);
     }
+    let keys = keys_start..writer.position();
     writer.arg(&clock_arg(clock));
     writer.arg(if errors_stop_charge { b"1" } else { b"0" });
     for part in parts {
@@ -391,7 +426,9 @@ pub fn encode_acquire_all(
         }
     }
     writer.finish();
-    out
+    let layout =
+        Layout { script: SegmentScript::AcquireAll, keys, key_count: 5 * parts.len(), arg_count: 2 + 13 * parts.len() };
+    (out, layout)
 }
 
 #[cfg(test)]

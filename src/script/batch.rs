@@ -3,6 +3,8 @@
 //! call would have had alone ([`split_batch_reply`]), so every request reads its own reply with the
 //! decoders it always used.
 
+use core::ops::Range;
+
 use crate::prelude::*;
 
 use crate::resp::array_elements;
@@ -20,6 +22,21 @@ pub enum SegmentScript {
     AcquireAll,
 }
 
+/// Where an acquire command's keys and arguments are, as its encoder wrote them
+/// ([`super::AcquireTemplate::encode_laid_out`], [`super::encode_acquire_all_laid_out`]): what a batch
+/// needs of it without reading it again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    /// Its script.
+    pub script: SegmentScript,
+    /// The bytes of its keys in the command, each in the wire form (with its `/` before it in webdis's).
+    pub keys: Range<usize>,
+    /// How many keys.
+    pub key_count: usize,
+    /// How many arguments follow them.
+    pub arg_count: usize,
+}
+
 /// One call's part of a batch: its script, and its keys and arguments as they are in the wire form of
 /// its own command (RESP bulk strings, or webdis's `/`-separated percent-encoded words).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +49,22 @@ pub struct Segment<'a> {
 }
 
 impl<'a> Segment<'a> {
+    /// The segment of `command` (an acquire by sha in `encoding`) laid out as `layout` says; `None` if the
+    /// layout does not fit the command.
+    pub fn laid_out(command: &'a [u8], layout: &Layout, encoding: Encoding) -> Option<Self> {
+        let body = match encoding {
+            Encoding::Resp => command,
+            Encoding::WebdisPath => command.strip_suffix(b".raw")?,
+        };
+        Some(Segment {
+            script: layout.script,
+            keys: body.get(layout.keys.clone())?,
+            key_count: layout.key_count,
+            args: body.get(layout.keys.end..)?,
+            arg_count: layout.arg_count,
+        })
+    }
+
     /// The segment of `command`: an [`ACQUIRE`] or [`ACQUIRE_ALL`] call by sha (`EVALSHA <sha> <numkeys>
     /// <keys>... <args>...`) in `encoding`, as `PendingRequest::encode` writes it. `None` for any other
     /// command (another script, or `EVAL` by source): such a call is sent alone.
@@ -112,17 +145,21 @@ fn resp_length(bytes: &[u8], at: &mut usize, kind: u8) -> Option<usize> {
     Some(n)
 }
 
-/// The decimal number at the start of `bytes` and how many digits it has (`None` without a digit).
-/// Written out: a batch reads a few of these per call, on every request's path (`str::parse` through
-/// UTF-8 validation cost a tenth of a request's guest work).
+/// The decimal number at the start of `bytes` and how many digits it has (`None` without a digit, or
+/// with more than 9: no length or count the filter writes has as many). Written out as a plain loop: a
+/// batch reads about ten of these per call on every request's path, and `str::parse` (UTF-8 validation,
+/// checked arithmetic through an iterator) cost ten times as much guest fuel.
 fn leading_number(bytes: &[u8]) -> Option<(usize, usize)> {
-    let mut n: usize = 0;
-    let mut digits = 0;
-    for &byte in bytes.iter().take_while(|b| b.is_ascii_digit()) {
-        n = n.checked_mul(10)?.checked_add(usize::from(byte - b'0'))?;
+    let mut n = 0usize;
+    let mut digits = 0usize;
+    while let Some(&byte) = bytes.get(digits) {
+        if !byte.is_ascii_digit() || digits == 9 {
+            break;
+        }
+        n = n * 10 + usize::from(byte - b'0');
         digits += 1;
     }
-    (digits > 0).then_some((n, digits))
+    (digits > 0 && bytes.get(digits).is_none_or(|b| !b.is_ascii_digit())).then_some((n, digits))
 }
 
 /// The [`super::ACQUIRE_BATCH`] call carrying `segments` in order, by sha or by source, in `encoding`
@@ -332,6 +369,34 @@ mod tests {
             expected.extend(args.iter().cloned());
         }
         assert_eq!(&resp[3..], &expected[..]);
+    }
+
+    /// The layout an encoder records is the one read back from its bytes, for every kind of acquire.
+    #[test]
+    fn the_encoders_layouts_are_the_segments_read_from_their_commands() {
+        use crate::script::{encode_acquire_all_laid_out, LeaseRequest};
+        let template = template();
+        let random = [9u8; MEMBER_RANDOM_LEN];
+        let lease = LeaseRequest { max_permits: 8, max_age_ms: 50, settle: None };
+        for encoding in [Encoding::Resp, Encoding::WebdisPath] {
+            let parts = [
+                AcquirePart { template: &template, name: "erl:a", random: &random, lease: Some(&lease) },
+                AcquirePart { template: &template, name: "{t}b%/", random: &random, lease: None },
+            ];
+            let commands = [
+                template.encode_laid_out("erl:a", Clock::Gateway(7), &random, None, Invocation::BySha, encoding),
+                template.encode_laid_out("{x}y", Clock::Redis, &random, Some(&lease), Invocation::BySha, encoding),
+                encode_acquire_all_laid_out(&parts, Clock::Gateway(8), false, Invocation::BySha, encoding),
+            ];
+            for (command, layout) in &commands {
+                assert_eq!(
+                    Segment::laid_out(command, layout, encoding),
+                    Segment::of(command, encoding),
+                    "{encoding:?}"
+                );
+                assert!(Segment::of(command, encoding).is_some());
+            }
+        }
     }
 
     #[test]

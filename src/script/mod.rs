@@ -22,10 +22,10 @@ mod reply;
 mod wire;
 
 pub use acquire::{
-    encode_acquire_all, AcquireConfig, AcquirePart, AcquireTemplate, Clock, Encoding, LeaseRequest, Settlement,
-    MEMBER_RANDOM_LEN, RULE_CONFIG_FIELD,
+    encode_acquire_all, encode_acquire_all_laid_out, AcquireConfig, AcquirePart, AcquireTemplate, Clock, Encoding,
+    LeaseRequest, Settlement, MEMBER_RANDOM_LEN, RULE_CONFIG_FIELD,
 };
-pub use batch::{encode_batch, split_batch_reply, Segment, SegmentScript};
+pub use batch::{encode_batch, split_batch_reply, Layout, Segment, SegmentScript};
 pub use reply::{
     decode_acquire_all_reply, decode_acquire_reply, AcquireOutcome, AcquireReply, ConfigChange, EffectiveConfig,
     LimiterReply, ReplyError,

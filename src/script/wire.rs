@@ -66,6 +66,11 @@ impl<'a> ArgWriter<'a> {
         }
     }
 
+    /// How many bytes are written so far.
+    pub(super) fn position(&self) -> usize {
+        self.out.len()
+    }
+
     pub(super) fn finish(self) {
         if self.encoding == Encoding::WebdisPath {
             self.out.extend_from_slice(b".raw");

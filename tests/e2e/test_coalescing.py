@@ -143,7 +143,7 @@ def send_once_each(sends) -> list[int]:
 @pytest.mark.parametrize("build", ["envoy", "higress"])
 def test_in_the_emulator_both_builds_batch_concurrent_requests_and_answer_each_its_own(stack, build):
     """12 requests in flight together on one VM (the emulator starts them all, then runs its event loop):
-    two go out alone (max_in_flight 2), the others wait and go out in batches; each request gets the answer
+    one goes out alone (max_in_flight 1), the others wait and go out in batches; each request gets the answer
     of its own limiter (spent users 429, fresh users 200), through webdis (stock build) and through the
     host's Redis client (Higress build)."""
     gateway = stack.emulator(config_for(build, rule("per-user", rate=1, interval="1h", local_block_max=0)),

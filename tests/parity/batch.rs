@@ -224,3 +224,28 @@ fn a_batch_after_script_flush_is_sent_again_by_source() {
         assert!(reply.starts_with(b":-"), "rejected with a delay: {}", String::from_utf8_lossy(reply));
     }
 }
+
+/// Out of memory (maxmemory, noeviction): Redis refuses a script's first write that may grow memory but
+/// none after a write went through, so a batch asks first and is refused whole, as each call alone would
+/// be: nothing is written.
+#[test]
+fn a_batch_out_of_memory_is_refused_whole_and_writes_nothing() {
+    let server = RedisServer::start();
+    let template = template();
+    let mut client = server.script_client();
+    let spec = |limiter| CallSpec { limiters: vec![limiter], lease: None, advance_ms: 0, redis_clock: false };
+    // The limiters exist, with a member each (a release will find something to remove a second later).
+    let warm: Vec<Vec<u8>> = (0..3).map(|i| command(&spec(i), i, T0, &template)).collect();
+    run_batch(&mut client, &warm);
+    let before = keys_of(&server);
+    let mut inspector = server.inspector();
+    let _: () =
+        redis::cmd("CONFIG").arg("SET").arg("maxmemory-policy").arg("noeviction").query(&mut inspector).unwrap();
+    let _: () = redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("1").query(&mut inspector).unwrap();
+    let commands: Vec<Vec<u8>> = (0..3).map(|i| command(&spec(i), 10 + i, T0 + 1_500, &template)).collect();
+    let segments: Vec<Segment<'_>> = commands.iter().map(|c| Segment::of(c, Encoding::Resp).unwrap()).collect();
+    let reply = client.call_raw(&encode_batch(&segments, Invocation::BySha, Encoding::Resp));
+    let _: () = redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("0").query(&mut inspector).unwrap();
+    assert!(reply.starts_with(b"-OOM"), "{}", String::from_utf8_lossy(&reply));
+    assert_eq!(keys_of(&server), before, "nothing written");
+}

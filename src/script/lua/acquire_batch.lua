@@ -13,6 +13,17 @@
 -- with (WRONGTYPE, OOM, ERR...), without the script name and line Redis appends to a script's error.
 --@wrap acquire acquire
 --@wrap acquireAll acquireAll
+-- Out of memory (maxmemory, noeviction): Redis refuses a script's first write that may grow memory, but
+-- none after a write went through, so one segment's write would let every later one write past maxmemory.
+-- A write that changes nothing (ZADD XX of a member that is not there, on the first call's permits key)
+-- asks first: refused, the whole batch is refused as each call alone would be.
+local probed, probeError = pcall(redis.call, 'zadd', KEYS[4], 'XX', '0', '')
+if not probed then
+  local text = type(probeError) == 'table' and probeError.err or tostring(probeError)
+  if string.find(text, 'OOM', 1, true) == 1 then
+    return redis.error_reply(text)
+  end
+end
 local reply = {}
 local k = 1
 local a = 2
