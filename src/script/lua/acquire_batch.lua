@@ -30,13 +30,9 @@ local a = 2
 for _ = 1, tonumber(ARGV[1]) do
   local script, keyCount, argCount = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   a = a + 3
-  local keys, args = {}, {}
-  for i = 1, keyCount do
-    keys[i] = KEYS[k + i - 1]
-  end
-  for i = 1, argCount do
-    args[i] = ARGV[a + i - 1]
-  end
+  -- unpack copies in C (a Lua loop cost a few microseconds of Redis time per call).
+  local keys = {unpack(KEYS, k, k + keyCount - 1)}
+  local args = {unpack(ARGV, a, a + argCount - 1)}
   k = k + keyCount
   a = a + argCount
   local ok, result = pcall(script == '1' and acquire or acquireAll, keys, args)
