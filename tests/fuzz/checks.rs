@@ -540,7 +540,8 @@ fn seed_documents() -> Vec<Value> {
         json!({"redis": {"cluster": "webdis"}, "rules": [{"name": "r", "limit_by": "global", "rate": 5, "interval": "1s"}]}),
         json!({
             "redis": {"transport": "http", "cluster": "webdis", "timeout": "200ms", "username": "u", "password": "p",
-                      "authority": "webdis.local", "redis_cluster": true},
+                      "authority": "webdis.local", "redis_cluster": true, "max_batch": 8, "max_in_flight": 2,
+                      "max_batch_bytes": 4096},
             "rules": [
                 {"name": "per-user", "limit_by": {"header": "x-user-id"}, "rate": 100, "interval": "1m", "type": "per_client",
                  "permits": 2, "keep_alive": "2h", "on_missing": "deny", "limiter": "erl:u", "rate_source": "config",
@@ -635,6 +636,9 @@ fn field_name(input: &mut Input<'_>) -> String {
         "database",
         "authority",
         "redis_cluster",
+        "max_batch",
+        "max_in_flight",
+        "max_batch_bytes",
         "name",
         "limit_by",
         "rate",

@@ -444,6 +444,9 @@ fn configuration(rng: &mut Rng, host_transport: bool, failures_only: bool) -> Va
     if rng.chance(3) {
         redis["redis_cluster"] = json!(true);
     }
+    // Request coalescing: off, or batches of a few calls behind one or two calls out.
+    redis["max_batch"] = json!(rng.pick(&[1u64, 2, 32]));
+    redis["max_in_flight"] = json!(rng.pick(&[1u64, 2]));
     if host_transport && rng.chance(4) {
         redis["password"] = json!("pw");
         redis["database"] = json!(2);
