@@ -34,6 +34,9 @@ pub(super) struct Batch {
     by_source: bool,
 }
 
+/// Lanes kept while idle (their round trip remembered); past that, idle lanes are dropped.
+const MAX_LANES: usize = 64;
+
 /// One destination's calls on their way.
 #[derive(Debug, Clone, Copy)]
 struct Lane {
@@ -116,6 +119,11 @@ impl Coalescer {
             let took = now_ms.saturating_sub(call.sent_ms);
             lane.round_trip_ms =
                 if took >= lane.round_trip_ms { took } else { lane.round_trip_ms - (lane.round_trip_ms - took) / 8 };
+        }
+        if self.lanes.len() > MAX_LANES {
+            // With Redis Cluster a lane per hash slot seen: the idle ones go (a lane with calls waiting has
+            // one out), so that finding a lane stays cheap.
+            self.lanes.retain(|lane| lane.in_flight > 0);
         }
         Some(call.destination)
     }
@@ -421,4 +429,24 @@ pub(super) fn deliver<H: Host>(
     }
     let progress = feed(filter, &mut flow, call.call, reply, count_failure);
     advance(filter, call.context_id, flow, 0..0, progress, Origin::Reply);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With Redis Cluster a lane per hash slot: idle lanes are dropped past [`MAX_LANES`], busy ones kept.
+    #[test]
+    fn idle_lanes_are_dropped_past_the_bound_and_busy_ones_kept() {
+        let mut coalescer = Coalescer::default();
+        coalescer.sent(1, (0, 7), 0, 1_000);
+        for slot in 100..1_100u16 {
+            let key = u64::from(slot);
+            coalescer.sent(key, (0, slot), 0, 1_000);
+            assert_eq!(coalescer.landed(key, 3), Some((0, slot)));
+            assert!(coalescer.lanes.len() <= MAX_LANES + 1, "{} lanes", coalescer.lanes.len());
+        }
+        assert!(coalescer.waits((0, 7), 1, 10, 1_000), "the busy lane is kept: a call for it waits");
+        assert!(!coalescer.waits((0, 100), 1, 10, 1_000), "an idle slot's call goes out at once");
+    }
 }
