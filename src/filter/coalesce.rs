@@ -240,11 +240,16 @@ pub(super) fn flush<H: Host>(filter: &mut Filter<H>, destination: Destination, n
     }
 }
 
-/// The route of the first call waiting for `destination` whose request is still there.
+/// The route of the first call waiting for `destination` whose request is still there (calls of requests
+/// that are gone, which ending a request removes already, are dropped here too: nothing waits forever).
 fn next_route<H: Host>(filter: &mut Filter<H>, destination: Destination) -> Option<Rc<Route>> {
-    let flows = &filter.flows;
-    let mut waiting = filter.coalescer.waiting.iter().filter(|(d, _)| *d == destination);
-    waiting.find_map(|(_, call)| flows.get(&call.context_id)).map(|flow| Rc::clone(&flow.route))
+    let Filter { coalescer, flows, .. } = filter;
+    let mut waiting = coalescer.waiting.iter().filter(|(d, _)| *d == destination);
+    let route = waiting.find_map(|(_, call)| flows.get(&call.context_id)).map(|flow| Rc::clone(&flow.route));
+    if route.is_none() {
+        coalescer.waiting.retain(|(d, call)| *d != destination || flows.contains_key(&call.context_id));
+    }
+    route
 }
 
 /// Takes the calls of the next batch of `destination` off the queue, with their commands (by sha), each
