@@ -137,15 +137,15 @@ fn send<H: Host>(
     let Stage::Waiting(pending) = &flow.stage else { return Progress::Waiting };
     let coalescing = route.config.redis.coalescing;
     let destination = (route.index, pending.slot(call, &route.config));
-    let timeout_deadline =
-        filter.host.now_ms().saturating_add(route.config.redis.timeout_ms).saturating_add(DEADLINE_GRACE_MS);
     let now_ms = filter.host.now_ms();
+    let timeout_deadline = now_ms.saturating_add(route.config.redis.timeout_ms).saturating_add(DEADLINE_GRACE_MS);
     // A request's own calls (its shadow rules', its hash slots') never wait for one another: its later
     // calls go with its first, out at once or in the same batch.
     let coalesced = coalescing.max_batch > 1 && invocation == Invocation::BySha && flow.tokens.is_empty();
-    let wait = filter.coalescer.is_waiting(context_id, destination)
-        || filter.coalescer.waits(destination, coalescing.max_in_flight, now_ms, flow.deadline_ms);
-    if coalesced && wait {
+    if coalesced
+        && (filter.coalescer.is_waiting(context_id, destination)
+            || filter.coalescer.waits(destination, coalescing.max_in_flight, now_ms, flow.deadline_ms))
+    {
         filter.coalescer.wait(destination, Call { context_id, call });
         flow.deadline_ms = flow.deadline_ms.max(timeout_deadline);
         return Progress::Waiting;
