@@ -20,6 +20,11 @@
 #   make fuzz       the parsers (10^7 executions each, libFuzzer with a nightly toolchain, else property
 #                   tests), the whole module in the emulator and the interleavings model of the request
 #                   path (5,000 cases per configuration) (scripts/fuzz.sh, not in CI)
+#   make oci        build, then an OCI image of each artifact, tagged with Cargo.toml's version, in dist/oci/
+#                   (scripts/oci.py: the compat variant Istio pulls; Higress's plugin image layout); prints digests
+#   make push       oci, then copies the images to REGISTRY=host[:port]/path (REGISTRY_TLS_VERIFY=false for a
+#                   plain-HTTP registry; skopeo login first if it asks for credentials); prints each reference
+#                   pinned by digest, for a WasmPlugin's `url: oci://...`
 #   make clean      remove target/ and dist/; make distclean also removes .venv/ and .tools/
 
 SHELL := bash
@@ -60,7 +65,7 @@ CARGO_FLAGS_higress-regex := --no-default-features --features host-redis,regex
 DIST := $(ARTIFACTS:%=dist/edge-rate-limiter-%.wasm)
 
 .PHONY: build setup test test-unit test-wasm test-parity test-host test-e2e run lint lint-source bench soak fuzz clean \
-	distclean
+	distclean oci push
 
 build: setup $(DIST)
 
@@ -165,6 +170,19 @@ soak: build
 
 fuzz: build
 	scripts/fuzz.sh
+
+# OCI images of the artifacts (scripts/oci.py says what they hold and where each fact comes from).
+oci: build
+	$(PYTHON) scripts/oci.py build
+
+REGISTRY_TLS_VERIFY ?= true
+ifneq ($(filter push,$(MAKECMDGOALS)),)
+ifndef REGISTRY
+$(error make push needs REGISTRY=host[:port]/path, e.g. make push REGISTRY=127.0.0.1:5000/gateway REGISTRY_TLS_VERIFY=false)
+endif
+endif
+push: oci
+	$(PYTHON) scripts/oci.py push $(REGISTRY) --tls-verify $(REGISTRY_TLS_VERIFY)
 
 clean:
 	rm -rf target dist
