@@ -170,11 +170,19 @@ pub trait Host {
     fn resume_request(&self) -> Result<(), HostError>;
 
     /// Answers the effective context's request locally (`proxy_send_local_response`): status, headers
-    /// (names lowercase) and body.
+    /// (names lowercase), body and, for a gRPC request, the gRPC status (1..=16; Envoy then answers
+    /// trailers-only with HTTP 200, that `grpc-status` and the body as `grpc-message`; `None`: Envoy maps
+    /// `status`).
     ///
     /// # Errors
     /// The host's status.
-    fn send_local_reply(&self, status: u16, headers: &HeaderMap, body: &[u8]) -> Result<(), HostError>;
+    fn send_local_reply(
+        &self,
+        status: u16,
+        headers: &HeaderMap,
+        body: &[u8],
+        grpc_status: Option<u8>,
+    ) -> Result<(), HostError>;
 
     /// Adds a header to the effective context's response headers (`proxy_add_header_map_value`).
     ///

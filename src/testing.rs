@@ -41,6 +41,8 @@ pub enum End {
         headers: Vec<(String, String)>,
         /// Body.
         body: String,
+        /// The gRPC status given with it (`None`: an HTTP reply).
+        grpc_status: Option<u8>,
     },
 }
 
@@ -429,13 +431,20 @@ impl Host for FakeHost {
         })
     }
 
-    fn send_local_reply(&self, status: u16, headers: &HeaderMap, body: &[u8]) -> Result<(), HostError> {
+    fn send_local_reply(
+        &self,
+        status: u16,
+        headers: &HeaderMap,
+        body: &[u8],
+        grpc_status: Option<u8>,
+    ) -> Result<(), HostError> {
         self.with_request(|request| {
             if request.end.is_some() {
                 return Err(HostError::BadArgument);
             }
             let headers = headers.pairs();
-            request.end = Some(End::LocalReply { status, headers, body: String::from_utf8_lossy(body).into_owned() });
+            let body = String::from_utf8_lossy(body).into_owned();
+            request.end = Some(End::LocalReply { status, headers, body, grpc_status });
             Ok(())
         })
     }

@@ -221,9 +221,17 @@ impl Host for AbiHost {
         HostError::check(unsafe { proxy_continue_stream(STREAM_REQUEST) })
     }
 
-    fn send_local_reply(&self, status: u16, headers: &HeaderMap, body: &[u8]) -> Result<(), HostError> {
+    fn send_local_reply(
+        &self,
+        status: u16,
+        headers: &HeaderMap,
+        body: &[u8],
+        grpc_status: Option<u8>,
+    ) -> Result<(), HostError> {
         let headers = headers.as_bytes();
-        // SAFETY: every slice lives for the call; grpc_status -1 = not a gRPC reply.
+        // -1 (as u32: 0xFFFFFFFF): no gRPC status, Envoy maps the HTTP one (ABI 0.2.1).
+        let grpc_status = grpc_status.map_or(-1, i32::from);
+        // SAFETY: every slice lives for the call.
         HostError::check(unsafe {
             proxy_send_local_response(
                 u32::from(status),
@@ -233,7 +241,7 @@ impl Host for AbiHost {
                 body.len(),
                 headers.as_ptr(),
                 headers.len(),
-                -1,
+                grpc_status,
             )
         })
     }

@@ -326,6 +326,24 @@ pub struct Rejection {
     pub body: String,
 }
 
+/// How a gRPC request the filter answers itself is answered (`grpc`): gRPC status codes as gRPC's
+/// `doc/statuscodes.md` numbers them (1..=16). Envoy turns a local reply to a gRPC request into a
+/// trailers-only gRPC response; without a code of ours it maps HTTP 429 and 503 to UNAVAILABLE (14), which
+/// gRPC retry policies retry at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrpcAnswers {
+    /// Status of a rejected gRPC request (`rejected_status`, default 8, RESOURCE_EXHAUSTED).
+    pub rejected_status: u8,
+    /// Status of a gRPC request failed closed (`failure_status`, default 14, UNAVAILABLE).
+    pub failure_status: u8,
+}
+
+impl Default for GrpcAnswers {
+    fn default() -> Self {
+        GrpcAnswers { rejected_status: 8, failure_status: 14 }
+    }
+}
+
 /// The whole validated plugin configuration, immutable after `on_configure`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PluginConfig {
@@ -354,6 +372,8 @@ pub struct PluginConfig {
     /// Whether shadow rules show in the response: their quotas in the rate limit headers, and
     /// `x-shadow-ratelimited-by` naming the first that would have rejected (`shadow_headers`).
     pub shadow_headers: bool,
+    /// The statuses of gRPC requests answered by the filter (`grpc`).
+    pub grpc: GrpcAnswers,
 }
 
 impl PluginConfig {
@@ -683,6 +703,16 @@ mod tests {
             ),
             (MINIMAL.replace("}]}", "}],\"rejected_status\":99}"), "rejected_status: 99 is not an HTTP status"),
             (MINIMAL.replace("}]}", "}],\"failure_mode\":\"maybe\"}"), "failure_mode: unknown variant `maybe`"),
+            (
+                MINIMAL.replace("}]}", "}],\"grpc\":{\"rejected_status\":\"SLOW_DOWN\"}}"),
+                "grpc.rejected_status: must be a gRPC status other than OK",
+            ),
+            (
+                MINIMAL.replace("}]}", "}],\"grpc\":{\"failure_status\":0}}"),
+                "grpc.failure_status: must be a gRPC status",
+            ),
+            (MINIMAL.replace("}]}", "}],\"grpc\":{\"rejected_status\":17}}"), "grpc.rejected_status: must be a gRPC"),
+            (MINIMAL.replace("}]}", "}],\"grpc\":{\"status\":8}}"), "grpc.status: unknown field `status`"),
             (
                 MINIMAL.replace("}]}", "},{\"name\":\"r\",\"limit_by\":\"path\",\"rate\":1,\"interval\":1}]}"),
                 "rules[1].name: duplicate rule name",

@@ -8,8 +8,8 @@ use serde_json::Value;
 
 use super::reader::{DurationMs, Object};
 use super::{
-    ClockSource, Coalescing, ConfigError, FailureMode, HeaderStyle, LocalFallback, Mode, PluginConfig, RedisConfig,
-    Rejection, Rule, Secret, TransportKind, MAX_BATCH,
+    ClockSource, Coalescing, ConfigError, FailureMode, GrpcAnswers, HeaderStyle, LocalFallback, Mode, PluginConfig,
+    RedisConfig, Rejection, Rule, Secret, TransportKind, MAX_BATCH,
 };
 
 use crate::matching::{parse_network, Exemption};
@@ -30,6 +30,28 @@ const TOP_FIELDS: &[&str] = &[
     "mode",
     "shadow_headers",
     "exempt",
+    "grpc",
+];
+const GRPC_FIELDS: &[&str] = &["rejected_status", "failure_status"];
+/// gRPC's status names by code, as gRPC's `doc/statuscodes.md` lists them.
+const GRPC_STATUS_NAMES: [&str; 17] = [
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
 ];
 const EXEMPT_FIELDS: &[&str] = &["client_ips", "headers"];
 /// Most entries of one `rates_by_value`, values of one entry, and networks or header values of an `exempt`.
@@ -122,6 +144,7 @@ impl PluginConfig {
         };
         let shadow_headers = top.boolean("shadow_headers")?.unwrap_or(false);
         let exempt = top.object("exempt")?.map(read_exemption).transpose()?;
+        let grpc = top.object("grpc")?.map(read_grpc).transpose()?.unwrap_or_default();
         top.finish(TOP_FIELDS)?;
         Ok(PluginConfig {
             redis,
@@ -136,6 +159,7 @@ impl PluginConfig {
             local_fallback,
             exempt,
             shadow_headers,
+            grpc,
         })
     }
 }
@@ -205,6 +229,33 @@ fn status(top: &mut Object<'_>, name: &'static str, default: u16) -> Result<u16,
         Ok(status)
     } else {
         Err(top.error(name, format!("{status} is not an HTTP status between 200 and 599")))
+    }
+}
+
+/// `grpc`: the gRPC statuses of the filter's own answers, each a name of gRPC's `doc/statuscodes.md`
+/// (`"RESOURCE_EXHAUSTED"`) or its number, 1..=16 (OK is not an answer to a refused request).
+fn read_grpc(mut grpc: Object<'_>) -> Result<GrpcAnswers, ConfigError> {
+    let defaults = GrpcAnswers::default();
+    let rejected_status = grpc_status(&mut grpc, "rejected_status")?.unwrap_or(defaults.rejected_status);
+    let failure_status = grpc_status(&mut grpc, "failure_status")?.unwrap_or(defaults.failure_status);
+    grpc.finish(GRPC_FIELDS)?;
+    Ok(GrpcAnswers { rejected_status, failure_status })
+}
+
+fn grpc_status(grpc: &mut Object<'_>, name: &'static str) -> Result<Option<u8>, ConfigError> {
+    let code = match grpc.get(name) {
+        None => return Ok(None),
+        Some(Value::String(text)) => {
+            GRPC_STATUS_NAMES.iter().position(|written| *written == text).and_then(|code| u8::try_from(code).ok())
+        }
+        Some(value) => value.as_u64().and_then(|code| u8::try_from(code).ok()),
+    };
+    match code {
+        Some(code @ 1..=16) => Ok(Some(code)),
+        _ => Err(grpc.error(
+            name,
+            "must be a gRPC status other than OK: a name such as \"RESOURCE_EXHAUSTED\" or \"UNAVAILABLE\", or its number, 1 to 16",
+        )),
     }
 }
 

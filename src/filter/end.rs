@@ -7,8 +7,11 @@ use alloc::rc::Rc;
 
 use crate::prelude::*;
 
-use crate::host::{Host, LogLevel};
+use arrayvec::ArrayVec;
+
+use crate::host::{HeaderMap, Host, LogLevel};
 use crate::limiter::{Decision, GiveBack, LeaseTicket, Leases, Outcome, Verdict};
+use crate::response::{grpc, MAX_HEADERS};
 
 use super::flow::{Flow, Origin, Stage};
 use super::give_back::{GiveBackCall, GiveBackKind};
@@ -85,14 +88,30 @@ pub(super) fn end<H: Host>(
                 host_refused(filter, "proxy_continue_stream");
             }
         }
-        Verdict::Respond { status, ref body, .. } => {
-            let headers = filter.replies.headers(route.index, &next, &route.plan.headers);
-            if filter.host.send_local_reply(status, headers, body.as_bytes()).is_err() {
+        Verdict::Respond { status, ref body, rate_limited, .. } => {
+            let sent = if is_grpc_request(filter) {
+                let grpc = &route.config.grpc;
+                let code = if rate_limited { grpc.rejected_status } else { grpc.failure_status };
+                let headers = grpc::headers(&next, next.headers(&route.plan.headers));
+                let pairs: ArrayVec<(&str, &str), MAX_HEADERS> = headers.iter().map(|(k, v)| (*k, &**v)).collect();
+                let message = grpc::message(body).as_bytes();
+                filter.host.send_local_reply(status, &HeaderMap::new(&pairs), message, Some(code))
+            } else {
+                let headers = filter.replies.headers(route.index, &next, &route.plan.headers);
+                filter.host.send_local_reply(status, headers, body.as_bytes(), None)
+            };
+            if sent.is_err() {
                 host_refused(filter, "proxy_send_local_response");
             }
         }
     }
     Action::Pause
+}
+
+/// Whether the effective request is a gRPC request ([`grpc::is_grpc`] of its `content-type`), read only
+/// when the filter answers it: Envoy keeps a paused request's headers readable.
+fn is_grpc_request<H: Host>(filter: &Filter<H>) -> bool {
+    matches!(filter.host.request_header("content-type"), Ok(Some(value)) if grpc::is_grpc(&value))
 }
 
 /// Names the rule that rejected the effective request, or the shadow rule that would have, in its

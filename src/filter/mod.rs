@@ -75,6 +75,10 @@ use route::Route;
 
 /// Prefix of every metric name; log lines start with `edge-rate-limiter: `.
 pub const NAME: &str = "edge_rate_limiter";
+
+/// The module's version: `[package] version` of Cargo.toml, logged when a configuration loads and the tag
+/// of its OCI image (`make oci`), so a gateway's log says which release runs.
+pub const PLUGIN_VERSION: &str = env!("CARGO_PKG_VERSION");
 /// Period of the root context's tick while requests are paused, ms: the deadline guard's resolution.
 pub const TICK_MS: u32 = 10;
 /// What the filter logs (at error level) before the reason when it refuses a configuration.
@@ -220,7 +224,11 @@ impl<H: Host> Filter<H> {
             let counters = Metrics::rules(&host, &config, &mut defined);
             Rc::new(Route::new(&host, index, config, &client_id, generation, counters))
         });
-        log(&host, LogLevel::Info, &format!("configured {global}, {overrides} route/domain override(s)"));
+        log(
+            &host,
+            LogLevel::Info,
+            &format!("plugin_version {PLUGIN_VERSION}: configured {global}, {overrides} route/domain override(s)"),
+        );
         Ok(Filter {
             metrics: Metrics::define(&host),
             cache: RefCell::new(LimiterCache::new(cache_size, [random.u64(..), random.u64(..)])),

@@ -46,7 +46,7 @@ fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
 
 fn local_reply(host: &FakeHost, context_id: u32) -> (u16, Vec<(String, String)>, String) {
     match host.end(context_id) {
-        Some(End::LocalReply { status, headers, body }) => (status, headers, body),
+        Some(End::LocalReply { status, headers, body, .. }) => (status, headers, body),
         other => panic!("expected a local reply, got {other:?}"),
     }
 }
@@ -942,4 +942,61 @@ fn in_the_degraded_mode_each_rule_counts_as_its_window_decides_and_a_refusal_ret
     }
     start(&host, &mut filter, 12, "frank");
     assert_eq!(header(&local_reply(&host, 12).1, "x-ratelimited-by"), Some("b"), "b's window is full at 9");
+}
+
+/// A gRPC request of `user` (`content-type` as given) on `context_id`.
+fn start_grpc(host: &FakeHost, filter: &mut Filter<FakeHost>, context_id: u32, user: &str, content_type: &str) {
+    host.request(context_id, &[(":path", "/pkg.Svc/Call"), ("x-user", user), ("content-type", content_type)]);
+    filter.on_request_headers(context_id);
+}
+
+/// The gRPC status, headers and body (grpc-message) of a local reply.
+fn grpc_reply(host: &FakeHost, context_id: u32) -> (Option<u8>, Vec<(String, String)>, String) {
+    match host.end(context_id) {
+        Some(End::LocalReply { grpc_status, headers, body, .. }) => (grpc_status, headers, body),
+        other => panic!("expected a local reply, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_rejected_grpc_request_gets_resource_exhausted_with_the_wait_as_pushback() {
+    let (host, mut filter) = configure(BRIDGE, PER_USER, "");
+    start_grpc(&host, &mut filter, 2, "alice", "application/grpc+proto");
+    answer_http(&host, &mut filter, last_token(&host), 200, &rejected(1503));
+    let (grpc_status, headers, message) = grpc_reply(&host, 2);
+    assert_eq!((grpc_status, message.as_str()), (Some(8), "rate limit exceeded"));
+    assert_eq!(header(&headers, "grpc-retry-pushback-ms"), Some("1503"));
+    assert_eq!(header(&headers, "retry-after"), Some("2"), "the rate limit headers travel as metadata");
+    assert_eq!(header(&headers, "x-ratelimited-by"), Some("per-user"));
+    assert_eq!(header(&headers, "content-type"), None, "Envoy sets application/grpc itself");
+
+    // An HTTP request and a gRPC-Web one (Envoy's grpc_web filter translates those) keep the HTTP answer.
+    for (context_id, content_type) in [(4, "application/json"), (6, "application/grpc-web+proto")] {
+        start_grpc(&host, &mut filter, context_id, "alice", content_type);
+        answer_http(&host, &mut filter, last_token(&host), 200, &rejected(1503));
+        assert_eq!(grpc_reply(&host, context_id).0, None, "{content_type}");
+        assert_eq!(local_reply(&host, context_id).0, 429);
+        assert_eq!(header(&local_reply(&host, context_id).1, "grpc-retry-pushback-ms"), None);
+    }
+}
+
+#[test]
+fn grpc_statuses_are_configurable_and_failing_closed_answers_unavailable_without_pushback() {
+    let (host, mut filter) =
+        configure(BRIDGE, PER_USER, r#","failure_mode":"deny","grpc":{"rejected_status":"UNAVAILABLE"}"#);
+    start_grpc(&host, &mut filter, 2, "alice", "application/grpc");
+    answer_http(&host, &mut filter, last_token(&host), 200, &rejected(40));
+    assert_eq!(grpc_reply(&host, 2).0, Some(14), "rejected_status: UNAVAILABLE");
+
+    start_grpc(&host, &mut filter, 4, "bob", "application/grpc");
+    answer_http(&host, &mut filter, last_token(&host), 200, b"-ERR boom\r\n");
+    let (grpc_status, headers, message) = grpc_reply(&host, 4);
+    assert_eq!((grpc_status, message.as_str()), (Some(14), "rate limiter unavailable"));
+    assert_eq!(header(&headers, "grpc-retry-pushback-ms"), None, "no circuit decides when to come back");
+
+    let (host, mut filter) =
+        configure(BRIDGE, PER_USER, r#","grpc":{"rejected_status":13,"failure_status":"INTERNAL"}"#);
+    start_grpc(&host, &mut filter, 2, "alice", "application/grpc");
+    answer_http(&host, &mut filter, last_token(&host), 200, &rejected(40));
+    assert_eq!(grpc_reply(&host, 2).0, Some(13));
 }

@@ -15,6 +15,7 @@ use crate::prelude::*;
 use crate::config::HeaderStyle;
 
 pub mod cache;
+pub mod grpc;
 mod values;
 
 pub use values::{policy_value, push_number, rate_limit_headers, retry_after, seconds_ceil, Quota};
@@ -23,8 +24,8 @@ pub use values::{policy_value, push_number, rate_limit_headers, retry_after, sec
 pub const INLINE: usize = 38;
 
 /// Most headers a decision carries (`Retry-After`, `x-ratelimited-by`, two draft and three legacy rate limit
-/// headers, `x-envoy-ratelimited`, `x-shadow-ratelimited-by`, `content-type`): every header a reply can have,
-/// so a [`Headers`] never fills.
+/// headers, `x-envoy-ratelimited`, `x-shadow-ratelimited-by`, `content-type` or, for gRPC,
+/// `grpc-retry-pushback-ms`): every header a reply can have, so a [`Headers`] never fills.
 pub const MAX_HEADERS: usize = 10;
 
 /// A header value: a constant, a value prepared once and shared, a short one kept inline, or one made for
