@@ -25,8 +25,9 @@ What the images hold (docs/deploying.md, "OCI images"):
   the metadata files as they are and the module as `plugin.tar.gz` (`oras push` in that page, section 4, and
   in alibaba/higress pkg/cmd/hgctl/plugin/build/templates.go), each layer named by the annotation
   `org.opencontainers.image.title` (what oras writes for a file, and reads back as its name; OCI image-spec
-  annotations.md). The gateway reads only the last layer: Istio's fetcher, which Higress's controller
-  builds on, takes `layers[len(layers)-1]` and looks for `plugin.wasm` in it.
+  annotations.md). The gateway reads only the last layer: Istio's fetcher (istio/istio
+  pkg/wasm/imagefetcher.go, the same in Higress's fork higress-group/istio) takes `layers[len(layers)-1]`,
+  checks its media type and looks for `plugin.wasm` in it.
 
 Both carry the manifest annotations `org.opencontainers.image.title` (the image name),
 `org.opencontainers.image.version` (Cargo.toml's version), `org.opencontainers.image.description` and
