@@ -171,3 +171,20 @@ def test_the_module_logs_its_plugin_version_when_it_loads(stack: h.Stack, grpc_s
     version = tomllib.loads((h.REPO / "Cargo.toml").read_text())["package"]["version"]
     envoy = grpc_envoy(stack, h.plugin_config(h.rule()), grpc_server)
     assert f"plugin_version {version}: configured 1 rule(s)" in envoy.log_text()
+
+
+def test_every_gateway_answers_a_limited_grpc_request_trailers_only(start_gateway: Any) -> None:
+    """Both builds, in Envoy and in the emulator (which answers gRPC requests' local replies as Envoy does):
+    the rejection of a request with a gRPC content-type is HTTP 200 with grpc-status 8 and the pushback,
+    whatever the HTTP version; the same request without it gets the 429."""
+    gw = start_gateway(h.rule(rate=1, interval="10s"))
+    grpc_headers = {"x-user-id": "gina", "content-type": "application/grpc"}
+    assert gw.send("/erl.Echo/Say", grpc_headers).status != 429
+    rejected = gw.send("/erl.Echo/Say", grpc_headers)
+    assert (rejected.status, rejected.headers.get("grpc-status")) == (200, "8"), rejected
+    assert rejected.headers.get("content-type") == "application/grpc"
+    assert rejected.headers.get("grpc-message") == "rate limit exceeded"
+    assert 9_000 <= int(rejected.headers["grpc-retry-pushback-ms"]) <= 10_003, rejected.headers
+    assert rejected.body == ""
+    plain = gw.send("/", {"x-user-id": "gina"})
+    assert plain.status == 429 and "grpc-status" not in plain.headers

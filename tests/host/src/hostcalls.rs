@@ -367,7 +367,7 @@ fn link_stream(linker: &mut Linker<VmState>) -> wasmtime::Result<()> {
         Ok(())
     });
     link_hostcall!(linker, fn proxy_send_local_response(c, status: u32, details_ptr: u32, details_size: u32,
-            body_ptr: u32, body_size: u32, headers_ptr: u32, headers_size: u32, _grpc_status: i32) {
+            body_ptr: u32, body_size: u32, headers_ptr: u32, headers_size: u32, grpc_status: i32) {
         let details = read(c, details_ptr, details_size)?;
         let body = read(c, body_ptr, body_size)?;
         let headers = read(c, headers_ptr, headers_size)?;
@@ -375,7 +375,9 @@ fn link_stream(linker: &mut Linker<VmState>) -> wasmtime::Result<()> {
         let context = state.context_id();
         if state.stream().is_some() {
             let details = String::from_utf8_lossy(&details).into_owned();
-            let reply = LocalReplySpec { status, details, body, headers: lowercase_pairs(&headers) };
+            // cpp-host: 0xFFFFFFFF (-1) is no gRPC status.
+            let grpc_status = u32::try_from(grpc_status).ok();
+            let reply = LocalReplySpec { status, details, body, headers: lowercase_pairs(&headers), grpc_status };
             state.actions.push(Action::LocalReply { context, reply });
         }
         // cpp-host: the filter stops, whatever the callback returns.

@@ -530,11 +530,19 @@ impl Host {
         }
     }
 
-    /// Sends a local reply through the encoder path (the sending filter included).
-    fn local_reply(&mut self, key: (usize, u32), reply: LocalReplySpec) {
+    /// Sends a local reply through the encoder path (the sending filter included); to a gRPC request, as
+    /// Envoy does, a trailers-only gRPC response ([`grpc_local_reply`]).
+    fn local_reply(&mut self, key: (usize, u32), mut reply: LocalReplySpec) {
         let (vm, ctx) = key;
+        let grpc = self
+            .with_state(vm, |s| s.stream_by_id(ctx).is_some_and(|d| is_grpc_request(&d.request_headers)))
+            .unwrap_or(false);
+        let mut headers: Pairs = if grpc {
+            grpc_local_reply(&mut reply)
+        } else {
+            vec![(b":status".to_vec(), reply.status.to_string().into_bytes())]
+        };
         let status = u16::try_from(reply.status).unwrap_or(500);
-        let mut headers: Pairs = vec![(b":status".to_vec(), reply.status.to_string().into_bytes())];
         headers.extend(reply.headers.iter().cloned());
         if !reply.body.is_empty() {
             headers.push((b"content-length".to_vec(), reply.body.len().to_string().into_bytes()));
@@ -656,4 +664,50 @@ impl StreamRun {
             None
         }
     }
+}
+
+/// Whether request headers make a gRPC request as Envoy 1.40 decides it (`Grpc::Common::isGrpcRequestHeaders`):
+/// `content-type` `application/grpc`, or followed by `+` (a subtype) or `;`.
+fn is_grpc_request(headers: &Pairs) -> bool {
+    headers.iter().any(|(name, value)| {
+        name == b"content-type"
+            && value
+                .strip_prefix(b"application/grpc".as_slice())
+                .is_some_and(|rest| matches!(rest.first(), None | Some(b'+' | b';')))
+    })
+}
+
+/// Envoy's local reply to a gRPC request (`Http::Utility::sendLocalReply` with `is_grpc`): trailers-only,
+/// HTTP 200, `content-type: application/grpc`, `grpc-status` (the status given, else mapped from the HTTP
+/// status by `Grpc::Utility::httpToGrpcStatus`) and the body as `grpc-message`, percent-encoded (gRPC's
+/// PROTOCOL-HTTP2.md: bytes outside 0x20-0x7E and `%`); no body. `reply` becomes that answer's status and
+/// body; returns its first headers.
+fn grpc_local_reply(reply: &mut LocalReplySpec) -> Pairs {
+    let grpc_status = reply.grpc_status.unwrap_or(match reply.status {
+        400 => 13,
+        401 => 16,
+        403 => 7,
+        404 => 12,
+        429 | 502 | 503 | 504 => 14,
+        _ => 2,
+    });
+    let mut headers: Pairs = vec![
+        (b":status".to_vec(), b"200".to_vec()),
+        (b"content-type".to_vec(), b"application/grpc".to_vec()),
+        (b"grpc-status".to_vec(), grpc_status.to_string().into_bytes()),
+    ];
+    if !reply.body.is_empty() {
+        let mut message = Vec::with_capacity(reply.body.len());
+        for &byte in &reply.body {
+            if (0x20..=0x7e).contains(&byte) && byte != b'%' {
+                message.push(byte);
+            } else {
+                message.extend_from_slice(format!("%{byte:02X}").as_bytes());
+            }
+        }
+        headers.push((b"grpc-message".to_vec(), message));
+    }
+    reply.status = 200;
+    reply.body.clear();
+    headers
 }

@@ -150,6 +150,8 @@ pub struct LocalReplySpec {
     pub body: Vec<u8>,
     /// Headers to add.
     pub headers: Pairs,
+    /// The gRPC status given (`grpc_status` of `proxy_send_local_response`; `None` for -1).
+    pub grpc_status: Option<u32>,
 }
 
 /// What a hostcall asked for that Envoy does after the guest call returns.
