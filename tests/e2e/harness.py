@@ -641,11 +641,18 @@ class _UpstreamHandler(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class _UpstreamServer(http.server.ThreadingHTTPServer):
+    # socketserver's default backlog is 5: when a limiter's window refills, its rate of requests reaches the
+    # upstream within a millisecond, each on a new connection, and Envoy answered some 503 (UF,
+    # upstream_reset_before_response_started) in about one HTTP/2 test run in six (tests/e2e/test_http2.py).
+    request_queue_size = 1024
+
+
 class Upstream:
     """The protected service: HTTP/1.1, 200 `upstream ok\\n` to everything, counting requests (`hits`)."""
 
     def __init__(self) -> None:
-        self.server = http.server.ThreadingHTTPServer((HOST, 0), _UpstreamHandler)
+        self.server = _UpstreamServer((HOST, 0), _UpstreamHandler)
         self.server.daemon_threads = True
         self.server.hits = 0  # type: ignore[attr-defined]
         self.port: int = self.server.server_address[1]

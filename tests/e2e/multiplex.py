@@ -53,7 +53,6 @@ import harness as h
 ACCESS_FORMAT = ("%START_TIME(%s.%3f)% %DURATION% %RESPONSE_CODE% %PROTOCOL% %REQ(X-USER-ID)% %RESPONSE_FLAGS% "
                  "%RESPONSE_CODE_DETAILS%\n")
 SERVER_NAME = "localhost"
-UPSTREAM_BACKLOG = 1024
 # How late a window's refill may come in a run far beyond the limit (`sliding_windows()`).
 REFILL_SLACK_MS = 100
 
@@ -174,11 +173,6 @@ def protocol_envoy(stack: h.Stack, plugin: dict, *, quic: bool = False, concurre
         listeners.append(udp)
 
     envoy.yaml_path.write_text(json.dumps(bootstrap))
-    # The stack's upstream listens with socketserver's backlog of 5. When a window refills, its rate of
-    # requests is admitted within a millisecond, each on a new upstream connection (HTTP/1.1); with a
-    # backlog of 5 about one run in six got 503s (UF, upstream_reset_before_response_started) from the
-    # upstream, none in ten with this one. Linux takes a new backlog from a second listen().
-    stack.upstream.server.socket.listen(UPSTREAM_BACKLOG)
     stack.envoys.append(envoy)
     envoy.start()
     return ProtocolEnvoy(envoy, envoy.port, tls_port, quic_port, ca_path, access_log)
