@@ -67,10 +67,13 @@ if lease > 0 and ARGV[11] ~= '' then
 --@function giveBack
   giveBack(valueName, permitsName, ARGV[11], ARGV[12], ARGV[13], ARGV[14], rate)
 end
+-- `stale`: the value in Redis is not `value` yet (created, or permits released); it is written once, with
+-- the permits this call takes already subtracted (one SET instead of SET then DECRBY: the same value).
 local value = redis.call('get', valueName)
+local stale = false
 if value == false then
   value = rate
-  redis.call('set', valueName, config[1])
+  stale = true
 else
   value = tonumber(value)
   local cutoff = string.format('%d', now - interval)
@@ -89,7 +92,7 @@ else
         value = value - permits
       end
     end
-    redis.call('set', valueName, string.format('%d', value))
+    stale = true
   end
 end
 local code, amount, taken = 0, 0, 0
@@ -106,8 +109,17 @@ else
     end
   end
   redis.call('zadd', permitsName, score, struct.pack('Bc0I', string.len(ARGV[2]), ARGV[2], taken))
-  value = redis.call('decrby', valueName, taken)
+  if stale then
+    value = value - taken
+    redis.call('set', valueName, string.format('%d', value))
+    stale = false
+  else
+    value = redis.call('decrby', valueName, taken)
+  end
   code, amount = 1, value
+end
+if stale then
+  redis.call('set', valueName, string.format('%d', value))
 end
 local keepAlive = config[4]
 if keepAlive and (tonumber(keepAlive) or 0) > 0 then
