@@ -12,7 +12,7 @@
 //! 1. Protocol and the host seam: [`resp`] (one [`resp::Command`] out, one bounded [`resp::Reply`] back),
 //!    [`host`] (the [`host::Host`] trait: everything the filter needs from a proxy-wasm host), [`key`] (a
 //!    request's key values, limiter names, Redisson's key layout), [`matching`] (exemptions, value
-//!    matches).
+//!    matches), [`usage`] (the tokens an LLM API's response reports, read from its body as it streams).
 //! 2. [`config`]: the plugin configuration, parsed and validated once into an immutable value, and its
 //!    route and domain overrides.
 //! 3. Redis and what a VM or process keeps: [`script`] (the Redisson operations as Lua scripts, their
@@ -59,6 +59,7 @@ pub mod resp;
 pub mod response;
 pub mod script;
 pub mod transport;
+pub mod usage;
 
 #[cfg(feature = "filter")]
 mod abi;
