@@ -132,8 +132,13 @@ impl Retired {
 
     /// Its settlement, now marked as sent.
     fn send(&mut self) -> Settlement {
-        let settlement =
-            Settlement { random: self.random, granted: self.held, used: self.used, early_ms: self.early_ms };
+        let settlement = Settlement {
+            random: self.random,
+            granted: self.held,
+            used: self.used,
+            early_ms: self.early_ms,
+            renamed: None,
+        };
         self.sending = Some(self.used);
         self.early_ms = 0;
         settlement
@@ -390,7 +395,7 @@ mod tests {
     }
 
     fn settlement(random: u8, granted: u64, used: u64, early_ms: u64) -> Settlement {
-        Settlement { random: [random; 16], granted, used, early_ms }
+        Settlement { random: [random; 16], granted, used, early_ms, renamed: None }
     }
 
     #[test]

@@ -253,7 +253,8 @@ fn give_back(pending: &PendingRequest, config: &PluginConfig) -> Vec<GiveBack> {
                 return None;
             };
             config.rules.get(call.rule)?;
-            let settlement = Settlement { random: call.member_random, granted: *granted, used: 0, early_ms: 0 };
+            let settlement =
+                Settlement { random: call.member_random, granted: *granted, used: 0, early_ms: 0, renamed: None };
             Some(GiveBack { name: call.name.clone(), settlement })
         })
         .collect()

@@ -297,23 +297,37 @@ pub struct LeaseRequest {
     pub settle: Option<Settlement>,
 }
 
-/// What a lease (or a rejected request's permits) leaves in Redis: the member `(random, granted)` becomes
-/// `(random, used)` scored `early_ms` earlier, and the `granted - used` permits go back to the value
-/// (prelude `giveBack`).
+/// How one permit member is settled (prelude `giveBack`): the member `(random, granted)` becomes
+/// `(renamed or random, used)` scored `early_ms` earlier (removed when `used` is 0), and the value changes
+/// by `granted - used` permits: unused ones go back (never above the rate), an excess (`used > granted`)
+/// is charged, even below zero (then every acquire is rejected until enough permits left the window). So
+/// the value plus the permits of the members in the window stays the rate. A member that already left the
+/// window, or is unknown, is not found: nothing changes.
+///
+/// Uses: a lease's settlement (inside [`super::ACQUIRE`] / [`super::ACQUIRE_ALL`] as [`LeaseRequest::settle`],
+/// or alone as [`super::GIVE_BACK`]), a rejected request's permits given back (`used` 0), and a
+/// reservation settled at its real cost ("reserve, then settle": `granted` reserved at the request,
+/// `used` the cost known when the response ends, `early_ms` 0, `renamed` the settled member's random).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settlement {
     /// The member's random bytes.
     pub random: [u8; MEMBER_RANDOM_LEN],
     /// Permits the member holds.
     pub granted: u64,
-    /// Permits really used (0: the member goes).
+    /// Permits really used (0: the member goes; more than `granted`: the excess is charged). At most
+    /// `u32::MAX`: a member carries its permits in 4 bytes (Redisson's `Bc0I`).
     pub used: u64,
-    /// How long before the member's score the last use was, ms.
+    /// How long before the member's score the last use was, ms (0: the member keeps its score).
     pub early_ms: u64,
+    /// The random bytes of the member that stays, when they change (`None`: `random`): so a settled
+    /// member can be told from a reservation in Redis. Sent as [`super::GIVE_BACK`]'s `ARGV[5]` only;
+    /// a settlement inside [`super::ACQUIRE`] / [`super::ACQUIRE_ALL`] (a lease's) has no place for it
+    /// and keeps `random`.
+    pub renamed: Option<[u8; MEMBER_RANDOM_LEN]>,
 }
 
 impl Settlement {
-    /// The four arguments: random, granted, used, early (ms).
+    /// The four arguments every settlement has: random, granted, used (permits), early (ms).
     fn args(&self) -> [Vec<u8>; 4] {
         [
             self.random.to_vec(),
@@ -323,8 +337,16 @@ impl Settlement {
         ]
     }
 
+    /// [`super::GIVE_BACK`]'s arguments: [`Settlement::args`], then `renamed` if any (`ARGV[5]`).
+    fn give_back_args(&self) -> Vec<Vec<u8>> {
+        let mut args = self.args().to_vec();
+        args.extend(self.renamed.map(|renamed| renamed.to_vec()));
+        args
+    }
+
     /// The bytes of the [`super::GIVE_BACK`] command for limiter `name` (with this gateway's Redisson
-    /// client id, as `template` has it).
+    /// client id, as `template` has it): `ARGV` random, granted, used, early (ms), and `renamed` when
+    /// `Some`.
     pub fn encode(
         &self,
         name: &str,
@@ -332,7 +354,7 @@ impl Settlement {
         invocation: Invocation,
         encoding: Encoding,
     ) -> Vec<u8> {
-        let args = self.args();
+        let args = self.give_back_args();
         let mut out = Vec::with_capacity(256);
         let mut writer = ArgWriter::new(&mut out, encoding, 2 + 1 + 5 + args.len());
         writer.script(&GIVE_BACK, invocation, 1);
@@ -475,7 +497,8 @@ mod tests {
     #[test]
     fn the_template_encodes_exactly_what_the_generic_command_does() {
         let template = template();
-        let settle = Settlement { random: [b'z'; MEMBER_RANDOM_LEN], granted: 64, used: 9, early_ms: 31 };
+        let settle =
+            Settlement { random: [b'z'; MEMBER_RANDOM_LEN], granted: 64, used: 9, early_ms: 31, renamed: None };
         let leases = [
             None,
             Some(LeaseRequest { max_permits: 64, max_age_ms: 50, settle: None }),
@@ -506,7 +529,7 @@ mod tests {
     #[test]
     fn give_back_and_acquire_all_encode_as_the_generic_command_does() {
         let template = template();
-        let settle = Settlement { random: [b'q'; MEMBER_RANDOM_LEN], granted: 7, used: 0, early_ms: 0 };
+        let settle = Settlement { random: [b'q'; MEMBER_RANDOM_LEN], granted: 7, used: 0, early_ms: 0, renamed: None };
         for name in ["erl:r:alice", "{tagged}:r:~AP8"] {
             let keys = LimiterKeys::new(name, "client-1");
             for invocation in [Invocation::BySha, Invocation::BySource] {
@@ -517,6 +540,25 @@ mod tests {
                 assert_eq!(settle.encode(name, &template, invocation, Encoding::WebdisPath), command.to_webdis_path());
             }
         }
+        // Settled at a cost with the member renamed: ARGV[5] is the new random; without `renamed`, 4 arguments.
+        let renamed = Settlement { granted: 5, used: 12, renamed: Some(*b"-sABCDEFGHIJKLMN"), ..settle };
+        for (settlement, argv) in [
+            (renamed, vec![&[b'q'; 16][..], b"5", b"12", b"0", b"-sABCDEFGHIJKLMN"]),
+            (settle, vec![&[b'q'; 16][..], b"7", b"0", b"0"]),
+        ] {
+            let keys = LimiterKeys::new("erl:r:alice", "client-1");
+            let command = GIVE_BACK.command(Invocation::BySha, &keys, &argv);
+            let encoded = settlement.encode("erl:r:alice", &template, Invocation::BySha, Encoding::Resp);
+            assert_eq!(encoded, command.to_resp());
+            assert_eq!(
+                settlement.encode("erl:r:alice", &template, Invocation::BySha, Encoding::WebdisPath),
+                command.to_webdis_path()
+            );
+            assert!(encoded.starts_with(format!("*{}\r\n", 8 + argv.len()).as_bytes()));
+        }
+        // A lease's settlement inside ACQUIRE has four arguments, renamed or not (ACQUIRE keeps `random`).
+        let lease = LeaseRequest { max_permits: 64, max_age_ms: 50, settle: Some(renamed) };
+        assert_eq!(lease.args()[2..], [vec![b'q'; 16], b"5".to_vec(), b"12".to_vec(), b"0".to_vec()]);
         // Two limiters: 5 keys each, now, then 13 arguments each (the rule's 7 and the lease's 6).
         let lease = LeaseRequest { max_permits: 64, max_age_ms: 50, settle: Some(settle) };
         let parts = [

@@ -177,12 +177,22 @@ impl PartsScript {
     }
 }
 
-/// Give-back (`lua/give_back.lua`): returns the permits of one member: `ARGV` random, granted, used,
-/// early (ms) as [`Settlement`]. The member `(random, granted)` is replaced by `(random, used)` scored
-/// `early` ms earlier (removed when `used` is 0) and the value gets `granted - used` back (never above the
-/// rate, TTL kept). A member already released is not found: nothing changes. Replies 1 if it was found,
-/// 0 if not (or the limiter does not exist). Used when a request that took permits in one hash slot is
-/// rejected by a limiter in another.
+/// Give-back (`lua/give_back.lua`): settles one permit member ([`Settlement`]). `ARGV`: 1 random, 2 granted,
+/// 3 used (permits), 4 early (ms), 5 optional: the random bytes of the member that stays (absent or empty:
+/// random). The member `(random, granted)` is replaced by `(renamed or random, used)` scored `early` ms
+/// earlier (removed when `used` is 0), and the value changes by `granted - used` permits, `SET` with its
+/// TTL kept:
+/// - `used < granted`: the unused permits go back to the value, never above the rate;
+/// - `used > granted`: the excess is charged, `value - (used - granted)`, even below zero: every acquire is
+///   then rejected until enough permits left the window (a reservation that cost more than it reserved);
+/// - `used == granted`: the value is untouched (with `renamed`, only the member's random bytes change).
+///
+/// The value plus the permits of the members in the window stays the rate. A member already released (it
+/// left the window, its permits went back to the value) or unknown is not found: nothing changes. A
+/// missing value key is left missing (the next acquire counts the window full). Replies 1 if the member
+/// was found, 0 if not (or the limiter does not exist). Used when a request that took permits in one hash
+/// slot is rejected by a limiter in another (`used` 0), to settle a lease on its own, and to settle a
+/// reservation at its real cost ("reserve, then settle").
 pub static GIVE_BACK: Script = Script::new("giveBack", GIVE_BACK_SOURCE, GIVE_BACK_SHA);
 
 /// Redisson `trySetRate`: `ARGV` rate, interval (ms), type, keepAliveTime (ms). Replies 1 if the limiter
