@@ -9,6 +9,8 @@
 //! - [`scenarios`]: Redisson's documented behaviour, scenario by scenario (sliding window, trySetRate,
 //!   permits above the rate, availablePermits, keepAlive, Redis `TIME` and skewed clocks), on virtual
 //!   times but for keepAlive, which waits for Redis's real TTLs.
+//! - [`settle`]: "reserve, then settle" (GIVE_BACK with a cost below, at or above the reservation, a
+//!   renamed member, a member already gone, a lease settled inside ACQUIRE), with the sum invariant.
 //!
 //! Run: `cargo test --no-default-features --test parity` (needs `redis-server` on the `PATH`).
 
@@ -17,3 +19,4 @@ mod model;
 mod properties;
 mod redis_server;
 mod scenarios;
+mod settle;

@@ -388,6 +388,21 @@ impl Limiter {
         entry.data
     }
 
+    /// `SET value n KEEPTTL`: the value key keeps its TTL (a missing key is created without one).
+    fn set_value_keep_ttl(&mut self, scope: Scope, value: i64) {
+        self.values.entry(scope).or_insert_with(|| Entry::persistent(0)).data = value;
+    }
+
+    /// `ZREM permits member`: the member with these bytes goes (the key disappears with its last member).
+    fn zrem(&mut self, scope: Scope, bytes: &[u8]) {
+        if let Some(entry) = self.permits.get_mut(&scope) {
+            entry.data.retain(|m| m.bytes() != bytes);
+            if entry.data.is_empty() {
+                self.permits.remove(&scope);
+            }
+        }
+    }
+
     /// `ZADD permits score member`: a member with the same bytes only moves; keeps the TTL.
     pub fn zadd(&mut self, scope: Scope, member: Member) {
         let entry = self.permits.entry(scope).or_insert_with(|| Entry::persistent(Vec::new()));
@@ -719,6 +734,55 @@ impl Limiter {
         }
     }
 
+    /// The gateway's settlement of one permit member (the GIVE_BACK script; gateway behaviour, not a
+    /// Redisson operation): how a lease is settled, a rejected request's permits go back (`used` 0), and a
+    /// reservation of `granted` permits becomes its real cost `used` ("reserve, then settle", issue 24).
+    ///
+    /// Nothing happens (false) when the hash lacks `rate` or `type`, or when the member `(random, granted)`
+    /// is not in `client`'s permits key of that type (released by an acquire once it left the window,
+    /// expired with its key, or never there). Otherwise (true): with `used` > 0 the member `(renamed, used)`
+    /// (`renamed` `None` or empty: `random`) is added with the old score minus `early_ms` (the same bytes
+    /// only move), then the old member is removed if it differs, so the key never empties and keeps its TTL;
+    /// with `used` 0 the old member is just removed. Then, if the value key exists and `granted != used`,
+    /// it becomes value + (granted - used), `SET ... KEEPTTL`: unused permits come back, capped at the rate;
+    /// an excess is charged without a floor (the value may go below zero, and Redisson's tryAcquire then
+    /// rejects until enough permits leave the window). A missing value key stays missing.
+    pub fn give_back(
+        &mut self,
+        random: &[u8],
+        granted: i64,
+        used: i64,
+        early_ms: Ms,
+        renamed: Option<&[u8]>,
+        client: usize,
+    ) -> bool {
+        let Some(hash) = self.hash() else { return false };
+        let (Some(rate), Some(rate_type)) = (hash.rate, hash.rate_type) else { return false };
+        let scope = Self::scope_of(rate_type, client);
+        let permits = |n: i64| u32::try_from(n).unwrap_or(u32::MAX);
+        let old = Member { score: 0, random: random.to_vec(), permits: permits(granted) }.bytes();
+        let Some(score) = self.members(scope).iter().find(|m| m.bytes() == old).map(|m| m.score) else {
+            return false;
+        };
+        if used > 0 {
+            let kept = renamed.filter(|bytes| !bytes.is_empty()).unwrap_or(random);
+            let settled = Member { score: score - early_ms, random: kept.to_vec(), permits: permits(used) };
+            let same = settled.bytes() == old;
+            self.zadd(scope, settled);
+            if !same {
+                self.zrem(scope, &old);
+            }
+        } else {
+            self.zrem(scope, &old);
+        }
+        let unused = granted - used;
+        if let Some(value) = self.value(scope).filter(|_| unused != 0) {
+            let value = if unused > 0 { (value + unused).min(rate) } else { value + unused };
+            self.set_value_keep_ttl(scope, value);
+        }
+        true
+    }
+
     /// Whether the hash holds `wanted` (a missing keepAliveTime field equals `0`).
     fn same_config(held: RateConfig, wanted: RateConfig) -> bool {
         held.rate == wanted.rate
@@ -787,6 +851,25 @@ mod tests {
         // A SET alone drops the TTL, as in Redis.
         limiter.set_value(Scope::Overall, 1);
         assert_eq!(limiter.pttl(Key::Value(Scope::Overall)), -1);
+    }
+
+    #[test]
+    fn a_settlement_returns_or_charges_the_difference_and_keeps_the_sum() {
+        let (reserved, settled) = (b"-rAAAAAAAAAAAAAA", b"-sAAAAAAAAAAAAAA");
+        let mut limiter = Limiter::new(T0);
+        limiter.try_set_rate(config(10, 1000, 0), 0);
+        assert_eq!(limiter.try_acquire(6, T0, reserved, 0), AcquireResult::Acquired { remaining: 4 });
+        assert!(limiter.give_back(reserved, 6, 2, 0, Some(settled), 0));
+        assert_eq!(limiter.value(Scope::Overall), Some(8), "4 unused permits back");
+        assert_eq!(limiter.members(Scope::Overall), [Member { score: T0, random: settled.to_vec(), permits: 2 }]);
+        assert_eq!(limiter.try_acquire(8, T0 + 1, b"-rBBBBBBBBBBBBBB", 0), AcquireResult::Acquired { remaining: 0 });
+        assert!(limiter.give_back(b"-rBBBBBBBBBBBBBB", 8, 13, 0, None, 0));
+        assert_eq!(limiter.value(Scope::Overall), Some(-5), "5 more than reserved, charged below zero");
+        assert_eq!(limiter.try_acquire(1, T0 + 2, b"x", 0), AcquireResult::Rejected { delay_ms: 3 + 1000 - 2 });
+        // Both members leave at T0 + 1001: -5 + 2 + 13 = the rate.
+        assert_eq!(limiter.try_acquire(1, T0 + 1001, b"y", 0), AcquireResult::Acquired { remaining: 9 });
+        assert!(!limiter.give_back(settled, 2, 1, 0, None, 0), "released: not found");
+        assert_eq!(limiter.value(Scope::Overall), Some(9));
     }
 
     #[test]

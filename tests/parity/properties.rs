@@ -16,6 +16,13 @@
 //! 8-byte ids (Redisson 3.17-3.20: through the acquire script, and directly with `ZADD`), and limiters are
 //! also created the Redisson 3.x way (no `keepAliveTime` field).
 //!
+//! Members are also settled (GIVE_BACK, [`Limiter::give_back`]): a member of the window in force, or an
+//! unknown one, becomes its real cost: fewer permits (the rest back to the value), as many (maybe
+//! renamed, `-s` + 14 base-62 characters, as "reserve, then settle" renames a reservation), or more (the
+//! excess charged, the value maybe below zero; the acquires after it meet that value). Besides the
+//! comparison, each settlement that found its member must keep value + the permits of the members as
+//! they were (but for the cap at the rate), and one that did not must change nothing.
+//!
 //! Run size: [`DEFAULT_CASES`] cases of 1-60 steps (about 15,000 steps) per limiter type; `PROPTEST_CASES`
 //! overrides.
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
@@ -27,10 +34,10 @@ use std::time::Instant;
 
 use edge_rate_limiter::config::LimiterType;
 use edge_rate_limiter::key::LimiterKeys;
-use edge_rate_limiter::resp::Reply;
+use edge_rate_limiter::resp::{decode_reply, Reply};
 use edge_rate_limiter::script::{
-    decode_acquire_reply, AcquireConfig, AcquireTemplate, Clock, Invocation, ACQUIRE, AVAILABLE_PERMITS, DELETE,
-    SET_RATE, TRY_SET_RATE, UPDATE_RATE,
+    decode_acquire_reply, AcquireConfig, AcquireTemplate, Clock, Encoding, Invocation, Settlement, ACQUIRE,
+    AVAILABLE_PERMITS, DELETE, GIVE_BACK, MEMBER_RANDOM_LEN, SET_RATE, TRY_SET_RATE, UPDATE_RATE,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestCaseResult, TestError, TestRunner};
@@ -136,6 +143,31 @@ enum Op {
     Delete,
     /// A Redisson 3.17-3.20 member (8-byte id) written directly with `ZADD` into the window in force.
     ZaddLegacy { permits_pick: u8, random: [u8; 8] },
+    /// A member settled (GIVE_BACK): `member_pick` picks one of the members of the client's window in force
+    /// (below 32, or no member: an unknown member, `random` with 1..=rate permits); `used` the permits it really
+    /// used; `early_pick` moves it 2 * interval * per_mille / 1000 ms earlier (none: it keeps its score);
+    /// `renamed` the 14 base-62 characters after `-s` of its new random bytes (none: it keeps them).
+    Settle { member_pick: u8, used: Used, early_pick: Option<u16>, renamed: Option<[u8; 14]>, random: [u8; 16] },
+}
+
+/// The permits a settled member really used.
+#[derive(Clone, Copy, Debug)]
+enum Used {
+    /// As many as it holds.
+    Same,
+    /// Mapped onto 0..=granted+rate+1 of the member's permits and the rate in force: fewer, as many, more.
+    Pick(u8),
+}
+
+/// The random bytes of a settled member: `-s` and 14 base-62 characters picked by `chars`.
+fn settled_random(chars: &[u8; 14]) -> [u8; MEMBER_RANDOM_LEN] {
+    const BASE62: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+    let mut random = [b'-'; MEMBER_RANDOM_LEN];
+    random[1] = b's';
+    for (byte, pick) in random[2..].iter_mut().zip(chars) {
+        *byte = BASE62[usize::from(*pick) % BASE62.len()];
+    }
+    random
 }
 
 impl fmt::Debug for Step {
@@ -196,6 +228,20 @@ fn step_strategy() -> impl Strategy<Value = Step> {
         2 => config().prop_map(|config| Op::UpdateRate { config }),
         1 => Just(Op::Delete),
         1 => (1u8..=11, any::<[u8; 8]>()).prop_map(|(permits_pick, random)| Op::ZaddLegacy { permits_pick, random }),
+        4 => (
+            any::<u8>(),
+            prop_oneof![1 => Just(Used::Same), 3 => any::<u8>().prop_map(Used::Pick)],
+            prop::option::weighted(0.25, 0u16..=1000),
+            prop::option::weighted(0.5, any::<[u8; 14]>()),
+            any::<[u8; 16]>(),
+        )
+            .prop_map(|(member_pick, used, early_pick, renamed, random)| Op::Settle {
+                member_pick,
+                used,
+                early_pick,
+                renamed,
+                random,
+            }),
     ];
     (wait, prop_oneof![2 => Just(0usize), 1 => Just(1usize)], op).prop_map(|(wait, client, op)| Step {
         wait,
@@ -415,6 +461,11 @@ struct Coverage {
     type_changed: AtomicU64,
     keys_expired: AtomicU64,
     legacy_members_released: AtomicU64,
+    settled_cheaper: AtomicU64,
+    settled_same_renamed: AtomicU64,
+    settled_dearer: AtomicU64,
+    settle_missed: AtomicU64,
+    negative_value_met: AtomicU64,
 }
 
 impl Coverage {
@@ -435,6 +486,11 @@ impl Coverage {
             ("type changed by an update", read(&self.type_changed)),
             ("keys expired by time", read(&self.keys_expired)),
             ("8-byte members released", read(&self.legacy_members_released)),
+            ("members settled below their permits", read(&self.settled_cheaper)),
+            ("members settled at their permits, renamed", read(&self.settled_same_renamed)),
+            ("members settled above their permits", read(&self.settled_dearer)),
+            ("settlements of members not there", read(&self.settle_missed)),
+            ("acquires meeting a value below zero", read(&self.negative_value_met)),
         ]
     }
 }
@@ -451,6 +507,8 @@ struct Run<'a> {
     names: [String; 7],
     model: Limiter,
     trace: Vec<String>,
+    /// What the last step broke besides the comparison (a settlement's invariant), if anything.
+    broken: Option<String>,
 }
 
 impl Run<'_> {
@@ -513,7 +571,11 @@ impl Run<'_> {
                 self.fail(format!("step {index}: {what}: the model answers {expected:?}, the scripts {actual:?}"))
             );
         }
-        self.compare_keys(index)
+        self.compare_keys(index)?;
+        match self.broken.take() {
+            Some(broken) => Err(self.fail(format!("step {index}: {what}: {broken}"))),
+            None => Ok(()),
+        }
     }
 
     fn compare_keys(&mut self, index: usize) -> Result<(), TestCaseError> {
@@ -552,6 +614,10 @@ impl Run<'_> {
                 };
                 let permits = Self::permits(*permits_pick, rate);
                 self.count_released_legacy_members(client, now);
+                let held = self.model.config().map(|held| Self::scope_of(held.rate_type, client));
+                if held.and_then(|scope| self.model.value(scope)).is_some_and(|value| value < 0) {
+                    Coverage::count(&self.coverage.negative_value_met);
+                }
                 if *apply && self.model.config().is_some_and(|held| held.rate_type != wanted.rate_type) {
                     Coverage::count(&self.coverage.type_changed);
                 }
@@ -681,7 +747,113 @@ impl Run<'_> {
                     Answer::Done,
                 )
             }
+            Op::Settle { member_pick, used, early_pick, renamed, random } => {
+                self.settle(client, *member_pick, *used, *early_pick, renamed.as_ref(), random)
+            }
         }
+    }
+
+    /// The value and permits scope of `rate_type` for `client`.
+    fn scope_of(rate_type: RateType, client: usize) -> Scope {
+        match rate_type {
+            RateType::Overall => Scope::Overall,
+            RateType::PerClient => Scope::Client(client),
+        }
+    }
+
+    /// [`Op::Settle`]: GIVE_BACK on the model and on Redis (a 16-byte member through the filter's own
+    /// [`Settlement::encode`], an 8-byte one with `ARGV[5]` empty or the new random); records in `broken`
+    /// a settlement that did not keep value + the permits of the members (found: as they were but for
+    /// the cap at the rate; not found: everything as it was).
+    fn settle(
+        &mut self,
+        client: usize,
+        member_pick: u8,
+        used: Used,
+        early_pick: Option<u16>,
+        renamed: Option<&[u8; 14]>,
+        unknown: &[u8; 16],
+    ) -> (String, Answer, Answer) {
+        let config = self.config_in_force();
+        let scope = Self::scope_of(config.rate_type, client);
+        let members = self.model.members(scope).to_vec();
+        // One pick in eight, or an empty window: a member not there.
+        let index = if member_pick < 32 { members.len() } else { usize::from(member_pick) % members.len().max(1) };
+        let (random, granted) = match members.get(index) {
+            Some(member) => (member.random.clone(), i64::from(member.permits)),
+            None => (unknown.to_vec(), 1 + i64::from(member_pick) % config.rate),
+        };
+        let used = match used {
+            Used::Same => granted,
+            Used::Pick(pick) => i64::from(pick) % (granted + config.rate + 2),
+        };
+        let early = early_pick.map_or(0, |per_mille| 2 * config.interval_ms * Ms::from(per_mille) / 1000);
+        let renamed = renamed.map(settled_random);
+        let sum = |members: &[Member]| members.iter().map(|m| i64::from(m.permits)).sum::<i64>();
+        let before = (self.model.value(scope), members.clone());
+        let collides = renamed.is_some_and(|r| members.iter().any(|m| m.random == r));
+        let found = self.model.give_back(&random, granted, used, early, renamed.as_ref().map(|r| &r[..]), client);
+        let reply = match <[u8; MEMBER_RANDOM_LEN]>::try_from(random.as_slice()) {
+            Ok(random) => {
+                let settlement =
+                    Settlement { random, granted: granted as u64, used: used as u64, early_ms: early as u64, renamed };
+                let template = AcquireTemplate::new(
+                    AcquireConfig {
+                        permits: 1,
+                        rate: config.rate as u64,
+                        interval_ms: config.interval_ms as u64,
+                        limiter_type: limiter_type(config.rate_type),
+                        keep_alive_ms: config.keep_alive() as u64,
+                        apply_config: false,
+                    },
+                    CLIENT_IDS[client],
+                );
+                let name = self.keys[client].config.clone();
+                let encode = |invocation| settlement.encode(&name, &template, invocation, Encoding::Resp);
+                let raw = self.scripts.run_raw(&encode(Invocation::BySha), || encode(Invocation::BySource));
+                decode_reply(&raw).unwrap_or_else(|e| Reply::Error(format!("not one reply: {e}")))
+            }
+            Err(_) => {
+                let (granted_arg, used_arg, early_arg) = (granted.to_string(), used.to_string(), early.to_string());
+                let renamed_arg = renamed.map_or_else(Vec::new, |r| r.to_vec());
+                let argv: [&[u8]; 5] =
+                    [&random, granted_arg.as_bytes(), used_arg.as_bytes(), early_arg.as_bytes(), &renamed_arg];
+                let keys = self.keys[client].clone();
+                self.scripts.run(&GIVE_BACK, &keys, &argv)
+            }
+        };
+        let after = (self.model.value(scope), self.model.members(scope).to_vec());
+        let counter = match (found, used.cmp(&granted)) {
+            (false, _) => Some(&self.coverage.settle_missed),
+            (true, std::cmp::Ordering::Less) => Some(&self.coverage.settled_cheaper),
+            (true, std::cmp::Ordering::Greater) => Some(&self.coverage.settled_dearer),
+            (true, std::cmp::Ordering::Equal) => renamed.map(|_| &self.coverage.settled_same_renamed),
+        };
+        counter.into_iter().for_each(Coverage::count);
+        let kept = match (found, before.0, after.0) {
+            (false, ..) => before == after,
+            (true, Some(value), Some(now)) if !collides => {
+                let capped = used < granted && value + granted - used > config.rate;
+                now + sum(&after.1) == value + sum(&before.1) || (capped && now == config.rate)
+            }
+            _ => true,
+        };
+        if !kept {
+            self.broken = Some(format!(
+                "value + permits not kept: before {:?} + {}, after {:?} + {}",
+                before.0,
+                sum(&before.1),
+                after.0,
+                sum(&after.1)
+            ));
+        }
+        let id = if random.len() == 8 { "8-byte" } else { "16-byte" };
+        let renamed = renamed.map(|r| format!(" as {}", String::from_utf8_lossy(&r))).unwrap_or_default();
+        let what = format!(
+            "settle {id} member {index} of {}: {granted} -> {used}, {early} ms earlier{renamed}",
+            members.len()
+        );
+        (what, Answer::Flag(found), integer_answer(&reply, |n| Answer::Flag(n == 1)))
     }
 
     fn count_acquire(&self, answer: &Answer) {
@@ -772,6 +944,7 @@ fn run_case(
         names,
         model: Limiter::new(EPOCH_MS),
         trace: vec![format!("  limiter {name:?}")],
+        broken: None,
     };
     for (index, step) in case.steps.iter().enumerate() {
         Coverage::count(&coverage.steps);
