@@ -1010,7 +1010,8 @@ class Emulator:
 
     @staticmethod
     def _request_line(path: str, headers: dict[str, str] | None, method: str, body: bytes | str | None,
-                      source_address: str | None, vm: int | None, route_name: str | None = None) -> dict:
+                      source_address: str | None, vm: int | None, route_name: str | None = None,
+                      response: dict | None = None) -> dict:
         pairs = [[":path", path], [":method", method]]
         pairs += [[name.lower(), value] for name, value in (headers or {}).items()]
         line: dict[str, Any] = {"headers": pairs}
@@ -1022,7 +1023,24 @@ class Emulator:
             line["vm"] = vm
         if route_name is not None:
             line["route_name"] = route_name
+        if response is not None:
+            line["response"] = Emulator.response_spec(**response)
         return line
+
+    @staticmethod
+    def response_spec(status: int = 200, headers: dict[str, str] | list | None = None,
+                      body_chunks: list[str] | None = None, reset_after: int | None = None) -> dict:
+        """The upstream's answer to one request (wasm-host's `response`, tests/host/src/exchange.rs
+        `ResponseSpec`): `status`, `headers` (a dict or [name, value] pairs; `content-length`, the chunks'
+        total, is added unless `content-length` or `transfer-encoding` is given), `body_chunks` (each one
+        `proxy_on_response_body(ctx, len, false)`, then the end of stream) and `reset_after` (the upstream
+        resets the stream after that many chunks: no end of stream; the request ends `upstream_reset`)."""
+        pairs = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
+        spec: dict[str, Any] = {"status": int(status), "headers": [[str(k).lower(), str(v)] for k, v in pairs],
+                                "body_chunks": list(body_chunks or [])}
+        if reset_after is not None:
+            spec["reset_after"] = int(reset_after)
+        return spec
 
     def _response(self, result: dict) -> Response:
         self.outcomes.append(result)
@@ -1039,16 +1057,20 @@ class Emulator:
 
     def send(self, path: str = "/", headers: dict[str, str] | None = None, *, method: str = "GET",
              body: bytes | str | None = None, source_address: str | None = None, vm: int | None = None,
-             timeout: float = 10.0, route_name: str | None = None) -> Response:
+             timeout: float = 10.0, route_name: str | None = None, response: dict | None = None) -> Response:
         """One request (without `vm`, the VMs take turns): (status, headers lowercased, body) as the client
-        would see it; the raw result is appended to `outcomes`."""
-        line = self._request_line(path, headers, method, body, source_address, vm, route_name)
+        would see it; the raw result is appended to `outcomes`. `response`: the upstream's answer to this
+        request instead of 200 `upstream ok\\n` (keyword arguments of `response_spec()`); one reset by the
+        upstream (`reset_after`) ends `upstream_reset` with the status and the part of the body the client
+        got."""
+        line = self._request_line(path, headers, method, body, source_address, vm, route_name, response)
         return self._response(self._call(line, timeout))
 
     def send_batch(self, requests: list[dict], timeout: float = 20.0) -> list[Response]:
         """Requests in flight together (each a dict of `send()` keyword arguments), in order."""
         lines = [self._request_line(r.get("path", "/"), r.get("headers"), r.get("method", "GET"), r.get("body"),
-                                    r.get("source_address"), r.get("vm"), r.get("route_name")) for r in requests]
+                                    r.get("source_address"), r.get("vm"), r.get("route_name"), r.get("response"))
+                 for r in requests]
         results = self._call({"batch": lines}, timeout)["batch"]
         return [self._response(result) for result in results]
 

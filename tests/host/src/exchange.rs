@@ -30,6 +30,65 @@ pub struct RequestSpec {
     /// A request body (then `proxy_on_request_body` runs).
     #[serde(default)]
     pub body: Option<String>,
+    /// The upstream's answer to this request; `None`: the host's (`HostBuilder::upstream`, by default 200
+    /// `upstream ok\n`).
+    #[serde(default)]
+    pub response: Option<ResponseSpec>,
+}
+
+/// The upstream's answer to one request, body chunk by body chunk, as Envoy's HTTP/1 codec hands a
+/// response to the filters (`stream.rs`): `proxy_on_response_headers(ctx, n, end_of_stream)` (end of stream
+/// when there is no chunk and no reset), one `proxy_on_response_body(ctx, len, false)` per chunk, then the end
+/// `proxy_on_response_body(ctx, buffered, true)`.
+///
+/// With `reset_after: N` the upstream resets the stream after its first N chunks (a connection closed
+/// mid-body; N = 0: right after the headers): no more body callbacks and no end of stream; the stream ends
+/// as Envoy ends a reset stream (`proxy_on_log`, `proxy_on_done`, `proxy_on_delete`) and the request's
+/// outcome is [`Outcome::UpstreamReset`]. A client that goes away mid-body looks the same to the filter.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResponseSpec {
+    /// The status (default 200).
+    #[serde(default = "ResponseSpec::ok")]
+    pub status: u16,
+    /// Headers after `:status`, in order. The host adds `content-length` (the chunks' total) unless
+    /// `content-length` or `transfer-encoding` is given, then Envoy's `x-envoy-upstream-service-time`.
+    #[serde(default)]
+    pub headers: Headers,
+    /// The body, as the chunks the filter sees one by one (none: an empty body).
+    #[serde(default)]
+    pub body_chunks: Vec<String>,
+    /// Reset the upstream stream after this many chunks instead of ending it.
+    #[serde(default)]
+    pub reset_after: Option<usize>,
+}
+
+impl ResponseSpec {
+    fn ok() -> u16 {
+        200
+    }
+
+    /// A 200 with these headers and body chunks, ending normally.
+    pub fn chunks(headers: &[(&str, &str)], chunks: &[&str]) -> Self {
+        ResponseSpec {
+            status: 200,
+            headers: headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            body_chunks: chunks.iter().map(|c| c.to_string()).collect(),
+            reset_after: None,
+        }
+    }
+
+    /// The same response, reset by the upstream after `n` chunks.
+    pub fn reset_after(mut self, n: usize) -> Self {
+        self.reset_after = Some(n);
+        self
+    }
+}
+
+impl Default for ResponseSpec {
+    fn default() -> Self {
+        ResponseSpec { status: 200, headers: Vec::new(), body_chunks: Vec::new(), reset_after: None }
+    }
 }
 
 impl RequestSpec {
@@ -44,6 +103,12 @@ impl RequestSpec {
     /// The same request from this `ip:port`.
     pub fn from_address(mut self, address: &str) -> Self {
         self.source_address = Some(address.to_string());
+        self
+    }
+
+    /// The same request, answered by the upstream with `response`.
+    pub fn answered_with(mut self, response: ResponseSpec) -> Self {
+        self.response = Some(response);
         self
     }
 }
@@ -75,6 +140,16 @@ pub enum Outcome {
         /// The response headers after the filter's `proxy_on_response_headers`.
         response_headers: Headers,
         /// The response body after the filter.
+        response_body: Vec<u8>,
+        /// What it cost.
+        cost: Cost,
+    },
+    /// The upstream reset the stream after the response headers ([`ResponseSpec::reset_after`]): the client
+    /// got the headers and part of the body, then its connection closed.
+    UpstreamReset {
+        /// The response headers after the filter's `proxy_on_response_headers`.
+        response_headers: Headers,
+        /// The part of the body that went through the filter before the reset.
         response_body: Vec<u8>,
         /// What it cost.
         cost: Cost,
@@ -125,10 +200,11 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    /// `continued`, `local_reply`, `paused`, `reset`, `vm_failed` or `refused`.
+    /// `continued`, `upstream_reset`, `local_reply`, `paused`, `reset`, `vm_failed` or `refused`.
     pub fn kind(&self) -> &'static str {
         match self {
             Outcome::Continued { .. } => "continued",
+            Outcome::UpstreamReset { .. } => "upstream_reset",
             Outcome::LocalReply { .. } => "local_reply",
             Outcome::Paused { .. } => "paused",
             Outcome::Reset { .. } => "reset",
@@ -140,7 +216,9 @@ impl Outcome {
     /// The HTTP status the client sees, if any.
     pub fn status(&self) -> Option<u16> {
         match self {
-            Outcome::Continued { response_headers, .. } => header(response_headers, ":status")?.parse().ok(),
+            Outcome::Continued { response_headers, .. } | Outcome::UpstreamReset { response_headers, .. } => {
+                header(response_headers, ":status")?.parse().ok()
+            }
             Outcome::LocalReply { status, .. } => Some(*status),
             Outcome::VmFailed { status, .. } => *status,
             Outcome::Paused { .. } | Outcome::Reset { .. } | Outcome::Refused { .. } => None,
@@ -150,7 +228,9 @@ impl Outcome {
     /// The response headers the client sees (none for paused, reset, refused).
     pub fn response_headers(&self) -> Headers {
         match self {
-            Outcome::Continued { response_headers, .. } => response_headers.clone(),
+            Outcome::Continued { response_headers, .. } | Outcome::UpstreamReset { response_headers, .. } => {
+                response_headers.clone()
+            }
             Outcome::LocalReply { headers, .. } => headers.clone(),
             Outcome::VmFailed { status: Some(status), .. } => {
                 vec![(":status".into(), status.to_string()), ("content-length".into(), "0".into())]
@@ -162,7 +242,7 @@ impl Outcome {
     /// The response body the client sees.
     pub fn body(&self) -> &[u8] {
         match self {
-            Outcome::Continued { response_body, .. } => response_body,
+            Outcome::Continued { response_body, .. } | Outcome::UpstreamReset { response_body, .. } => response_body,
             Outcome::LocalReply { body, .. } => body,
             _ => &[],
         }
@@ -177,6 +257,7 @@ impl Outcome {
     pub fn cost(&self) -> Option<&Cost> {
         match self {
             Outcome::Continued { cost, .. }
+            | Outcome::UpstreamReset { cost, .. }
             | Outcome::LocalReply { cost, .. }
             | Outcome::Paused { cost }
             | Outcome::Reset { cost }
@@ -218,7 +299,7 @@ impl Outcome {
                 Outcome::Refused { reason } => {
                     map.insert("reason".into(), json!(reason));
                 }
-                Outcome::Paused { .. } | Outcome::Reset { .. } => {}
+                Outcome::Paused { .. } | Outcome::Reset { .. } | Outcome::UpstreamReset { .. } => {}
             }
         }
         out

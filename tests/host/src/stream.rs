@@ -6,6 +6,18 @@
 //!   `proxy_on_request_body(ctx, 0, true)` (or the whole buffered body again if the first call stopped);
 //! - upstream: `proxy_on_response_headers(ctx, n, false)`, `proxy_on_response_body(ctx, len, false)`,
 //!   `proxy_on_response_body(ctx, 0, true)`;
+//! - an upstream answer given per request ([`ResponseSpec`]): one `proxy_on_response_body(ctx, len, false)`
+//!   per body chunk, then `proxy_on_response_body(ctx, 0, true)`. A chunk the guest answered
+//!   StopIterationAndBuffer (1) stays in the buffer: the next call shows the buffered data followed by the new
+//!   chunk and passes their length (Envoy's `Context::encodeData` adds the chunk to the encoding buffer
+//!   first when it is buffering), the end call shows what is still buffered; Continue (0) lets the buffer
+//!   through to the client. A non-zero answer to the end call pauses the stream until
+//!   `proxy_continue_stream`;
+//! - an upstream that resets the stream after the response headers (`reset_after`): no more body
+//!   callbacks, no end of stream; the stream ends as Envoy ends a reset stream (the connection manager
+//!   writes the access log, then destroys the filters): `proxy_on_log` (the response code received),
+//!   `proxy_on_done`, `proxy_on_delete`. A client that closes its connection mid-response gives the filter
+//!   the same calls;
 //! - end: `proxy_on_log`, `proxy_on_done`, `proxy_on_delete`;
 //! - a local reply (`proxy_send_local_response`, sent after the guest call returns) goes through the
 //!   sending filter's encoder path too: `proxy_on_response_headers(ctx, n, body_empty)` with `:status`,
@@ -17,12 +29,13 @@
 //! - a trap fails the VM: that stream gets a 503 with an empty body (no more guest calls), and every
 //!   later request of the VM too (Envoy `CHECK_FAIL`, observed); with `fail_open` requests pass instead.
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use crate::abi::LogLevel;
 use crate::abi::StreamType;
 use crate::error::HostError;
-use crate::exchange::{Cost, Headers, Outcome, RequestSpec};
+use crate::exchange::{Cost, Headers, Outcome, RequestSpec, ResponseSpec};
 use crate::host::Host;
 use crate::shared::LogSource;
 use crate::vm::{Action, BodyView, Context, LocalReplySpec, Pairs, StreamData, StreamInfo};
@@ -58,6 +71,16 @@ pub(crate) struct StreamRun {
     pub continue_response: bool,
     pub request_headers_after: Headers,
     pub outcome: Option<Outcome>,
+    /// The upstream's answer given with the request (`RequestSpec::response`), body chunk by chunk.
+    pub response: Option<ResponseSpec>,
+    /// The chunks of `response` still to come.
+    pub chunks: VecDeque<Vec<u8>>,
+    /// Chunks still to come before the upstream resets the stream (`ResponseSpec::reset_after`).
+    pub reset_in: Option<usize>,
+    /// The response body that went through the filter to the client so far (chunked answers).
+    pub delivered: Vec<u8>,
+    /// Response data the filter holds (it answered StopIterationAndBuffer).
+    pub buffered: Vec<u8>,
 }
 
 fn headers_to_pairs(headers: &Headers) -> Pairs {
@@ -169,6 +192,11 @@ impl Host {
                 continue_response: false,
                 request_headers_after: Vec::new(),
                 outcome: None,
+                response: spec.response.clone(),
+                chunks: VecDeque::new(),
+                reset_in: None,
+                delivered: Vec::new(),
+                buffered: Vec::new(),
             },
         );
         // A VM that already failed: Envoy answers without calling it.
@@ -416,23 +444,44 @@ impl Host {
         }
     }
 
-    /// The router: the emulated upstream answers.
+    /// The router: the emulated upstream answers (the request's own answer, else the host's).
     fn upstream(&mut self, key: (usize, u32)) {
         let (vm, ctx) = key;
-        let upstream = self.setup.upstream.clone();
-        let mut headers: Headers = vec![(":status".into(), upstream.status.to_string())];
-        headers.extend(upstream.headers.iter().cloned());
-        if !upstream.headers.iter().any(|(k, _)| k == "content-length") {
-            headers.push(("content-length".into(), upstream.body.len().to_string()));
-        }
+        let given = self.streams.get(&key).and_then(|r| r.response.clone());
+        let (status, body, headers) = match given {
+            Some(response) => {
+                let chunks: VecDeque<Vec<u8>> = response.body_chunks.iter().map(|c| c.clone().into_bytes()).collect();
+                let total: usize = chunks.iter().map(Vec::len).sum();
+                let mut headers: Headers = vec![(":status".into(), response.status.to_string())];
+                headers.extend(response.headers.iter().map(|(k, v)| (k.to_ascii_lowercase(), v.clone())));
+                if !headers.iter().any(|(k, _)| k == "content-length" || k == "transfer-encoding") {
+                    headers.push(("content-length".into(), total.to_string()));
+                }
+                if let Some(run) = self.streams.get_mut(&key) {
+                    run.chunks = chunks;
+                    run.reset_in = response.reset_after;
+                }
+                (response.status, Vec::new(), headers)
+            }
+            None => {
+                let upstream = self.setup.upstream.clone();
+                let mut headers: Headers = vec![(":status".into(), upstream.status.to_string())];
+                headers.extend(upstream.headers.iter().cloned());
+                if !upstream.headers.iter().any(|(k, _)| k == "content-length") {
+                    headers.push(("content-length".into(), upstream.body.len().to_string()));
+                }
+                (upstream.status, upstream.body, headers)
+            }
+        };
+        let mut headers = headers;
         headers.push(("x-envoy-upstream-service-time".into(), "0".into()));
         let after = self
             .with_state(vm, |s| {
                 s.stream_by_id(ctx).map(|d| {
                     d.request_headers_open = false;
                     d.response_headers = headers_to_pairs(&headers);
-                    d.response_body = upstream.body.clone();
-                    d.info.response_code = Some(upstream.status);
+                    d.response_body = body;
+                    d.info.response_code = Some(status);
                     d.info.upstream_address = Some("127.0.0.1:80".into());
                     pairs_to_headers(&d.request_headers)
                 })
@@ -447,6 +496,12 @@ impl Host {
 
     fn response_headers(&mut self, key: (usize, u32)) {
         let (vm, ctx) = key;
+        // A chunked answer ends with its headers only if it has no chunk and no reset.
+        let chunked = self
+            .streams
+            .get(&key)
+            .filter(|r| r.response.is_some() && !r.in_local_reply)
+            .map(|r| r.chunks.is_empty() && r.reset_in.is_none());
         let (n, body_empty) = self
             .with_state(vm, |s| {
                 s.stream_by_id(ctx).map(|d| {
@@ -456,6 +511,7 @@ impl Host {
             })
             .flatten()
             .unwrap_or((0, true));
+        let body_empty = chunked.unwrap_or(body_empty);
         if let Some(f) = self.vms.get(vm).and_then(|v| v.exports.on_response_headers.clone()) {
             let called = self
                 .call(vm, "proxy_on_response_headers", ctx, Some(ctx), |s| f.call(s, (ctx, n, u32::from(body_empty))));
@@ -477,6 +533,9 @@ impl Host {
     fn response_body(&mut self, key: (usize, u32)) {
         let (vm, ctx) = key;
         let in_local_reply = self.streams.get(&key).is_some_and(|s| s.in_local_reply);
+        if !in_local_reply && self.streams.get(&key).is_some_and(|s| s.response.is_some()) {
+            return self.response_chunks(key);
+        }
         let empty =
             self.with_state(vm, |s| s.stream_by_id(ctx).map(|d| d.response_body.is_empty())).flatten().unwrap_or(true);
         if empty {
@@ -506,16 +565,104 @@ impl Host {
         }
     }
 
+    /// A per-request answer ([`ResponseSpec`]): each chunk in its own `proxy_on_response_body(ctx, len,
+    /// false)`, then the end of stream, or the upstream's reset after `reset_after` chunks.
+    fn response_chunks(&mut self, key: (usize, u32)) {
+        let (vm, ctx) = key;
+        if self.vms.get(vm).is_none_or(|v| v.exports.on_response_body.is_none()) {
+            // No body callback: every chunk goes through as it comes.
+            let Some(run) = self.streams.get_mut(&key) else { return };
+            let take = run.reset_in.unwrap_or(usize::MAX).min(run.chunks.len());
+            let passed: Vec<Vec<u8>> = run.chunks.drain(..take).collect();
+            run.delivered.extend(passed.concat());
+            let reset = run.reset_in.is_some();
+            self.with_state(vm, |s| s.stream_by_id(ctx).map(|d| d.response_body.clear()));
+            return if reset { self.upstream_reset(key) } else { self.finish_continued(key) };
+        }
+        if self.streams.get(&key).is_some_and(|r| r.chunks.is_empty() && r.reset_in.is_none()) {
+            // The headers ended the stream (`proxy_on_response_headers(ctx, n, true)`): no body call.
+            return self.finish_continued(key);
+        }
+        loop {
+            let Some(run) = self.streams.get_mut(&key) else { return };
+            if run.reset_in == Some(0) {
+                return self.upstream_reset(key);
+            }
+            let Some(chunk) = run.chunks.pop_front() else { break };
+            if let Some(left) = run.reset_in.as_mut() {
+                *left -= 1;
+            }
+            let mut data = std::mem::take(&mut run.buffered);
+            data.extend_from_slice(&chunk);
+            let Some(result) = self.response_body_call(key, data, false) else { return };
+            let data = self
+                .with_state(vm, |s| s.stream_by_id(ctx).map(|d| std::mem::take(&mut d.response_body)))
+                .flatten()
+                .unwrap_or_default();
+            let Some(run) = self.streams.get_mut(&key) else { return };
+            if result == 0 {
+                run.delivered.extend(data);
+            } else {
+                run.buffered = data;
+            }
+        }
+        if self.streams.get(&key).is_some_and(|r| r.reset_in.is_some()) {
+            // The upstream reset after its last chunk: still no end of stream.
+            return self.upstream_reset(key);
+        }
+        let buffered = self.streams.get_mut(&key).map(|r| std::mem::take(&mut r.buffered)).unwrap_or_default();
+        let Some(result) = self.response_body_call(key, buffered, true) else { return };
+        if !self.stopped(key, Some(result), Resume::ResponseBody) {
+            self.finish_continued(key);
+        }
+    }
+
+    /// One `proxy_on_response_body(ctx, len, end_of_stream)` showing `data` (the buffer the guest may read
+    /// and change; it stays in the stream's response body): the guest's answer, or `None` if the stream took
+    /// another path (a trap, a reset, a local reply).
+    fn response_body_call(&mut self, key: (usize, u32), data: Vec<u8>, end_of_stream: bool) -> Option<u32> {
+        let (vm, ctx) = key;
+        let f = self.vms.get(vm).and_then(|v| v.exports.on_response_body.clone())?;
+        let len = count(data.len());
+        self.with_state(vm, |s| s.stream_by_id(ctx).map(|d| d.response_body = data));
+        self.set_body_view(key, Some(BodyView::Response));
+        let called = self
+            .call(vm, "proxy_on_response_body", ctx, Some(ctx), |s| f.call(s, (ctx, len, u32::from(end_of_stream))));
+        self.set_body_view(key, None);
+        if self.settle(key, called.trapped) {
+            return None;
+        }
+        Some(called.value.unwrap_or(0))
+    }
+
+    /// The upstream reset the stream mid-response: the client has the headers and the body delivered so far;
+    /// the filter gets no more body calls, then `proxy_on_log`, `proxy_on_done`, `proxy_on_delete`.
+    fn upstream_reset(&mut self, key: (usize, u32)) {
+        let (vm, ctx) = key;
+        let headers = self
+            .with_state(vm, |s| s.stream_by_id(ctx).map(|d| pairs_to_headers(&d.response_headers)))
+            .flatten()
+            .unwrap_or_default();
+        let body = self.streams.get_mut(&key).map(|r| std::mem::take(&mut r.delivered)).unwrap_or_default();
+        self.finish(key, move |cost| Outcome::UpstreamReset { response_headers: headers, response_body: body, cost });
+    }
+
     /// The end of a response that went through: upstream or local reply.
     fn finish_continued(&mut self, key: (usize, u32)) {
         let (vm, ctx) = key;
-        let (headers, body) = self
+        let (headers, mut body) = self
             .with_state(vm, |s| {
                 s.stream_by_id(ctx).map(|d| (pairs_to_headers(&d.response_headers), d.response_body.clone()))
             })
             .flatten()
             .unwrap_or_default();
         let Some(run) = self.streams.get_mut(&key) else { return };
+        if run.response.is_some() && !run.in_local_reply {
+            // A chunked answer: what went through before the end, then what the end call let through.
+            let mut delivered = std::mem::take(&mut run.delivered);
+            delivered.extend(body);
+            body = delivered;
+        }
         let request_headers = std::mem::take(&mut run.request_headers_after);
         match run.local_reply_done() {
             Some((status, details)) => {
@@ -574,14 +721,14 @@ impl Host {
         let cost = run.cost.clone();
         if fail_open {
             let upstream = self.setup.upstream.clone();
-            let mut response_headers: Headers = vec![(":status".into(), upstream.status.to_string())];
-            response_headers.extend(upstream.headers.iter().cloned());
-            run.outcome = Some(Outcome::Continued {
-                request_headers: Vec::new(),
-                response_headers,
-                response_body: upstream.body,
-                cost,
-            });
+            let (status, given, body) = match &run.response {
+                Some(r) => (r.status, r.headers.clone(), r.body_chunks.concat().into_bytes()),
+                None => (upstream.status, upstream.headers, upstream.body),
+            };
+            let mut response_headers: Headers = vec![(":status".into(), status.to_string())];
+            response_headers.extend(given);
+            run.outcome =
+                Some(Outcome::Continued { request_headers: Vec::new(), response_headers, response_body: body, cost });
         } else {
             run.outcome = Some(Outcome::VmFailed { message, status: Some(503), cost });
         }
@@ -710,4 +857,151 @@ fn grpc_local_reply(reply: &mut LocalReplySpec) -> Pairs {
     reply.status = 200;
     reply.body.clear();
     headers
+}
+
+#[cfg(test)]
+mod tests {
+    //! Per-request upstream answers ([`ResponseSpec`]): which response callbacks a filter gets, with what,
+    //! and what the client receives, for chunked bodies, buffering filters and upstream resets.
+
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+
+    use crate::exchange::ResponseSpec;
+    use crate::{HostBuilder, LogSource, Outcome, RequestSpec};
+
+    /// A filter that logs every response callback as one line: `H<eos>` for the response headers,
+    /// `B<len><eos>:<the body buffer's bytes>` for each body call (lengths below 10), `L`, `D`, `X` for
+    /// `proxy_on_log`, `proxy_on_done`, `proxy_on_delete`. Its body calls answer `body_result` (a WAT i32
+    /// expression of `$eos`).
+    fn module(body_result: &str) -> Vec<u8> {
+        wat::parse_str(format!(
+            r#"(module
+  (import "env" "proxy_log" (func $log (param i32 i32 i32) (result i32)))
+  (import "env" "proxy_get_buffer_bytes" (func $bytes (param i32 i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 4)
+  (global $heap (mut i32) (i32.const 131072))
+  (func (export "proxy_abi_version_0_2_1"))
+  (func (export "_initialize"))
+  (func (export "proxy_on_memory_allocate") (param $size i32) (result i32)
+    (global.get $heap) (global.set $heap (i32.add (global.get $heap) (local.get $size))))
+  (func (export "proxy_on_context_create") (param i32 i32))
+  (func (export "proxy_on_vm_start") (param i32 i32) (result i32) (i32.const 1))
+  (func (export "proxy_on_configure") (param i32 i32) (result i32) (i32.const 1))
+  (func (export "proxy_on_request_headers") (param i32 i32 i32) (result i32) (i32.const 0))
+  ;; Logs the tag, then `a` and `b` as digits (b < 0: not written), then `n` bytes at `from` after a colon.
+  (func $note (param $tag i32) (param $a i32) (param $b i32) (param $from i32) (param $n i32)
+    (local $at i32)
+    (i32.store8 (i32.const 2000) (local.get $tag))
+    (local.set $at (i32.const 2001))
+    (if (i32.ge_s (local.get $a) (i32.const 0)) (then
+      (i32.store8 (local.get $at) (i32.add (i32.const 48) (local.get $a)))
+      (local.set $at (i32.add (local.get $at) (i32.const 1)))))
+    (if (i32.ge_s (local.get $b) (i32.const 0)) (then
+      (i32.store8 (local.get $at) (i32.add (i32.const 48) (local.get $b)))
+      (local.set $at (i32.add (local.get $at) (i32.const 1)))
+      (i32.store8 (local.get $at) (i32.const 58))
+      (local.set $at (i32.add (local.get $at) (i32.const 1)))
+      (memory.copy (local.get $at) (local.get $from) (local.get $n))
+      (local.set $at (i32.add (local.get $at) (local.get $n)))))
+    (drop (call $log (i32.const 2) (i32.const 2000) (i32.sub (local.get $at) (i32.const 2000)))))
+  (func (export "proxy_on_response_headers") (param $ctx i32) (param $n i32) (param $eos i32) (result i32)
+    (call $note (i32.const 72) (local.get $eos) (i32.const -1) (i32.const 0) (i32.const 0))
+    (i32.const 0))
+  (func (export "proxy_on_response_body") (param $ctx i32) (param $len i32) (param $eos i32) (result i32)
+    (i32.store (i32.const 1000) (i32.const 0))
+    (i32.store (i32.const 1004) (i32.const 0))
+    (drop (call $bytes (i32.const 1) (i32.const 0) (i32.const 100) (i32.const 1000) (i32.const 1004)))
+    (call $note (i32.const 66) (local.get $len) (local.get $eos) (i32.load (i32.const 1000))
+      (i32.load (i32.const 1004)))
+    {body_result})
+  (func (export "proxy_on_log") (param i32)
+    (call $note (i32.const 76) (i32.const -1) (i32.const -1) (i32.const 0) (i32.const 0)))
+  (func (export "proxy_on_done") (param i32) (result i32)
+    (call $note (i32.const 68) (i32.const -1) (i32.const -1) (i32.const 0) (i32.const 0))
+    (i32.const 1))
+  (func (export "proxy_on_delete") (param i32)
+    (call $note (i32.const 88) (i32.const -1) (i32.const -1) (i32.const 0) (i32.const 0))))"#
+        ))
+        .unwrap()
+    }
+
+    /// Sends one request answered with `response` to a host running `module(body_result)`: the outcome and
+    /// the filter's log lines for that stream.
+    fn exchange(body_result: &str, response: ResponseSpec) -> (Outcome, Vec<String>) {
+        let mut host = HostBuilder::from_bytes(module(body_result)).build().unwrap();
+        assert!(host.refusal().is_none(), "{:?}", host.refusal());
+        host.take_logs();
+        let outcome = host.send_request(0, RequestSpec::default().answered_with(response)).unwrap();
+        let lines = host
+            .take_logs()
+            .into_iter()
+            .filter(|l| l.source == LogSource::ProxyLog && l.context_id != 0)
+            .map(|l| l.message)
+            .collect();
+        (outcome, lines)
+    }
+
+    const CONTINUE: &str = "(i32.const 0)";
+    /// StopIterationAndBuffer (1) until the end of stream, then Continue.
+    const BUFFER: &str = "(select (i32.const 0) (i32.const 1) (local.get $eos))";
+    const SSE: &[(&str, &str)] = &[("content-type", "text/event-stream")];
+
+    #[test]
+    fn each_chunk_is_one_body_call_then_the_end_of_stream() {
+        let (outcome, lines) = exchange(CONTINUE, ResponseSpec::chunks(SSE, &["a", "bc", "def"]));
+        assert_eq!(lines, ["H0", "B10:a", "B20:bc", "B30:def", "B01:", "L", "D", "X"]);
+        assert_eq!(outcome.kind(), "continued");
+        assert_eq!(outcome.status(), Some(200));
+        assert_eq!(outcome.body(), b"abcdef");
+        assert_eq!(outcome.header("content-type").as_deref(), Some("text/event-stream"));
+        assert_eq!(outcome.header("content-length").as_deref(), Some("6"));
+    }
+
+    #[test]
+    fn a_buffering_filter_sees_the_buffered_data_followed_by_each_new_chunk() {
+        let (outcome, lines) = exchange(BUFFER, ResponseSpec::chunks(SSE, &["a", "bc", "def"]));
+        assert_eq!(lines, ["H0", "B10:a", "B30:abc", "B60:abcdef", "B61:abcdef", "L", "D", "X"]);
+        assert_eq!(outcome.body(), b"abcdef");
+    }
+
+    #[test]
+    fn a_response_without_chunks_ends_with_its_headers() {
+        let response = ResponseSpec { status: 204, ..ResponseSpec::default() };
+        let (outcome, lines) = exchange(CONTINUE, response);
+        assert_eq!(lines, ["H1", "L", "D", "X"]);
+        assert_eq!((outcome.kind(), outcome.status()), ("continued", Some(204)));
+        assert_eq!(outcome.header("content-length").as_deref(), Some("0"));
+    }
+
+    #[test]
+    fn an_upstream_reset_ends_the_stream_without_an_end_of_stream() {
+        let (outcome, lines) = exchange(CONTINUE, ResponseSpec::chunks(SSE, &["a", "bc", "def"]).reset_after(2));
+        assert_eq!(lines, ["H0", "B10:a", "B20:bc", "L", "D", "X"]);
+        assert_eq!((outcome.kind(), outcome.status()), ("upstream_reset", Some(200)));
+        assert_eq!(outcome.body(), b"abc");
+
+        // Reset right after the headers: they do not end the stream, and no body call comes.
+        let (outcome, lines) = exchange(CONTINUE, ResponseSpec::chunks(SSE, &["a"]).reset_after(0));
+        assert_eq!(lines, ["H0", "L", "D", "X"]);
+        assert_eq!((outcome.kind(), outcome.body()), ("upstream_reset", &b""[..]));
+
+        // After its last chunk: still no end of stream; what the filter held never reaches the client.
+        let (outcome, lines) = exchange(BUFFER, ResponseSpec::chunks(SSE, &["a", "bc"]).reset_after(5));
+        assert_eq!(lines, ["H0", "B10:a", "B30:abc", "L", "D", "X"]);
+        assert_eq!((outcome.kind(), outcome.body()), ("upstream_reset", &b""[..]));
+    }
+
+    #[test]
+    fn a_response_line_of_serve_parses_into_the_spec() {
+        let line = r#"{"headers": [["x-user-id", "alice"]], "response": {"status": 201,
+            "headers": [["X-Cost", "7"]], "body_chunks": ["x", "y"], "reset_after": 1}}"#;
+        let spec: RequestSpec = serde_json::from_str(line).unwrap();
+        let response = spec.response.unwrap();
+        assert_eq!((response.status, response.reset_after), (201, Some(1)));
+        assert_eq!(response.body_chunks, ["x", "y"]);
+        let (outcome, lines) = exchange(CONTINUE, response);
+        assert_eq!(lines, ["H0", "B10:x", "L", "D", "X"]);
+        assert_eq!(outcome.header("x-cost").as_deref(), Some("7"));
+        assert!(serde_json::from_str::<RequestSpec>(r#"{"response": {"bogus": 1}}"#).is_err());
+    }
 }

@@ -41,6 +41,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
+use proxy_wasm_host::exchange::ResponseSpec;
 use proxy_wasm_host::summary::Distribution;
 use proxy_wasm_host::{
     CallTokens, Faults, FunctionProfile, FunctionStats, Host, HostBuilder, HostFlavour, LogLevel, Outcome, RequestSpec,
@@ -177,6 +178,8 @@ struct RequestLine {
     #[serde(default)]
     body: Option<String>,
     #[serde(default)]
+    response: Option<ResponseSpec>,
+    #[serde(default)]
     vm: Option<usize>,
 }
 
@@ -187,6 +190,7 @@ impl RequestLine {
             source_address: self.source_address,
             route_name: self.route_name,
             body: self.body,
+            response: self.response,
         };
         (self.vm, spec)
     }
