@@ -1190,13 +1190,17 @@ class Stack(contextlib.AbstractContextManager):
         return self
 
     def envoy(self, plugin: dict | str, *, wait_ready: bool = True, wasm: Path | str = WASM,
-              concurrency: int = 2, reloadable: bool = False, webdis_port: int | None = None) -> Envoy:
+              concurrency: int = 2, reloadable: bool = False, webdis_port: int | None = None,
+              upstream_port: int | None = None) -> Envoy:
         """A new Envoy with this plugin configuration, started (and ready unless wait_ready=False);
         `reloadable`: its listener from a watched file, for `Envoy.reconfigure()`; `webdis_port`: where its
-        `webdis` cluster points (default: the stack's webdis; e.g. a `slowbridge.SlowBridge` in front of it)."""
+        `webdis` cluster points (default: the stack's webdis; e.g. a `slowbridge.SlowBridge` in front of it);
+        `upstream_port`: where its `upstream` cluster points (default: the stack's upstream; e.g. a
+        `llm_upstream.LlmUpstream`)."""
         self._count += 1
         webdis_port = self.webdis.port if webdis_port is None else webdis_port
-        envoy = Envoy(self.workdir, plugin, webdis_port=webdis_port, upstream_port=self.upstream.port,
+        upstream_port = self.upstream.port if upstream_port is None else upstream_port
+        envoy = Envoy(self.workdir, plugin, webdis_port=webdis_port, upstream_port=upstream_port,
                       wasm=wasm, concurrency=concurrency, name=f"envoy-{self._count}", reloadable=reloadable)
         self.envoys.append(envoy)
         return envoy.start(wait_ready=wait_ready)
