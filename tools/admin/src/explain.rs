@@ -17,7 +17,7 @@ use edge_rate_limiter::limiter::{applications, Applies as Applied};
 use edge_rate_limiter::response::seconds_ceil;
 
 use crate::error::{AdminError, Result};
-use crate::model::{next_config, parse_count, permits_of, summarize, Config, ConfigStep, Outlook, Stored};
+use crate::model::{next_config, parse_value, permits_of, summarize, Config, ConfigStep, Outlook, Stored};
 use crate::ops::{client_ids, peek_config, peek_window, Peeked};
 use crate::plugin::{config_name, value_match_text};
 use crate::redis_io::Redis;
@@ -156,7 +156,7 @@ fn read_limiter(
             (LimiterType::PerClient, None) => Peeked::default(),
             _ => peek_window(redis, name, value_key, permits_key)?,
         };
-        let read = Stored { value: value.as_deref().map(parse_count), permits: permits_of(&members) };
+        let read = Stored { value: value.as_deref().map(parse_value), permits: permits_of(&members) };
         // What the acquire finds after its config step.
         let stored = match step {
             ConfigStep::Create => Stored::default(),

@@ -138,7 +138,8 @@ impl From<BuildArg> for Build {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Config, available permits, permits in the window, TTLs (per-client limiters: every client found)
+    /// Config, available permits, permits in the window (reservations in flight and settled costs listed
+    /// apart), TTLs (per-client limiters: every client found)
     Show {
         /// Limiter name
         name: String,

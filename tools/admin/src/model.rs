@@ -1,6 +1,7 @@
 //! The limiter as Redisson 4.x `RRateLimiter` lays it out in Redis (DESIGN.md), without I/O: the config
-//! hash's fields parsed and checked, the permit members of the window decoded and summed. Times are ms
-//! since the epoch, durations ms.
+//! hash's fields parsed and checked, the permit members of the window decoded and summed (the filter's
+//! reservations and settled costs apart, by their random bytes). Times are ms since the epoch, durations
+//! ms, amounts permits.
 
 use edge_rate_limiter::config::LimiterType;
 use serde::Serialize;
@@ -117,6 +118,27 @@ impl Update {
     }
 }
 
+/// The first bytes of the random part of a reservation's member: the filter's "reserve, then settle"
+/// (rules with `cost`, issue 24) reserves permits at the request with a member whose random bytes are
+/// `-r` and 14 base-62 characters (src/limiter/reservation.rs, `RESERVED_MARK`).
+pub const RESERVED_MARK: &[u8] = b"-r";
+/// The first bytes of the random part of a settled member: the reservation's, `-r` replaced by `-s`, once
+/// the filter settled it at its real cost (GIVE_BACK with `renamed`; `SETTLED_MARK`).
+pub const SETTLED_MARK: &[u8] = b"-s";
+
+/// What a permit member is, by the first bytes of its random part. The filter's other members are 16
+/// letters and digits, never `-`; Redisson's are 16 (or 8) random bytes, which start with one of the two
+/// marks once in 32,768.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberKind {
+    /// An acquire, a lease, a Redisson client's: permits taken.
+    Plain,
+    /// [`RESERVED_MARK`]: a reservation in flight (its response has not ended).
+    Reservation,
+    /// [`SETTLED_MARK`]: a reservation settled at what its response really cost.
+    Settled,
+}
+
 /// What the tool knows of one permit member.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Member {
@@ -124,6 +146,8 @@ pub struct Member {
     pub random_len: usize,
     /// Permits it took.
     pub permits: u32,
+    /// What it is, by its random bytes.
+    pub kind: MemberKind,
 }
 
 /// Decodes a member written by Lua `struct.pack('Bc0I', #random, random, permits)`: one length byte, the
@@ -131,8 +155,46 @@ pub struct Member {
 pub fn decode_member(member: &[u8]) -> Option<Member> {
     let (&len, rest) = member.split_first()?;
     let random_len = usize::from(len);
+    let random = rest.get(..random_len)?;
     let permits: [u8; 4] = rest.get(random_len..)?.try_into().ok()?;
-    Some(Member { random_len, permits: u32::from_le_bytes(permits) })
+    let kind = if random.starts_with(RESERVED_MARK) {
+        MemberKind::Reservation
+    } else if random.starts_with(SETTLED_MARK) {
+        MemberKind::Settled
+    } else {
+        MemberKind::Plain
+    };
+    Some(Member { random_len, permits: u32::from_le_bytes(permits), kind })
+}
+
+/// One reservation or settled cost in the window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Held {
+    /// Permits it holds (reserved, or what the response cost).
+    pub permits: u64,
+    /// Its score: when it was reserved, ms since the epoch (a settled member keeps it).
+    pub acquired_ms: u64,
+    /// Its age at `now`, ms.
+    pub age_ms: u64,
+}
+
+/// The members of one kind in the window ([`MemberKind::Reservation`] or [`MemberKind::Settled`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct HeldTotal {
+    /// How many.
+    pub count: u64,
+    /// Their permits, summed.
+    pub permits: u64,
+    /// Each one, oldest first.
+    pub members: Vec<Held>,
+}
+
+impl HeldTotal {
+    fn add(&mut self, held: Held) {
+        self.count += 1;
+        self.permits += held.permits;
+        self.members.push(held);
+    }
 }
 
 /// The permits currently in a limiter's window.
@@ -152,10 +214,16 @@ pub struct Window {
     pub newest_age_ms: Option<u64>,
     /// Members in the sorted set that the tool cannot decode (not Redisson's `Bc0I` format).
     pub unreadable: u64,
+    /// The filter's reservations in flight among them (random bytes `-r...`; counted in `acquires` and
+    /// `permits` too).
+    pub reservations: HeldTotal,
+    /// The filter's settled costs among them (random bytes `-s...`; counted in `acquires` and `permits`
+    /// too).
+    pub settled: HeldTotal,
 }
 
 /// Summarizes the `(member, score)` pairs of the window (scores: acquire times, ms since the epoch) at
-/// `now_ms` (ms since the epoch).
+/// `now_ms` (ms since the epoch); reservations and settled costs are listed oldest first.
 pub fn summarize(members: &[(Vec<u8>, f64)], now_ms: u64) -> Window {
     let mut window = Window {
         acquires: 0,
@@ -165,21 +233,36 @@ pub fn summarize(members: &[(Vec<u8>, f64)], now_ms: u64) -> Window {
         newest_ms: None,
         newest_age_ms: None,
         unreadable: 0,
+        reservations: HeldTotal::default(),
+        settled: HeldTotal::default(),
     };
     for (member, score) in members {
+        let score = score_ms(*score);
         match decode_member(member) {
             Some(decoded) => {
                 window.acquires += 1;
                 window.permits += u64::from(decoded.permits);
+                let held = Held {
+                    permits: u64::from(decoded.permits),
+                    acquired_ms: score,
+                    age_ms: now_ms.saturating_sub(score),
+                };
+                match decoded.kind {
+                    MemberKind::Reservation => window.reservations.add(held),
+                    MemberKind::Settled => window.settled.add(held),
+                    MemberKind::Plain => {}
+                }
             }
             None => window.unreadable += 1,
         }
-        let score = score_ms(*score);
         window.oldest_ms = Some(window.oldest_ms.map_or(score, |oldest| oldest.min(score)));
         window.newest_ms = Some(window.newest_ms.map_or(score, |newest| newest.max(score)));
     }
     window.oldest_age_ms = window.oldest_ms.map(|ms| now_ms.saturating_sub(ms));
     window.newest_age_ms = window.newest_ms.map(|ms| now_ms.saturating_sub(ms));
+    for held in [&mut window.reservations, &mut window.settled] {
+        held.members.sort_by_key(|member| member.acquired_ms);
+    }
     window
 }
 
@@ -203,10 +286,16 @@ pub struct Permit {
     pub permits: u64,
 }
 
-/// A count as the scripts read a value key (`tonumber`): a negative or unreadable one counts 0.
-pub fn parse_count(bytes: &[u8]) -> u64 {
+/// A value key as the scripts read it (`tonumber`), permits: below zero after a settled cost above its
+/// reservation (GIVE_BACK charges the excess without a floor); an unreadable one counts 0.
+pub fn parse_value(bytes: &[u8]) -> i64 {
     let text = String::from_utf8_lossy(bytes);
-    text.trim().parse::<i64>().map_or(0, |n| u64::try_from(n).unwrap_or(0))
+    text.trim().parse::<i64>().unwrap_or(0)
+}
+
+/// Permits as a signed amount (a value key may be below zero); beyond `i64::MAX` (never written), the most.
+fn signed(permits: u64) -> i64 {
+    i64::try_from(permits).unwrap_or(i64::MAX)
 }
 
 /// The permits of `(member, score)` pairs, oldest first.
@@ -222,12 +311,13 @@ pub fn permits_of(members: &[(Vec<u8>, f64)]) -> Vec<Permit> {
     permits
 }
 
-/// One window of a limiter as Redis holds it: the value key (available permits as last written; `None`:
-/// no such key) and every permit member, oldest first.
+/// One window of a limiter as Redis holds it: the value key (available permits as last written, below
+/// zero after a settled cost above its reservation; `None`: no such key) and every permit member, oldest
+/// first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Stored {
-    /// The value key.
-    pub value: Option<u64>,
+    /// The value key, permits.
+    pub value: Option<i64>,
     /// The permit members, oldest first.
     pub permits: Vec<Permit>,
 }
@@ -257,17 +347,19 @@ impl Stored {
     /// Permits free for an acquire at `at_ms`, as the acquire script counts them: a window without a value
     /// key is full; otherwise the value key plus the permits that left the window by then (scored at or
     /// before `at_ms - interval`), and when that passes the rate, the rate minus the permits still in it.
-    pub fn available_at(&self, rate: u64, interval_ms: u64, at_ms: u64) -> u64 {
+    /// Below zero while settled costs above their reservations are in the window.
+    pub fn available_at(&self, rate: u64, interval_ms: u64, at_ms: u64) -> i64 {
+        let rate = signed(rate);
         let Some(value) = self.value else { return rate };
         let cutoff = at_ms.saturating_sub(interval_ms);
         let (gone, kept): (Vec<&Permit>, Vec<&Permit>) = self.permits.iter().partition(|p| p.score_ms <= cutoff);
-        let released: u64 = gone.iter().map(|p| p.permits).sum();
+        let released: i64 = gone.iter().map(|p| signed(p.permits)).sum();
         if released == 0 {
             return value;
         }
         let value = value.saturating_add(released);
         if value > rate {
-            rate.saturating_sub(kept.iter().map(|p| p.permits).sum())
+            rate.saturating_sub(kept.iter().map(|p| signed(p.permits)).sum())
         } else {
             value
         }
@@ -279,9 +371,11 @@ impl Stored {
         if permits > rate {
             return Outlook::Never;
         }
+        let wanted = signed(permits);
         let available = self.available_at(rate, interval_ms, now_ms);
-        if available >= permits {
-            return Outlook::Allowed { remaining: (available - permits) / permits.max(1) };
+        if available >= wanted {
+            let left = u64::try_from(available - wanted).unwrap_or(0);
+            return Outlook::Allowed { remaining: left / permits.max(1) };
         }
         let cutoff = now_ms.saturating_sub(interval_ms);
         let in_window = self.permits.iter().filter(|p| p.score_ms > cutoff);
@@ -290,18 +384,18 @@ impl Stored {
         let delay_ms = oldest.saturating_add(interval_ms).saturating_add(3).saturating_sub(now_ms);
         let wait_ms = in_window
             .map(|p| p.score_ms.saturating_add(interval_ms))
-            .find(|&leaves| self.available_at(rate, interval_ms, leaves) >= permits)
+            .find(|&leaves| self.available_at(rate, interval_ms, leaves) >= wanted)
             .map(|leaves| leaves.saturating_sub(now_ms));
         Outlook::Rejected { wait_ms, delay_ms }
     }
 
     /// The window after `updateRate` to `rate` per `interval_ms` at `now_ms` (same type): the permits that
-    /// left the new window dropped, the value key the rate minus the permits still in it.
+    /// left the new window dropped, the value key the rate minus the permits still in it, at least 0.
     pub fn updated(&self, rate: u64, interval_ms: u64, now_ms: u64) -> Stored {
         let cutoff = now_ms.saturating_sub(interval_ms);
         let permits: Vec<Permit> = self.permits.iter().copied().filter(|p| p.score_ms > cutoff).collect();
         let used: u64 = permits.iter().map(|p| p.permits).sum();
-        Stored { value: Some(rate.saturating_sub(used)), permits }
+        Stored { value: Some(signed(rate.saturating_sub(used))), permits }
     }
 }
 
@@ -380,11 +474,16 @@ mod tests {
         let mut member = vec![16u8];
         member.extend([7u8; 16]);
         member.extend(3u32.to_le_bytes());
-        assert_eq!(decode_member(&member), Some(Member { random_len: 16, permits: 3 }));
+        assert_eq!(decode_member(&member), Some(Member { random_len: 16, permits: 3, kind: MemberKind::Plain }));
         let mut old = vec![8u8];
         old.extend([1u8; 8]);
         old.extend(258u32.to_le_bytes());
-        assert_eq!(decode_member(&old), Some(Member { random_len: 8, permits: 258 }));
+        assert_eq!(decode_member(&old), Some(Member { random_len: 8, permits: 258, kind: MemberKind::Plain }));
+        let marked = |random: &[u8]| [&[16u8][..], random, &9u32.to_le_bytes()].concat();
+        assert_eq!(decode_member(&marked(b"-rA1b2C3d4E5f6G7")).map(|m| m.kind), Some(MemberKind::Reservation));
+        assert_eq!(decode_member(&marked(b"-sA1b2C3d4E5f6G7")).map(|m| m.kind), Some(MemberKind::Settled));
+        assert_eq!(decode_member(&marked(b"r-A1b2C3d4E5f6G7")).map(|m| m.kind), Some(MemberKind::Plain));
+        assert_eq!(decode_member(&[1, b'-', 1, 0, 0, 0]).map(|m| m.kind), Some(MemberKind::Plain), "1 byte: no mark");
         assert_eq!(decode_member(&member[..20]), None, "truncated");
         assert_eq!(decode_member(&[member.clone(), vec![0]].concat()), None, "trailing byte");
         assert_eq!(decode_member(b""), None);
@@ -399,6 +498,38 @@ mod tests {
         assert_eq!((window.oldest_ms, window.oldest_age_ms), (Some(1_000), Some(1_000)));
         assert_eq!((window.newest_ms, window.newest_age_ms), (Some(1_500), Some(500)));
         assert_eq!(summarize(&[], 5).oldest_ms, None);
+        assert_eq!((window.reservations.count, window.settled.count), (0, 0), "no marked member");
+    }
+
+    #[test]
+    fn reservations_and_settled_costs_are_listed_apart_oldest_first_with_totals() {
+        let member =
+            |random: &[u8; 16], permits: u32| [vec![16u8], random.to_vec(), permits.to_le_bytes().to_vec()].concat();
+        let members = vec![
+            (member(b"-rBBBBBBBBBBBBBB", 500), 1_700.0),
+            (member(b"-sCCCCCCCCCCCCCC", 123), 1_100.0),
+            (member(b"0123456789abcdef", 1), 1_200.0),
+            (member(b"-rAAAAAAAAAAAAAA", 400), 1_300.0),
+            (member(b"-sDDDDDDDDDDDDDD", 40), 1_600.0),
+        ];
+        let window = summarize(&members, 2_000);
+        assert_eq!((window.acquires, window.permits), (5, 1_064), "marked members count as acquires too");
+        let held = |permits, acquired_ms| Held { permits, acquired_ms, age_ms: 2_000 - acquired_ms };
+        assert_eq!(
+            window.reservations,
+            HeldTotal { count: 2, permits: 900, members: vec![held(400, 1_300), held(500, 1_700)] }
+        );
+        assert_eq!(
+            window.settled,
+            HeldTotal { count: 2, permits: 163, members: vec![held(123, 1_100), held(40, 1_600)] }
+        );
+        let json = serde_json::to_value(&window.reservations).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"count": 2, "permits": 900, "members": [
+                {"permits": 400, "acquired_ms": 1300, "age_ms": 700},
+                {"permits": 500, "acquired_ms": 1700, "age_ms": 300}]})
+        );
     }
 
     #[test]
@@ -423,7 +554,7 @@ mod tests {
 
     #[test]
     fn counts_and_permits_read_as_the_scripts_read_them() {
-        assert_eq!((parse_count(b"7"), parse_count(b"-3"), parse_count(b"x")), (7, 0, 0));
+        assert_eq!((parse_value(b"7"), parse_value(b"-3"), parse_value(b"x")), (7, -3, 0));
         let member = |permits: u32| [vec![16u8], vec![1u8; 16], permits.to_le_bytes().to_vec()].concat();
         let members = vec![(member(2), 2_000.0), (member(1), 1_000.0), (b"junk".to_vec(), 1_500.0)];
         assert_eq!(permits_of(&members), vec![permit(1_000, 1), permit(1_500, 0), permit(2_000, 2)]);
@@ -462,6 +593,22 @@ mod tests {
         assert_eq!(room.outlook(10, 1_000, 1, 1_500), Outlook::Allowed { remaining: 6 });
         let stuck = Stored { value: Some(0), permits: Vec::new() };
         assert_eq!(stuck.outlook(3, 1_000, 1, 1_500), Outlook::Rejected { wait_ms: None, delay_ms: 1_003 });
+    }
+
+    #[test]
+    fn a_value_below_zero_waits_until_enough_settled_permits_leave() {
+        // 10 per 1 s: a cost settled at 15 (reserved 4) at 1100 and one at 2 at 1000 left the value at -7.
+        let charged = Stored { value: Some(-7), permits: vec![permit(1_000, 2), permit(1_100, 15)] };
+        assert_eq!(charged.available_at(10, 1_000, 1_500), -7);
+        assert_eq!(charged.available_at(10, 1_000, 2_000), -5, "the 2 left, still below zero");
+        assert_eq!(charged.available_at(10, 1_000, 2_100), 10);
+        assert_eq!(
+            charged.outlook(10, 1_000, 1, 1_500),
+            Outlook::Rejected { wait_ms: Some(600), delay_ms: 503 },
+            "Retry-After counts to the oldest, the wait to the 15"
+        );
+        assert_eq!(charged.outlook(10, 1_000, 1, 2_100), Outlook::Allowed { remaining: 9 });
+        assert_eq!(charged.updated(10, 1_000, 1_500).value, Some(0), "updateRate: never below 0");
     }
 
     #[test]

@@ -113,8 +113,10 @@ pub fn peek_window(redis: &mut Redis, name: &str, value_key: &str, permits_key: 
     Ok(Peeked { value, members, ttl })
 }
 
-/// `show`: config, available permits, the window and TTLs; for a per-client limiter every client's (and
-/// the one `client_id` selects, even without state yet).
+/// `show`: config, available permits (below zero while settled costs above their reservations are in
+/// the window), the window with the filter's reservations in flight and settled costs (`model::Window`),
+/// and TTLs; for a per-client limiter every client's (and the one `client_id` selects, even without state
+/// yet).
 ///
 /// # Errors
 /// [`read_config`]'s errors, Redis errors.
@@ -154,9 +156,10 @@ fn state_of(redis: &mut Redis, name: &str, config: &Config, client_id: Option<&s
         let now = now_ms.to_string();
         let reply = redis.run_script(&AVAILABLE_PERMITS, &keys, &[now.as_bytes()])?;
         keep_value_ttl(redis, name, value_key, permits_key)?;
-        count(&reply).ok_or_else(|| unexpected_reply(format!("reading the available permits of {name}"), &reply))?
+        // Below zero when settled costs passed their reservations (GIVE_BACK charges the excess).
+        integer(&reply).ok_or_else(|| unexpected_reply(format!("reading the available permits of {name}"), &reply))?
     } else {
-        config.rate
+        i64::try_from(config.rate).unwrap_or(i64::MAX)
     };
     let window_start = now_ms.saturating_sub(config.interval_ms);
     let mut range = redis::cmd("ZRANGE");

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use edge_rate_limiter::config::LimiterType;
 
 use crate::explain::retry_after_s;
-use crate::model::{type_name, Config, ConfigStep};
+use crate::model::{type_name, Config, ConfigStep, HeldTotal};
 use crate::report::{
     Applies, ChangeReport, DeleteReport, ExplainReport, KeyTtl, ListEntry, RuleExplain, RuleVerdict, ShowReport, State,
     ValidateReport, Verdict,
@@ -53,9 +53,35 @@ fn ttl_lines(out: &mut String, indent: &str, ttls: &[KeyTtl]) {
     }
 }
 
+/// How many reservations (and settled costs) `show` lists one by one in text; `--json` lists every one.
+pub const HELD_LISTED: usize = 20;
+
+/// The lines of the filter's reservations in flight or settled costs in a window: a total line, then
+/// each one (permits, age in ms), oldest first, at most [`HELD_LISTED`]. Nothing when there is none.
+/// `what`: how one and several are counted (`in flight`, `cost`/`costs`).
+fn held_lines(out: &mut String, indent: &str, label: &str, what: (&str, &str), held: &HeldTotal) {
+    if held.count == 0 {
+        return;
+    }
+    let what = if held.count == 1 { what.0 } else { what.1 };
+    let _ = writeln!(out, "{indent}  {label:<10} {} {what}, {} permits", held.count, held.permits);
+    let width = held.members.iter().take(HELD_LISTED).map(|m| m.permits.to_string().len()).max().unwrap_or(1);
+    for member in held.members.iter().take(HELD_LISTED) {
+        let _ = writeln!(out, "{indent}    {:>width$} permits, age {} ms", member.permits, member.age_ms);
+    }
+    if held.members.len() > HELD_LISTED {
+        let _ = writeln!(out, "{indent}    ... {} more (--json lists every one)", held.members.len() - HELD_LISTED);
+    }
+}
+
 fn state_lines(out: &mut String, indent: &str, state: &State, config: &Config) {
     let window = &state.window;
-    let _ = writeln!(out, "{indent}available    {} of {}", state.available, config.rate);
+    let below = if state.available < 0 {
+        " (below zero: settled costs above their reservations; acquires wait for permits to leave)"
+    } else {
+        ""
+    };
+    let _ = writeln!(out, "{indent}available    {} of {}{below}", state.available, config.rate);
     let _ = writeln!(
         out,
         "{indent}in window    {} permits in {} acquires (last {})",
@@ -69,6 +95,8 @@ fn state_lines(out: &mut String, indent: &str, state: &State, config: &Config) {
     if let (Some(newest), Some(age)) = (window.newest_ms, window.newest_age_ms) {
         let _ = writeln!(out, "{indent}  newest     {} ({} ago)", timestamp(newest), human_ms(age));
     }
+    held_lines(out, indent, "reserved", ("in flight", "in flight"), &window.reservations);
+    held_lines(out, indent, "settled", ("cost", "costs"), &window.settled);
     if window.unreadable > 0 {
         let _ = writeln!(out, "{indent}  unreadable {} members not in Redisson's format", window.unreadable);
     }
@@ -413,6 +441,69 @@ mod tests {
     }
 
     #[test]
+    fn show_lists_reservations_and_settled_costs_with_totals_and_a_value_below_zero() {
+        let member =
+            |random: &[u8; 16], permits: u32| [vec![16u8], random.to_vec(), permits.to_le_bytes().to_vec()].concat();
+        let mut members = vec![
+            (member(b"0123456789abcdef", 1), 1_000.0),
+            (member(b"-sCCCCCCCCCCCCCC", 1_500), 1_100.0),
+            (member(b"-rAAAAAAAAAAAAAA", 400), 1_300.0),
+        ];
+        members.extend((0..22u32).map(|i| (member(b"-rBBBBBBBBBBBBBB", 10 + i), 1_400.0 + f64::from(i))));
+        let window = crate::model::summarize(&members, 2_000);
+        let state = State {
+            client_id: None,
+            available: -7,
+            window,
+            expired: 0,
+            ttl: vec![KeyTtl { key: "{erl:llm}:value".into(), ttl_ms: -1 }],
+        };
+        let config = Config { rate: 1_000, interval_ms: 60_000, limiter_type: LimiterType::Overall, keep_alive_ms: 0 };
+        let report = ShowReport {
+            name: "erl:llm".into(),
+            config,
+            now_ms: 2_000,
+            config_ttl_ms: -1,
+            state: Some(state),
+            clients: vec![],
+        };
+        let text = show(&report);
+        let expected_start = "limiter      erl:llm
+type         overall
+rate         1000 per 60000 ms (1m)
+keepAlive    0 (never expires)
+now          1970-01-01T00:00:02.000Z
+ttl  erl:llm  no expiry
+available    -7 of 1000 (below zero: settled costs above their reservations; acquires wait for permits to leave)
+in window    2352 permits in 25 acquires (last 1m)
+  oldest     1970-01-01T00:00:01.000Z (1s ago)
+  newest     1970-01-01T00:00:01.421Z (579ms ago)
+  reserved   23 in flight, 851 permits
+    400 permits, age 700 ms
+     10 permits, age 600 ms
+     11 permits, age 599 ms
+";
+        assert!(text.starts_with(expected_start), "{text}");
+        let expected_end = "     28 permits, age 582 ms
+    ... 3 more (--json lists every one)
+  settled    1 cost, 1500 permits
+    1500 permits, age 900 ms
+ttl  {erl:llm}:value  no expiry
+";
+        assert!(text.ends_with(expected_end), "{text}");
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["state"]["available"], -7);
+        assert_eq!(json["state"]["window"]["reservations"]["count"], 23);
+        assert_eq!(json["state"]["window"]["reservations"]["members"].as_array().unwrap().len(), 23, "all of them");
+        assert_eq!(json["state"]["window"]["settled"]["members"][0]["age_ms"], 900);
+        let plain =
+            State { available: 3, window: crate::model::summarize(&members[..1], 2_000), ..report.state.unwrap() };
+        let mut lines = String::new();
+        state_lines(&mut lines, "", &plain, &config);
+        assert!(!lines.contains("reserved") && !lines.contains("settled") && !lines.contains("below zero"), "{lines}");
+    }
+
+    #[test]
     fn validate_shows_the_refusal_alone_or_each_configuration_and_rule() {
         let refused = ValidateReport {
             valid: false,
@@ -457,6 +548,8 @@ _rules_[0]: routes login; domains *.example.com; redis cluster webdis (http); fa
             newest_ms: Some(2_000),
             newest_age_ms: Some(500),
             unreadable: 0,
+            reservations: HeldTotal::default(),
+            settled: HeldTotal::default(),
         };
         let ttl = vec![KeyTtl { key: "{erl:u:alice}:value".into(), ttl_ms: 3_000 }];
         let state = State { client_id: None, available: 0, window, expired: 1, ttl };

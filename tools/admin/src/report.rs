@@ -19,9 +19,10 @@ pub struct KeyTtl {
 pub struct State {
     /// The client id (per-client limiters), `None` for the overall window.
     pub client_id: Option<String>,
-    /// Permits available now (Redisson `availablePermits`).
-    pub available: u64,
-    /// The permits in the window.
+    /// Permits available now (Redisson `availablePermits`): below zero while settled costs above their
+    /// reservations are in the window (every acquire waits until enough of them leave).
+    pub available: i64,
+    /// The permits in the window, with the filter's reservations in flight and settled costs.
     pub window: Window,
     /// Members older than the window still in the sorted set (released by the next acquire).
     pub expired: u64,
@@ -81,8 +82,9 @@ pub struct ListEntry {
     pub config: Option<Config>,
     /// Why the config is not valid.
     pub problem: Option<String>,
-    /// Overall limiters: permits available now; per-client ones: `None` (see `show`).
-    pub available: Option<u64>,
+    /// Overall limiters: permits available now (maybe below zero, as in [`State`]); per-client ones: `None`
+    /// (see `show`).
+    pub available: Option<i64>,
 }
 
 /// What `validate` reports.
