@@ -184,6 +184,21 @@ pub trait Host {
         grpc_status: Option<u8>,
     ) -> Result<(), HostError>;
 
+    /// A response header of the effective context (`proxy_get_header_map_value` of the response headers),
+    /// lowercase name; `Ok(None)` when absent. Readable from `proxy_on_response_headers` on.
+    ///
+    /// # Errors
+    /// The host's status.
+    fn response_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostError>;
+
+    /// The response body chunk `proxy_on_response_body` was called with: its first `size` bytes
+    /// (`proxy_get_buffer_bytes` of the response body). Envoy hands a filter that lets each chunk through
+    /// that chunk alone.
+    ///
+    /// # Errors
+    /// The host's status.
+    fn response_body(&self, size: usize) -> Result<Vec<u8>, HostError>;
+
     /// Adds a header to the effective context's response headers (`proxy_add_header_map_value`).
     ///
     /// # Errors

@@ -83,6 +83,10 @@ struct Request {
     response_headers: Vec<(String, String)>,
     /// Properties the filter set on the request (`proxy_set_property`), as Envoy's filter state.
     filter_state: Vec<(String, Vec<u8>)>,
+    /// The upstream's response headers ([`FakeHost::upstream_response`]).
+    upstream_headers: Vec<(String, Vec<u8>)>,
+    /// The response body chunk being delivered ([`FakeHost::body_chunk`]).
+    body_chunk: Vec<u8>,
 }
 
 #[derive(Debug, Default)]
@@ -179,6 +183,27 @@ impl FakeHost {
         let mut state = self.state.borrow_mut();
         let headers = headers.iter().map(|(k, v)| (k.to_ascii_lowercase(), v.as_bytes().to_vec())).collect();
         state.requests.insert(context_id, Request { headers, headers_open: true, ..Request::default() });
+        state.effective = context_id;
+    }
+
+    /// The upstream answers request `context_id` with these headers (readable by the filter from its
+    /// `proxy_on_response_headers` on); the context becomes effective.
+    pub fn upstream_response(&self, context_id: u32, headers: &[(&str, &str)]) {
+        let mut state = self.state.borrow_mut();
+        if let Some(request) = state.requests.get_mut(&context_id) {
+            request.upstream_headers =
+                headers.iter().map(|(k, v)| (k.to_ascii_lowercase(), v.as_bytes().to_vec())).collect();
+        }
+        state.effective = context_id;
+    }
+
+    /// The response body chunk of request `context_id` that `proxy_on_response_body` is about to see; the
+    /// context becomes effective.
+    pub fn body_chunk(&self, context_id: u32, chunk: &[u8]) {
+        let mut state = self.state.borrow_mut();
+        if let Some(request) = state.requests.get_mut(&context_id) {
+            request.body_chunk = chunk.to_vec();
+        }
         state.effective = context_id;
     }
 
@@ -447,6 +472,16 @@ impl Host for FakeHost {
             request.end = Some(End::LocalReply { status, headers, body, grpc_status });
             Ok(())
         })
+    }
+
+    fn response_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostError> {
+        self.with_request(|request| {
+            Ok(request.upstream_headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+        })
+    }
+
+    fn response_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
+        self.with_request(|request| Ok(request.body_chunk.get(..size).unwrap_or(&request.body_chunk).to_vec()))
     }
 
     fn add_response_header(&self, name: &str, value: &str) -> Result<(), HostError> {

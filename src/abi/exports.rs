@@ -140,6 +140,16 @@ pub extern "C" fn proxy_on_response_headers(context_id: u32, _num_headers: usize
         .unwrap_or(Action::Continue) as u32
 }
 
+/// A response body chunk: read for a request whose reservation settles to the usage in the body (rules
+/// with `cost`), and let through. (Exported for them: Envoy calls it for every chunk of every response,
+/// and the filter returns at once for a request with nothing to settle.)
+#[no_mangle]
+pub extern "C" fn proxy_on_response_body(context_id: u32, body_size: usize, end_of_stream: bool) -> u32 {
+    with_vm(|vm| vm.filter(context_id).map(|filter| filter.on_response_body(context_id, body_size, end_of_stream)))
+        .flatten()
+        .unwrap_or(Action::Continue) as u32
+}
+
 /// The context is deleted: forget it (a reply still on its way is dropped when it arrives); a deleted root
 /// context takes its filter along. (No `proxy_on_done`: the host calls `proxy_on_delete` right after it
 /// for every context, and a host skips the callbacks a module does not export, so not exporting it saves

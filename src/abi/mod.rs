@@ -23,6 +23,8 @@ use crate::host::{HeaderMap, Host, HostError, LogLevel};
 
 /// Buffer types of `proxy_get_buffer_bytes` (ABI 0.2.1; 9 is Higress's Redis call response).
 const HTTP_CALL_RESPONSE_BODY: u32 = 4;
+/// proxy-wasm buffer type of the response body (ABI 0.2.1 `BufferType::HttpResponseBody`).
+const RESPONSE_BODY: u32 = 1;
 const PLUGIN_CONFIGURATION: u32 = 7;
 #[cfg(feature = "host-redis")]
 const REDIS_CALL_RESPONSE: u32 = 9;
@@ -202,6 +204,19 @@ impl Host for AbiHost {
         bytes_of(|data, size| unsafe {
             proxy_get_header_map_value(REQUEST_HEADERS, name.as_ptr(), name.len(), data, size)
         })
+    }
+
+    fn response_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostError> {
+        // SAFETY: as request_header.
+        bytes_of(|data, size| unsafe {
+            proxy_get_header_map_value(RESPONSE_HEADERS, name.as_ptr(), name.len(), data, size)
+        })
+    }
+
+    fn response_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
+        // SAFETY: the host writes a pointer it allocated and its size.
+        let bytes = bytes_of(|data, written| unsafe { proxy_get_buffer_bytes(RESPONSE_BODY, 0, size, data, written) })?;
+        Ok(bytes.unwrap_or_default())
     }
 
     fn property(&self, path: &[&str]) -> Result<Option<Vec<u8>>, HostError> {

@@ -16,12 +16,14 @@ use core::fmt;
 use crate::key::KeySource;
 use crate::matching::{Exemption, ValueMatch};
 
+mod cost;
 mod duration;
 mod match_rules;
 mod reader;
 mod rules;
 mod validate;
 
+pub use cost::{Cost, Reserve, Settle, UsageSpec};
 pub use match_rules::{Override, Plugin};
 pub use reader::DurationMs;
 
@@ -304,6 +306,12 @@ pub struct Rule {
     /// its default entry (`None`), all with the same name; the first entry whose match accepts the key value
     /// applies. `Some` only on those generated entries.
     pub value_match: Option<ValueMatch>,
+    /// `rates_by`: where the value `rates_by_value` matches comes from, when not the key (a plan header set
+    /// by an authentication filter: per-request limits for one key).
+    pub rates_by: Option<KeySource>,
+    /// `cost`: a reservation at the request (`permits` is its default size), settled to the real cost when
+    /// the response ends.
+    pub cost: Option<Cost>,
 }
 
 /// A rule's permit lease: a VM takes up to `max_permits` in one acquire and serves the limiter's requests
@@ -713,6 +721,37 @@ mod tests {
             ),
             (MINIMAL.replace("}]}", "}],\"grpc\":{\"rejected_status\":17}}"), "grpc.rejected_status: must be a gRPC"),
             (MINIMAL.replace("}]}", "}],\"grpc\":{\"status\":8}}"), "grpc.status: unknown field `status`"),
+            (
+                MINIMAL.replace("\"1s\"", "\"1s\",\"cost\":{\"reserve\":0,\"settle\":{\"usage\":\"openai\"}}"),
+                "rules[0].cost.reserve: must be 1 to the rate",
+            ),
+            (MINIMAL.replace("\"1s\"", "\"1s\",\"cost\":{\"reserve\":1}"), "rules[0].cost.settle: is required"),
+            (
+                MINIMAL.replace("\"1s\"", "\"1s\",\"cost\":{\"reserve\":1,\"settle\":{\"usage\":\"mistral\"}}"),
+                "rules[0].cost.settle.usage: unknown variant `mistral`",
+            ),
+            (
+                MINIMAL.replace("\"1s\"", "\"1s\",\"cost\":{\"reserve\":1,\"settle\":{}}"),
+                "rules[0].cost.settle: needs either `usage`",
+            ),
+            (
+                MINIMAL.replace(
+                    "\"1s\"",
+                    "\"1s\",\"permits\":1,\"cost\":{\"reserve\":1,\"settle\":{\"response_header\":\"x-cost\"}}",
+                ),
+                "rules[0].permits: a rule with `cost`",
+            ),
+            (
+                MINIMAL.replace(
+                    "\"1s\"",
+                    "\"1s\",\"cost\":{\"reserve\":{\"header\":\"x-max\"},\"settle\":{\"response_header\":\"x-cost\"}}",
+                ),
+                "rules[0].cost.reserve.default: is required",
+            ),
+            (
+                MINIMAL.replace("\"1s\"", "\"1s\",\"rates_by\":{\"header\":\"x-plan\"}"),
+                "rules[0].rates_by: needs `rates_by_value`",
+            ),
             (
                 MINIMAL.replace("}]}", "},{\"name\":\"r\",\"limit_by\":\"path\",\"rate\":1,\"interval\":1}]}"),
                 "rules[1].name: duplicate rule name",

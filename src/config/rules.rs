@@ -33,6 +33,8 @@ const RULE_FIELDS: &[&str] = &[
     "mode",
     "exempt",
     "rates_by_value",
+    "rates_by",
+    "cost",
 ];
 
 const LEASE_FIELDS: &[&str] = &["max_permits", "max_age"];
@@ -65,7 +67,12 @@ pub(super) fn read_rule(mut rule: Object<'_>, default_mode: Mode) -> Result<Vec<
     let limiter_type = rule
         .choice("type", &[("overall", LimiterType::Overall), ("per_client", LimiterType::PerClient)])?
         .unwrap_or_default();
-    let permits = rule.u64("permits")?.unwrap_or(1);
+    let cost = rule.object("cost")?.map(|cost| super::cost::read_cost(cost, rate)).transpose()?;
+    let permits = match (rule.u64("permits")?, &cost) {
+        (Some(_), Some(_)) => return Err(rule.error("permits", "a rule with `cost` reserves `cost.reserve` instead")),
+        (None, Some(cost)) => cost.reserve.default_permits(),
+        (permits, None) => permits.unwrap_or(1),
+    };
     if permits == 0 || permits > rate {
         return Err(rule.error("permits", format!("{permits} must be between 1 and the rate ({rate})")));
     }
@@ -88,6 +95,16 @@ pub(super) fn read_rule(mut rule: Object<'_>, default_mode: Mode) -> Result<Vec<
     let mode = rule.choice("mode", &[("enforce", Mode::Enforce), ("shadow", Mode::Shadow)])?.unwrap_or(default_mode);
     let exempt = rule.object("exempt")?.map(read_exemption).transpose()?;
     let by_value = rule.array("rates_by_value")?;
+    let rates_by = match rule.get("rates_by") {
+        None => None,
+        Some(_) if by_value.is_none() => {
+            return Err(rule.error("rates_by", "needs `rates_by_value` (the rates it picks)"))
+        }
+        Some(value) => Some(read_key_source(value).map_err(|why| rule.error("rates_by", why))?),
+    };
+    if cost.is_some() && lease.is_some() {
+        return Err(rule.error("cost", "cannot be combined with `lease` (a lease's permits are not one request's)"));
+    }
     let explicit_keep_alive = rule.get("keep_alive").is_some();
     rule.finish(RULE_FIELDS)?;
     let base = Rule {
@@ -106,6 +123,8 @@ pub(super) fn read_rule(mut rule: Object<'_>, default_mode: Mode) -> Result<Vec<
         mode,
         exempt,
         value_match: None,
+        rates_by,
+        cost,
     };
     match by_value {
         None => Ok(vec![base]),
@@ -229,7 +248,10 @@ fn read_rate_by_value(mut entry: Object<'_>, rule: &Rule, explicit_keep_alive: b
     if interval_ms == 0 || interval_ms > MAX_INTERVAL_MS {
         return Err(entry.error("interval", format!("must be between 1 ms and {MAX_INTERVAL_MS} ms")));
     }
-    let permits = entry.u64("permits")?.unwrap_or(rule.permits);
+    let permits = match (entry.u64("permits")?, &rule.cost) {
+        (Some(_), Some(_)) => return Err(entry.error("permits", "a rule with `cost` reserves `cost.reserve` instead")),
+        (permits, _) => permits.unwrap_or(rule.permits),
+    };
     if permits == 0 || permits > rate {
         return Err(entry.error("permits", format!("{permits} must be between 1 and the rate ({rate})")));
     }

@@ -20,8 +20,14 @@ use super::route::Route;
 use super::{log, Action, Filter, NAME, REJECTED_BY_PROPERTY, SHADOW_REJECTED_BY_PROPERTY};
 
 /// Counts a decision, moves the circuit, settles what the request took (leases committed or put back,
-/// Redis members given back if it does not go on), and says how the request ends.
-pub(super) fn finish<H: Host>(filter: &mut Filter<H>, route: &Rc<Route>, decision: Decision) -> Verdict {
+/// Redis members given back if it does not go on, reservations kept for its response if it does), and
+/// says how request `context_id` ends.
+pub(super) fn finish<H: Host>(
+    filter: &mut Filter<H>,
+    context_id: u32,
+    route: &Rc<Route>,
+    decision: Decision,
+) -> Verdict {
     let now_ms = filter.host.now_ms();
     let decided_by_redis = matches!(decision.outcome, Outcome::Allowed | Outcome::Rejected);
     route.circuit_learns(now_ms, decision.redis_failed, decided_by_redis);
@@ -38,6 +44,9 @@ pub(super) fn finish<H: Host>(filter: &mut Filter<H>, route: &Rc<Route>, decisio
         } else {
             put_back(filter, ticket);
         }
+    }
+    if goes_on && !decision.reservations.is_empty() {
+        super::settle::reserve(filter, context_id, route, decision.reservations);
     }
     if !goes_on {
         for GiveBack { name, settlement } in decision.give_back {

@@ -102,7 +102,7 @@ pub(super) fn advance<H: Host>(
         }
         Some(decision) => {
             forget(filter, context_id, &flow);
-            let next = super::end::finish(filter, &flow.route, decision);
+            let next = super::end::finish(filter, context_id, &flow.route, decision);
             super::end::end(filter, context_id, &flow.route, next, origin)
         }
     }

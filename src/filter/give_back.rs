@@ -40,6 +40,8 @@ pub(super) enum GiveBackKind {
     Lease,
     /// A lease of a filter that went away ([`Filter::adopt`]): counted in `lease_settlements`.
     Handed,
+    /// A reservation set to its response's real cost ([`super::settle`]): counted in `settlements`.
+    Settle,
 }
 
 impl GiveBackCall {
@@ -89,6 +91,7 @@ pub(super) fn send_give_back<H: Host>(filter: &mut Filter<H>, mut call: GiveBack
                 match call.kind {
                     GiveBackKind::Request => filter.metrics.compensation(&filter.host),
                     GiveBackKind::Lease | GiveBackKind::Handed => filter.metrics.lease_settlement(&filter.host),
+                    GiveBackKind::Settle => filter.metrics.settlement(&filter.host),
                 }
             }
             let timeout_ms = route.config.redis.timeout_ms;

@@ -31,6 +31,8 @@ pub(super) struct Metrics {
     exempt: Option<u32>,
     batches: Option<u32>,
     batched_calls: Option<u32>,
+    settlements: Option<u32>,
+    settled_without_usage: Option<u32>,
 }
 
 /// One rule's counters `edge_rate_limiter.rule.<rule>.<outcome>`, in [`RuleOutcome::ALL`] order.
@@ -62,6 +64,8 @@ impl Metrics {
             exempt: counter("exempt"),
             batches: counter("batches"),
             batched_calls: counter("batched_calls"),
+            settlements: counter("settlements"),
+            settled_without_usage: counter("settled_without_usage"),
         }
     }
 
@@ -129,6 +133,16 @@ impl Metrics {
     /// One lease granted by Redis.
     pub(super) fn lease(&self, host: &impl Host) {
         Self::add(host, self.leases, 1);
+    }
+
+    /// One settle call sent: a reservation set to its response's real cost.
+    pub(super) fn settlement(&self, host: &impl Host) {
+        Self::add(host, self.settlements, 1);
+    }
+
+    /// One reservation kept as it was: its response ended (or stopped) without a cost to read.
+    pub(super) fn settled_without_usage(&self, host: &impl Host) {
+        Self::add(host, self.settled_without_usage, 1);
     }
 
     /// One give-back call sent (a request rejected after a limiter in another hash slot admitted it).

@@ -62,6 +62,9 @@ mod ids;
 mod interleavings;
 mod metrics;
 mod route;
+mod settle;
+#[cfg(test)]
+mod settle_tests;
 #[cfg(test)]
 mod tests;
 
@@ -166,6 +169,10 @@ pub struct Filter<H: Host> {
     ended_leases: Vec<String>,
     /// Where a request's limiter names are written (one allocation, reused).
     name_buffer: String,
+    /// Reservations of allowed requests (rules with `cost`), by HTTP context id, until their response ends.
+    settling: IdMap<settle::Settling>,
+    /// Settle calls for the next tick (sent from the root context).
+    settle_outbox: Vec<GiveBackCall>,
 }
 
 /// The decision context of `route` at `now_ms` for the body `$body`, with `$ctx` bound to it: the
@@ -249,6 +256,8 @@ impl<H: Host> Filter<H> {
             leases: LeaseTable::default(),
             ended_leases: Vec::new(),
             name_buffer: String::new(),
+            settling: IdMap::default(),
+            settle_outbox: Vec::new(),
             routes,
             host,
         })
@@ -272,7 +281,7 @@ impl<H: Host> Filter<H> {
         });
         let action = match start {
             Start::Decided(decision) => {
-                let next = end::finish(self, &route, decision);
+                let next = end::finish(self, context_id, &route, decision);
                 end::end(self, context_id, &route, next, Origin::Callback)
             }
             Start::Send(pending, sends) => {
@@ -289,6 +298,9 @@ impl<H: Host> Filter<H> {
 
     /// `proxy_on_response_headers`: adds the rate limit headers of a request that was allowed.
     pub fn on_response_headers(&mut self, context_id: u32) -> Action {
+        if !self.settling.is_empty() {
+            settle::on_response_headers(self, context_id);
+        }
         if self.response_headers.is_empty() {
             return Action::Continue;
         }
@@ -299,6 +311,15 @@ impl<H: Host> Filter<H> {
             if self.host.add_response_header(name, &value).is_err() {
                 end::host_refused(self, "proxy_add_header_map_value");
             }
+        }
+        Action::Continue
+    }
+
+    /// `proxy_on_response_body`: a chunk of `size` bytes of the response (`end`: its last), read only for a
+    /// request whose reservation settles to the usage in the body; always let through.
+    pub fn on_response_body(&mut self, context_id: u32, size: usize, end: bool) -> Action {
+        if !self.settling.is_empty() {
+            settle::on_response_body(self, context_id, size, end);
         }
         Action::Continue
     }
@@ -318,6 +339,9 @@ impl<H: Host> Filter<H> {
         }
         if !self.response_headers.is_empty() {
             self.response_headers.remove(&context_id);
+        }
+        if !self.settling.is_empty() {
+            settle::on_done(self, context_id);
         }
     }
 
@@ -345,10 +369,12 @@ impl<H: Host> Filter<H> {
             coalesce::flush(self, destination, false);
         }
         coalesce::send_overdue(self);
+        settle::send_queued(self);
         give_back::expire_give_backs(self, now_ms);
         if self.flows.is_empty()
             && self.coalescer.is_idle()
             && self.give_backs.is_empty()
+            && self.settle_outbox.is_empty()
             && self.ticking
             && self.host.set_tick_period_ms(0).is_ok()
         {

@@ -15,7 +15,8 @@ use crate::fallback::Local;
 use crate::response::{Report, RuleQuota, Verdict};
 use crate::script::Settlement;
 
-use super::pending::{lease_tickets, CallState, PendingRequest, RuleResult, Taken};
+use super::pending::{lease_tickets, CallState, PendingRequest, RuleResult};
+use super::reservation::reservations;
 use super::{Context, Decision, GiveBack, LocalWindows, Outcome, RuleOutcome};
 
 /// The rejection of a limiter's local block: what `decide` makes of this one result, without the generic
@@ -34,6 +35,7 @@ pub(super) fn blocked(ctx: &Context<'_>, rule: usize, block: &Block) -> Decision
         rules,
         leases: Vec::new(),
         give_back: Vec::new(),
+        reservations: Vec::new(),
     }
 }
 
@@ -52,6 +54,7 @@ pub(super) fn exempt() -> Decision {
         rules: SmallVec::new(),
         leases: Vec::new(),
         give_back: Vec::new(),
+        reservations: Vec::new(),
     }
 }
 
@@ -83,7 +86,11 @@ pub(super) fn decide(pending: &PendingRequest, ctx: &Context<'_>) -> Decision {
     let mut tally = tally(pending, ctx.config);
     let leases = lease_tickets(&pending.calls, ctx.config);
     let any = pending.settled.is_some() || pending.calls.iter().any(|c| matches!(c.state, CallState::Done(_)));
-    let decision = |verdict, outcome, rules, give_back| Decision {
+    let decision = |verdict: Verdict, outcome, rules, give_back| Decision {
+        reservations: match verdict {
+            Verdict::Continue { .. } => reservations(pending, ctx.config),
+            Verdict::Respond { .. } => Vec::new(),
+        },
         verdict,
         outcome,
         redis_failed: pending.redis_failed,
@@ -246,16 +253,11 @@ impl Tally {
 /// The members the rules of `pending` that acquired added in Redis, to give back.
 fn give_back(pending: &PendingRequest, config: &PluginConfig) -> Vec<GiveBack> {
     pending
-        .calls
-        .iter()
-        .filter_map(|call| {
-            let CallState::Done(RuleResult::Acquired(_, Taken::Member { granted })) = &call.state else {
-                return None;
-            };
-            config.rules.get(call.rule)?;
-            let settlement =
-                Settlement { random: call.member_random, granted: *granted, used: 0, early_ms: 0, renamed: None };
-            Some(GiveBack { name: call.name.clone(), settlement })
+        .own_members()
+        .filter(|(call, _)| config.rules.get(call.rule).is_some())
+        .map(|(call, granted)| {
+            let settlement = Settlement { random: call.member_random, granted, used: 0, early_ms: 0, renamed: None };
+            GiveBack { name: call.name.clone(), settlement }
         })
         .collect()
 }

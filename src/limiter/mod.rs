@@ -8,7 +8,8 @@
 //! - `plan`: what a configuration needs on every request ([`Plan`]);
 //! - `pending`: the request waiting for Redis ([`start`], [`PendingRequest`]);
 //! - `reply`: what each reply means ([`Effects`], [`Notice`]);
-//! - `decision`: the final [`Decision`]: a rejection, the degraded mode's local windows, the failure mode.
+//! - `decision`: the final [`Decision`]: a rejection, the degraded mode's local windows, the failure mode;
+//! - `reservation`: what an allowed request of a rule with `cost` settles when its response ends.
 //!
 //! Flow: [`start`] reads the key values and returns either a decision at once (no rule applies, a missing
 //! key is denied, a limiter is blocked locally, leases serve every rule) or a [`PendingRequest`] with its
@@ -29,7 +30,9 @@ mod decision;
 mod pending;
 mod plan;
 mod reply;
+mod reservation;
 mod resolve;
+mod sends;
 #[cfg(test)]
 mod tests;
 
@@ -38,6 +41,7 @@ pub use crate::response::{Report, RuleQuota, Verdict};
 pub use pending::{start, PendingRequest, Progress, Start};
 pub use plan::{Plan, RulePlan};
 pub use reply::{Effects, LeaseEnd, LimiterError, Notice};
+pub use reservation::{Reservation, RESERVED_MARK, SETTLED_MARK};
 pub use resolve::{applications, Applies, RuleApplication};
 
 /// Where a request finds the local blocks of its limiters ([`crate::block`]).
@@ -117,6 +121,8 @@ pub struct Decision {
     pub leases: Vec<LeaseTicket>,
     /// The members it added in Redis, to give back as it does not go upstream.
     pub give_back: Vec<GiveBack>,
+    /// The reservations of its rules with `cost`, to settle when its response ends (it goes upstream).
+    pub reservations: Vec<Reservation>,
 }
 
 /// How one rule ended for a request, for its counters (`rule.<name>.<outcome>`); `outcome as usize` is

@@ -12,11 +12,13 @@ use crate::config::{ClockSource, Mode, PluginConfig};
 use crate::key::{hash_slot, RequestView};
 use crate::response::RuleQuota;
 use crate::script::{
-    encode_acquire_all_laid_out, AcquirePart, Clock, Encoding, Invocation, Layout, LeaseRequest, MEMBER_RANDOM_LEN,
+    encode_acquire_all_laid_out, AcquirePart, AcquireTemplate, Clock, Encoding, Invocation, Layout, LeaseRequest,
+    MEMBER_RANDOM_LEN,
 };
 
 use super::decision::{block_quota, blocked, decide, exempt};
 use super::resolve::{group_end, resolve, Resolved};
+use super::sends::group;
 use super::Decision;
 use super::{Context, LeaseAsk, LeaseTicket, Leases, Plan};
 
@@ -68,6 +70,9 @@ pub(super) struct RuleCall {
     /// Gateway time the acquire was started, ms (the base of a local block and of a lease's age).
     pub(super) sent_ms: u64,
     pub(super) member_random: [u8; MEMBER_RANDOM_LEN],
+    /// Permits it asks for: the rule's, or a reservation's size read from the request (`cost.reserve`
+    /// from a header).
+    pub(super) permits: u64,
     /// The lease it asks for, if any.
     pub(super) lease: Option<LeaseRequest>,
     pub(super) state: CallState,
@@ -215,12 +220,14 @@ fn open_rule(
         ClockSource::Gateway => Clock::Gateway(ctx.now_ms),
         ClockSource::Redis => Clock::Redis,
     };
+    let permits = super::reservation::permits_of(rule, request);
     let call = |state, member_random| RuleCall {
         rule: index,
         name: name.clone(),
         clock,
         sent_ms: ctx.now_ms,
         member_random,
+        permits,
         lease: None,
         state,
     };
@@ -238,7 +245,7 @@ fn open_rule(
         }
     }
     if rule.local_block_max_ms > 0 {
-        if let Some(block) = ctx.blocks.rejecting(name, ctx.now_ms, rule.permits) {
+        if let Some(block) = ctx.blocks.rejecting(name, ctx.now_ms, permits) {
             if !shadow(index) {
                 return Opened::Blocked(index, block);
             }
@@ -248,7 +255,11 @@ fn open_rule(
             return Opened::Call(RuleCall { name: name.clone(), ..RuleCall::settled(index, ctx.now_ms, state) });
         }
     }
-    Opened::Call(call(CallState::Waiting, random()))
+    let mut member_random = random();
+    if rule.cost.is_some() {
+        super::reservation::mark_reserved(&mut member_random);
+    }
+    Opened::Call(call(CallState::Waiting, member_random))
 }
 
 impl RuleCall {
@@ -260,6 +271,7 @@ impl RuleCall {
             clock: Clock::Gateway(now_ms),
             sent_ms: now_ms,
             member_random: [0; MEMBER_RANDOM_LEN],
+            permits: 0,
             lease: None,
             state,
         }
@@ -301,32 +313,6 @@ pub(super) fn lease_tickets(calls: &[RuleCall], config: &PluginConfig) -> Vec<Le
         .collect()
 }
 
-/// The Redis calls of a request's waiting rule calls: all in one (all or nothing), or with Redis Cluster one
-/// per hash slot of their limiters (a script's keys must share a slot). Shadow rules are checked in calls
-/// of their own: a shadow rule that would reject must not keep the enforced rules from taking their permits.
-fn group(calls: &[RuleCall], config: &PluginConfig) -> SmallVec<[Send; 1]> {
-    let mut sends: SmallVec<[Send; 1]> = SmallVec::new();
-    let mut slots: SmallVec<[(u16, bool); 2]> = SmallVec::new();
-    for (index, call) in calls.iter().enumerate().filter(|(_, c)| c.state == CallState::Waiting) {
-        let shadow = config.rules.get(call.rule).is_some_and(|r| r.mode == Mode::Shadow);
-        let slot = (if config.redis.redis_cluster { hash_slot(&call.name) } else { 0 }, shadow);
-        match slots.iter().position(|&s| s == slot) {
-            Some(at) => {
-                if let Some(send) = sends.get_mut(at) {
-                    send.calls.push(index);
-                }
-            }
-            None => {
-                slots.push(slot);
-                let mut covered = SmallVec::new();
-                covered.push(index);
-                sends.push(Send { calls: covered, retried: false, done: false });
-            }
-        }
-    }
-    sends
-}
-
 impl PendingRequest {
     /// The bytes of send `send`, by sha or by source, in the transport's wire form; `None` for an unknown
     /// send.
@@ -343,9 +329,23 @@ impl PendingRequest {
         plan: &Plan,
     ) -> Option<(Vec<u8>, Layout)> {
         let send = self.sends.get(send)?;
+        // A reservation sized by its request acquires with a template of its own size.
+        let sized: SmallVec<[Option<AcquireTemplate>; 2]> = send
+            .calls
+            .iter()
+            .map(|&index| {
+                let call = self.calls.get(index)?;
+                let template = &plan.rules.get(call.rule)?.template;
+                (call.permits != template.config().permits).then(|| plan.sized(template, call.permits))
+            })
+            .collect();
+        let template_of = |at: usize, call: &RuleCall| match sized.get(at) {
+            Some(Some(template)) => Some(template),
+            _ => plan.rules.get(call.rule).map(|rule| &rule.template),
+        };
         if let [only] = send.calls.as_slice() {
             let call = self.calls.get(*only)?;
-            let template = &plan.rules.get(call.rule)?.template;
+            let template = template_of(0, call)?;
             return Some(template.encode_laid_out(
                 &call.name,
                 call.clock,
@@ -357,11 +357,11 @@ impl PendingRequest {
         }
         let mut parts: SmallVec<[AcquirePart<'_>; 2]> = SmallVec::new();
         let mut clock = Clock::Redis;
-        for &index in &send.calls {
+        for (at, &index) in send.calls.iter().enumerate() {
             let call = self.calls.get(index)?;
             clock = call.clock;
             parts.push(AcquirePart {
-                template: &plan.rules.get(call.rule)?.template,
+                template: template_of(at, call)?,
                 name: &call.name,
                 random: &call.member_random,
                 lease: call.lease.as_ref(),
@@ -394,6 +394,15 @@ impl PendingRequest {
             Some(call) if config.redis.redis_cluster => hash_slot(&call.name),
             _ => 0,
         }
+    }
+
+    /// The rule calls that acquired a member of their own in Redis, with its permits: what a rejected
+    /// request gives back, and an allowed request's reservations.
+    pub(super) fn own_members(&self) -> impl Iterator<Item = (&RuleCall, u64)> {
+        self.calls.iter().filter_map(|call| match call.state {
+            CallState::Done(RuleResult::Acquired(_, Taken::Member { granted })) => Some((call, granted)),
+            _ => None,
+        })
     }
 
     /// Whether a call waits for this VM's lease acquire of limiter `name`.

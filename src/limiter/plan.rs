@@ -30,6 +30,8 @@ pub struct Plan {
     /// `failure_mode: "deny"`: a Redis error on one limiter of a combined call leaves the others uncharged
     /// (the request will not go on).
     pub errors_stop_charge: bool,
+    /// This gateway's Redisson client id (for [`Plan::sized`]).
+    client_id: String,
 }
 
 impl Plan {
@@ -61,7 +63,14 @@ impl Plan {
             rejection_body: config.rejection.body.as_str().into(),
             failure_body: "rate limiter unavailable\n".into(),
             errors_stop_charge: config.failure_mode == FailureMode::Deny,
+            client_id: client_id.to_string(),
         }
+    }
+
+    /// `template` acquiring `permits` instead (a reservation sized by its request, `cost.reserve` from a
+    /// header): built for the call, once per send.
+    pub fn sized(&self, template: &AcquireTemplate, permits: u64) -> AcquireTemplate {
+        AcquireTemplate::new(AcquireConfig { permits, ..*template.config() }, &self.client_id)
     }
 
     /// Rule `rule`'s name, if the configuration has such a rule.

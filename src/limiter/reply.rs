@@ -256,7 +256,7 @@ fn call_result(
     let result = match reply.outcome {
         // The quota is whole again when every permit now in the window has left it.
         AcquireOutcome::Acquired { remaining } => {
-            let granted = reply.granted.unwrap_or(rule.permits);
+            let granted = reply.granted.unwrap_or(call.permits);
             match call.lease {
                 Some(lease) if granted > rule.permits => {
                     let expires_ms = call.sent_ms.saturating_add(lease.max_age_ms);
@@ -287,7 +287,7 @@ fn call_result(
                 let block = Block {
                     until_ms,
                     release_ms: leaves,
-                    available: reply.available.unwrap_or(rule.permits.saturating_sub(1)),
+                    available: reply.available.unwrap_or(call.permits.saturating_sub(1)),
                     rate: effective.rate,
                     interval_ms: effective.interval_ms,
                 };

@@ -76,8 +76,8 @@ pub(super) enum Resolved {
 }
 
 /// Reads the key value of the rule with entries `first..end` (all share the source, `on_missing`, `exempt`
-/// and limiter base), picks the entry whose value match accepts it (else the default, last), and writes the
-/// limiter name into `name`.
+/// and limiter base), picks the entry whose value match accepts it (or accepts the `rates_by` value; else
+/// the default, last), and writes the limiter name into `name`.
 pub(super) fn resolve(
     config: &PluginConfig,
     first: usize,
@@ -97,7 +97,9 @@ pub(super) fn resolve(
     };
     let mut entry = end - 1;
     if end - first > 1 {
-        if let Some(text) = match_text(&value) {
+        // `rates_by`: the entry is picked by another value than the key (a plan header).
+        let picked_by = rule.rates_by.as_ref().map(|source| extract(source, request));
+        if let Some(text) = match_text(picked_by.as_ref().unwrap_or(&value)) {
             let matched = config.rules.get(first..end - 1).and_then(|entries| {
                 entries.iter().position(|e| e.value_match.as_ref().is_some_and(|m| m.matches(&text)))
             });

@@ -1,0 +1,156 @@
+//! Reserve, then settle (docs/configuration.md, "Costs known after the response"): an allowed request of a
+//! rule with `cost` holds a reservation in Redis; when its response ends, the real cost (a response header,
+//! or the usage an LLM API reports in the body, read chunk by chunk by [`UsageMeter`]) replaces it. The
+//! settle call is a [`crate::script::GIVE_BACK`] of the reservation's member with `used` = the cost: unused
+//! permits go back to the window, an excess is charged.
+//!
+//! Settle calls leave from the root context's tick (at most [`super::TICK_MS`] later): a call made from the
+//! request's own context would be cancelled with it when the stream ends.
+
+use alloc::rc::Rc;
+
+use crate::prelude::*;
+
+use crate::config::{Settle, UsageSpec};
+use crate::host::Host;
+use crate::limiter::Reservation;
+use crate::script::Settlement;
+use crate::usage::{UsageFormat, UsageMeter};
+
+use super::give_back::{send_give_back, GiveBackCall, GiveBackKind};
+use super::route::Route;
+use super::Filter;
+
+/// A request's reservations, waiting for its response.
+#[derive(Debug)]
+pub(super) struct Settling {
+    route: Rc<Route>,
+    items: Vec<Item>,
+}
+
+#[derive(Debug)]
+struct Item {
+    reservation: Reservation,
+    /// The real cost, once read.
+    cost: Option<u64>,
+    /// Reading the usage in the body (`settle.usage`), from the response headers on.
+    meter: Option<UsageMeter>,
+}
+
+/// Keeps an allowed request's reservations until its response ends.
+pub(super) fn reserve<H: Host>(
+    filter: &mut Filter<H>,
+    context_id: u32,
+    route: &Rc<Route>,
+    reservations: Vec<Reservation>,
+) {
+    let items = reservations.into_iter().map(|reservation| Item { reservation, cost: None, meter: None }).collect();
+    filter.settling.insert(context_id, Settling { route: Rc::clone(route), items });
+}
+
+/// The response headers arrived: a cost in a header is read now; a usage in the body is read from the
+/// body on (a server-sent event stream if the `content-type` says `text/event-stream`).
+pub(super) fn on_response_headers<H: Host>(filter: &mut Filter<H>, context_id: u32) {
+    let Some(settling) = filter.settling.get_mut(&context_id) else { return };
+    let mut event_stream = None;
+    for item in &mut settling.items {
+        let Some(cost) = settling.route.config.rules.get(item.reservation.rule).and_then(|rule| rule.cost.as_ref())
+        else {
+            continue;
+        };
+        match &cost.settle {
+            Settle::ResponseHeader(name) => item.cost = header_number(&filter.host, name),
+            Settle::Usage(spec) => {
+                let event_stream = *event_stream.get_or_insert_with(|| {
+                    matches!(filter.host.response_header("content-type"),
+                        Ok(Some(value)) if value.starts_with(b"text/event-stream"))
+                });
+                item.meter = Some(UsageMeter::new(&format_of(spec), event_stream));
+            }
+        }
+    }
+    if settling.items.iter().all(|item| item.meter.is_none()) {
+        if let Some(settling) = filter.settling.remove(&context_id) {
+            settle(filter, settling);
+        }
+    }
+}
+
+/// A response body chunk (`size` bytes; `end`: the last): fed to the meters; at the end, the request settles.
+pub(super) fn on_response_body<H: Host>(filter: &mut Filter<H>, context_id: u32, size: usize, end: bool) {
+    let Some(settling) = filter.settling.get_mut(&context_id) else { return };
+    if size > 0 && settling.items.iter().any(|item| item.meter.is_some()) {
+        let chunk = filter.host.response_body(size).unwrap_or_default();
+        for meter in settling.items.iter_mut().filter_map(|item| item.meter.as_mut()) {
+            meter.feed(&chunk);
+        }
+    }
+    if end {
+        if let Some(mut settling) = filter.settling.remove(&context_id) {
+            for item in &mut settling.items {
+                if let Some(meter) = item.meter.as_mut() {
+                    item.cost = meter.finish();
+                }
+            }
+            settle(filter, settling);
+        }
+    }
+}
+
+/// The request is done without its response's end (the client left, the upstream reset the stream, no
+/// body): a meter settles to what the stream reported so far; a reservation without any cost stays.
+pub(super) fn on_done<H: Host>(filter: &mut Filter<H>, context_id: u32) {
+    let Some(mut settling) = filter.settling.remove(&context_id) else { return };
+    for item in &mut settling.items {
+        if item.cost.is_none() {
+            item.cost = item.meter.as_ref().and_then(UsageMeter::so_far);
+        }
+    }
+    settle(filter, settling);
+}
+
+/// Queues each reservation's settle call for the tick (its real cost, at most what a member holds); one
+/// without a cost stays as reserved, counted in `settled_without_usage`.
+fn settle<H: Host>(filter: &mut Filter<H>, settling: Settling) {
+    for item in settling.items {
+        let Some(cost) = item.cost else {
+            filter.metrics.settled_without_usage(&filter.host);
+            continue;
+        };
+        let settlement = Settlement {
+            random: item.reservation.random,
+            granted: item.reservation.granted,
+            used: cost.min(u64::from(u32::MAX)),
+            early_ms: 0,
+            renamed: Some(item.reservation.settled_random()),
+        };
+        let call = GiveBackCall::new(&settling.route, item.reservation.name, settlement, GiveBackKind::Settle);
+        filter.settle_outbox.push(call);
+    }
+    if !filter.settle_outbox.is_empty() {
+        super::flow::start_tick(filter);
+    }
+}
+
+/// Sends the queued settle calls (from the root context's tick).
+pub(super) fn send_queued<H: Host>(filter: &mut Filter<H>) {
+    for call in core::mem::take(&mut filter.settle_outbox) {
+        send_give_back(filter, call);
+    }
+}
+
+/// A response header's whole number (surrounding spaces allowed); `None` when absent or not a number.
+fn header_number(host: &impl Host, name: &str) -> Option<u64> {
+    let value = host.response_header(name).ok().flatten()?;
+    core::str::from_utf8(&value).ok()?.trim().parse().ok()
+}
+
+/// The meter's format of a configured usage.
+fn format_of(spec: &UsageSpec) -> UsageFormat {
+    match spec {
+        UsageSpec::OpenAi => UsageFormat::OpenAi,
+        UsageSpec::Anthropic => UsageFormat::Anthropic,
+        UsageSpec::Gemini => UsageFormat::Gemini,
+        UsageSpec::Paths(paths) => UsageFormat::Paths(paths.clone()),
+    }
+}

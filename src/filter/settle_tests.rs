@@ -1,0 +1,156 @@
+//! Reserve, then settle, through the fake host: the reservation's member, the settle call each way of
+//! reading the cost sends (and when), and the reservations kept as they are.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
+
+use super::*;
+use crate::testing::{acquired, rejected, FakeHost, ROOT};
+
+const BRIDGE: &str = r#""redis":{"cluster":"webdis","timeout":200}"#;
+
+fn configure(cost: &str) -> (FakeHost, Filter<FakeHost>) {
+    let host = FakeHost::new();
+    let rule =
+        format!(r#"{{"name":"tokens","limit_by":{{"header":"x-key"}},"rate":10000,"interval":"1m","cost":{cost}}}"#);
+    let json = format!(r#"{{{BRIDGE},"rules":[{rule}]}}"#);
+    let filter = Filter::configure(host.clone(), json.as_bytes(), true).unwrap();
+    (host, filter)
+}
+
+/// Request `context_id` of key `key`, allowed by Redis: the random bytes of the member it acquired.
+fn allowed(host: &FakeHost, filter: &mut Filter<FakeHost>, context_id: u32, key: &str) -> String {
+    host.request(context_id, &[(":path", "/v1/chat/completions"), ("x-key", key)]);
+    assert_eq!(filter.on_request_headers(context_id), Action::Pause);
+    let call = host.http_calls().pop().unwrap();
+    answer(host, filter, call.token, &acquired(9_000));
+    let body = String::from_utf8(call.body).unwrap();
+    body.split('/').nth(9).unwrap().replace("%2D", "-")
+}
+
+fn answer(host: &FakeHost, filter: &mut Filter<FakeHost>, token: u32, reply: &[u8]) {
+    host.http_reply(200, reply);
+    filter.on_http_call_response(token, 1, reply.len());
+}
+
+/// The settle calls sent so far: (random, granted, used, renamed) of each GIVE_BACK.
+fn settle_calls(host: &FakeHost) -> Vec<[String; 4]> {
+    host.http_calls()
+        .into_iter()
+        .map(|call| String::from_utf8(call.body).unwrap())
+        .filter(|body| body.starts_with(&format!("EVALSHA/{}/", crate::script::GIVE_BACK.sha())))
+        .map(|body| {
+            let args: Vec<String> =
+                body.trim_end_matches(".raw").rsplit('/').take(5).map(|arg| arg.replace("%2D", "-")).collect();
+            [args[4].clone(), args[3].clone(), args[2].clone(), args[0].clone()]
+        })
+        .collect()
+}
+
+fn tick(host: &FakeHost, filter: &mut Filter<FakeHost>) {
+    host.advance(u64::from(TICK_MS));
+    host.enter(ROOT);
+    filter.on_tick();
+}
+
+fn respond(host: &FakeHost, filter: &mut Filter<FakeHost>, context_id: u32, headers: &[(&str, &str)], chunks: &[&str]) {
+    host.upstream_response(context_id, headers);
+    filter.on_response_headers(context_id);
+    for (index, chunk) in chunks.iter().enumerate() {
+        host.body_chunk(context_id, chunk.as_bytes());
+        filter.on_response_body(context_id, chunk.len(), index + 1 == chunks.len());
+    }
+}
+
+#[test]
+fn a_reservation_settles_to_the_cost_in_a_response_header_from_the_root_context_tick() {
+    let (host, mut filter) = configure(r#"{"reserve":400,"settle":{"response_header":"x-cost"}}"#);
+    let random = allowed(&host, &mut filter, 2, "alice");
+    assert!(random.starts_with("-r") && random.len() == 16, "a reservation's member: {random}");
+    respond(&host, &mut filter, 2, &[(":status", "200"), ("x-cost", " 123 ")], &[]);
+    assert!(settle_calls(&host).is_empty(), "sent from the tick, not from the request's context");
+    tick(&host, &mut filter);
+    let renamed = format!("-s{}", &random[2..]);
+    assert_eq!(settle_calls(&host), [[random, "400".into(), "123".into(), renamed]]);
+    assert_eq!(host.counter(&format!("{NAME}.settlements")), 1);
+}
+
+#[test]
+fn a_reservation_settles_to_the_usage_of_a_json_body_read_chunk_by_chunk() {
+    let (host, mut filter) = configure(r#"{"reserve":4000,"settle":{"usage":"openai"}}"#);
+    let random = allowed(&host, &mut filter, 2, "alice");
+    let body = r#"{"id":"c1","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":12,"completion_tokens":30,"total_tokens":42}}"#;
+    let (a, b) = body.split_at(50);
+    respond(&host, &mut filter, 2, &[(":status", "200"), ("content-type", "application/json")], &[a, b]);
+    tick(&host, &mut filter);
+    let calls = settle_calls(&host);
+    assert_eq!((calls.len(), calls[0][0].as_str(), calls[0][2].as_str()), (1, random.as_str(), "42"));
+}
+
+#[test]
+fn a_stream_cut_short_settles_to_what_it_reported_and_one_without_usage_keeps_its_reservation() {
+    let (host, mut filter) = configure(r#"{"reserve":4000,"settle":{"usage":"anthropic"}}"#);
+    allowed(&host, &mut filter, 2, "alice");
+    let start = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n";
+    host.upstream_response(2, &[(":status", "200"), ("content-type", "text/event-stream")]);
+    filter.on_response_headers(2);
+    host.body_chunk(2, start.as_bytes());
+    filter.on_response_body(2, start.len(), false);
+    filter.on_done(2); // the client left, or the upstream reset the stream
+    tick(&host, &mut filter);
+    assert_eq!(settle_calls(&host)[0][2], "26", "input 25 + output 1 so far");
+
+    allowed(&host, &mut filter, 4, "bob");
+    respond(&host, &mut filter, 4, &[(":status", "200"), ("content-type", "application/json")], &["{\"error\":1}"]);
+    tick(&host, &mut filter);
+    assert_eq!(settle_calls(&host).len(), 1, "no usage: no call");
+    assert_eq!(host.counter(&format!("{NAME}.settled_without_usage")), 1);
+}
+
+#[test]
+fn a_rejected_request_or_a_rule_without_cost_settles_nothing() {
+    let (host, mut filter) = configure(r#"{"reserve":400,"settle":{"response_header":"x-cost"}}"#);
+    host.request(2, &[(":path", "/"), ("x-key", "alice")]);
+    filter.on_request_headers(2);
+    answer(&host, &mut filter, host.last_token().unwrap(), &rejected(500));
+    filter.on_done(2);
+    tick(&host, &mut filter);
+    assert!(settle_calls(&host).is_empty());
+    assert!(filter.settling.is_empty());
+}
+
+/// The permits argument (ARGV 3) of the last acquire call.
+fn acquired_permits(host: &FakeHost) -> String {
+    let body = String::from_utf8(host.http_calls().pop().unwrap().body).unwrap();
+    body.split('/').nth(10).unwrap().to_string()
+}
+
+#[test]
+fn a_reservation_sized_by_a_request_header_is_clamped_to_the_rate() {
+    let (host, mut filter) =
+        configure(r#"{"reserve":{"header":"x-max-tokens","default":500},"settle":{"usage":"openai"}}"#);
+    for (context_id, asked, expected) in
+        [(2, Some("1200"), "1200"), (4, None, "500"), (6, Some("999999"), "10000"), (8, Some("lots"), "500")]
+    {
+        let mut headers = vec![(":path", "/"), ("x-key", "alice")];
+        headers.extend(asked.map(|value| ("x-max-tokens", value)));
+        host.request(context_id, &headers);
+        filter.on_request_headers(context_id);
+        assert_eq!(acquired_permits(&host), expected, "{asked:?}");
+        answer(&host, &mut filter, host.last_token().unwrap(), &acquired(100));
+    }
+}
+
+#[test]
+fn rates_by_picks_the_rate_from_another_header_than_the_key() {
+    let host = FakeHost::new();
+    let rule = r#"{"name":"plan","limit_by":{"header":"x-key"},"rate":10,"interval":"1m","rates_by":{"header":"x-plan"},"rates_by_value":[{"values":["gold"],"rate":1000}]}"#;
+    let mut filter =
+        Filter::configure(host.clone(), format!(r#"{{{BRIDGE},"rules":[{rule}]}}"#).as_bytes(), true).unwrap();
+    for (context_id, plan, rate) in [(2, "gold", "1000"), (4, "free", "10")] {
+        host.request(context_id, &[(":path", "/"), ("x-key", "alice"), ("x-plan", plan)]);
+        filter.on_request_headers(context_id);
+        let body = String::from_utf8(host.http_calls().pop().unwrap().body).unwrap();
+        assert_eq!(body.split('/').nth(11), Some(rate), "{plan}: {body}");
+        assert!(body.contains("/erl%3Aplan%3Aalice/"), "one limiter per key, whatever the plan: {body}");
+        answer(&host, &mut filter, host.last_token().unwrap(), &acquired(5));
+    }
+}

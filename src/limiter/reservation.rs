@@ -1,0 +1,80 @@
+//! Reservations of rules with `cost` (docs/configuration.md, "Costs known after the response"): the permit
+//! member an allowed request took for its reservation, to settle when its response ends.
+//!
+//! A reservation's member is an ordinary Redisson permit member; only its random bytes say what it is:
+//! they start with [`RESERVED_MARK`] while the response runs and with [`SETTLED_MARK`] once settled
+//! (`erl-admin show` lists both). Redisson reads only the permits.
+
+use crate::prelude::*;
+
+use crate::config::{PluginConfig, Reserve, Rule};
+use crate::key::RequestView;
+use crate::script::MEMBER_RANDOM_LEN;
+
+use super::pending::{CallState, PendingRequest, RuleResult, Taken};
+
+/// The first bytes of a reservation's member random (the rest stays random: 14 base-62 characters).
+pub const RESERVED_MARK: [u8; 2] = *b"-r";
+/// The first bytes of a settled member's random (the reservation's, its mark replaced).
+pub const SETTLED_MARK: [u8; 2] = *b"-s";
+
+/// The member an allowed request's rule with `cost` took: what its settlement replaces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    /// The rule entry (configuration index).
+    pub rule: usize,
+    /// The limiter name.
+    pub name: String,
+    /// The member's random bytes (starting with [`RESERVED_MARK`]).
+    pub random: [u8; MEMBER_RANDOM_LEN],
+    /// Permits the member holds.
+    pub granted: u64,
+}
+
+impl Reservation {
+    /// The random bytes of the member once settled: the same, [`SETTLED_MARK`] first.
+    pub fn settled_random(&self) -> [u8; MEMBER_RANDOM_LEN] {
+        let mut random = self.random;
+        if let Some(mark) = random.get_mut(..SETTLED_MARK.len()) {
+            mark.copy_from_slice(&SETTLED_MARK);
+        }
+        random
+    }
+}
+
+/// Marks new member random bytes as a reservation's.
+pub(super) fn mark_reserved(random: &mut [u8; MEMBER_RANDOM_LEN]) {
+    if let Some(mark) = random.get_mut(..RESERVED_MARK.len()) {
+        mark.copy_from_slice(&RESERVED_MARK);
+    }
+}
+
+/// The reservations an allowed request holds: its rules with `cost` that took a member of their own.
+pub(super) fn reservations(pending: &PendingRequest, config: &PluginConfig) -> Vec<Reservation> {
+    pending
+        .calls
+        .iter()
+        .filter_map(|call| {
+            let CallState::Done(RuleResult::Acquired(_, Taken::Member { granted })) = &call.state else {
+                return None;
+            };
+            config.rules.get(call.rule)?.cost.as_ref()?;
+            Some(Reservation {
+                rule: call.rule,
+                name: call.name.clone(),
+                random: call.member_random,
+                granted: *granted,
+            })
+        })
+        .collect()
+}
+
+/// The permits a request of `rule` asks for: its `permits`, or with `cost.reserve` from a header, that
+/// header's whole number clamped to 1..=rate (its `default` when the header is missing or not a number).
+pub(super) fn permits_of(rule: &Rule, request: &impl RequestView) -> u64 {
+    let Some(Reserve::Header { name, default }) = rule.cost.as_ref().map(|cost| &cost.reserve) else {
+        return rule.permits;
+    };
+    let asked = request.header(name).and_then(|value| core::str::from_utf8(&value).ok()?.trim().parse::<u64>().ok());
+    asked.map_or(*default, |permits| permits.clamp(1, rule.rate))
+}
