@@ -5,6 +5,7 @@
 use serde_json::Value;
 
 use crate::prelude::*;
+use crate::usage::UsageFormat;
 
 use super::reader::Object;
 use super::ConfigError;
@@ -52,23 +53,10 @@ impl Reserve {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Settle {
     /// The usage an LLM API reports in the response body, JSON or server-sent events.
-    Usage(UsageSpec),
+    /// Which fields count: [`UsageFormat`] (`"openai"`, `"anthropic"`, `"gemini"`, `{"paths": [...]}`).
+    Usage(UsageFormat),
     /// A response header's whole number (`{"response_header": "x-cost"}`), lowercase name.
     ResponseHeader(String),
-}
-
-/// Which usage fields count (`cost.settle.usage`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum UsageSpec {
-    /// `"openai"`: `usage.total_tokens` (chat completions, responses; streamed with `include_usage`).
-    OpenAi,
-    /// `"anthropic"`: `usage.input_tokens` + `usage.output_tokens` (messages; streamed in `message_start`
-    /// and `message_delta`).
-    Anthropic,
-    /// `"gemini"`: `usageMetadata.totalTokenCount`.
-    Gemini,
-    /// `{"paths": ["usage.total_tokens"]}`: the sum of the numbers at these dotted paths.
-    Paths(Vec<Vec<String>>),
 }
 
 /// Reads `cost` of a rule whose rate is `rate` (a reservation is 1..=rate permits).
@@ -115,12 +103,12 @@ pub(super) fn read_cost(mut cost: Object<'_>, rate: u64) -> Result<Cost, ConfigE
 }
 
 /// `usage`: `"openai"`, `"anthropic"`, `"gemini"`, or `{"paths": ["a.b", ...]}` (1 to 8 dotted paths).
-fn read_usage(value: &Value, path: &str) -> Result<UsageSpec, ConfigError> {
+fn read_usage(value: &Value, path: &str) -> Result<UsageFormat, ConfigError> {
     match value {
         Value::String(name) => match name.as_str() {
-            "openai" => Ok(UsageSpec::OpenAi),
-            "anthropic" => Ok(UsageSpec::Anthropic),
-            "gemini" => Ok(UsageSpec::Gemini),
+            "openai" => Ok(UsageFormat::OpenAi),
+            "anthropic" => Ok(UsageFormat::Anthropic),
+            "gemini" => Ok(UsageFormat::Gemini),
             other => Err(ConfigError::new(
                 path,
                 format!(
@@ -144,7 +132,7 @@ fn read_usage(value: &Value, path: &str) -> Result<UsageSpec, ConfigError> {
                 paths.push(text.split('.').map(str::to_string).collect());
             }
             usage.finish(USAGE_FIELDS)?;
-            Ok(UsageSpec::Paths(paths))
+            Ok(UsageFormat::Paths(paths))
         }
         _ => Err(ConfigError::new(path, "must be `openai`, `anthropic`, `gemini` or {\"paths\": [...]}")),
     }

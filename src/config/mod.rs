@@ -23,7 +23,7 @@ mod reader;
 mod rules;
 mod validate;
 
-pub use cost::{Cost, Reserve, Settle, UsageSpec};
+pub use cost::{Cost, Reserve, Settle};
 pub use match_rules::{Override, Plugin};
 pub use reader::DurationMs;
 

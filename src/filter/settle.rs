@@ -11,11 +11,11 @@ use alloc::rc::Rc;
 
 use crate::prelude::*;
 
-use crate::config::{Settle, UsageSpec};
+use crate::config::Settle;
 use crate::host::Host;
 use crate::limiter::Reservation;
 use crate::script::Settlement;
-use crate::usage::{UsageFormat, UsageMeter};
+use crate::usage::UsageMeter;
 
 use super::give_back::{send_give_back, GiveBackCall, GiveBackKind};
 use super::route::Route;
@@ -65,7 +65,7 @@ pub(super) fn on_response_headers<H: Host>(filter: &mut Filter<H>, context_id: u
                     matches!(filter.host.response_header("content-type"),
                         Ok(Some(value)) if value.starts_with(b"text/event-stream"))
                 });
-                item.meter = Some(UsageMeter::new(&format_of(spec), event_stream));
+                item.meter = Some(UsageMeter::new(spec, event_stream));
             }
         }
     }
@@ -143,14 +143,4 @@ pub(super) fn send_queued<H: Host>(filter: &mut Filter<H>) {
 fn header_number(host: &impl Host, name: &str) -> Option<u64> {
     let value = host.response_header(name).ok().flatten()?;
     core::str::from_utf8(&value).ok()?.trim().parse().ok()
-}
-
-/// The meter's format of a configured usage.
-fn format_of(spec: &UsageSpec) -> UsageFormat {
-    match spec {
-        UsageSpec::OpenAi => UsageFormat::OpenAi,
-        UsageSpec::Anthropic => UsageFormat::Anthropic,
-        UsageSpec::Gemini => UsageFormat::Gemini,
-        UsageSpec::Paths(paths) => UsageFormat::Paths(paths.clone()),
-    }
 }
