@@ -250,6 +250,11 @@ fn read_rate_by_value(mut entry: Object<'_>, rule: &Rule, explicit_keep_alive: b
     }
     let permits = match (entry.u64("permits")?, &rule.cost) {
         (Some(_), Some(_)) => return Err(entry.error("permits", "a rule with `cost` reserves `cost.reserve` instead")),
+        (None, Some(_)) if rule.permits > rate => {
+            return Err(
+                entry.error("rate", format!("{rate} is below the rule's reservation ({} permits)", rule.permits))
+            )
+        }
         (permits, _) => permits.unwrap_or(rule.permits),
     };
     if permits == 0 || permits > rate {
@@ -305,7 +310,8 @@ fn read_key_source(value: &Value) -> Result<KeySource, String> {
             "path" => KeySource::Path,
             "global" => KeySource::Global,
             other => {
-                return Err(format!("unknown variant `{other}`, expected one of {UNITS} or an object with {KEYED}"))
+                let other = crate::quote::escaped(other);
+                return Err(format!("unknown variant `{other}`, expected one of {UNITS} or an object with {KEYED}"));
             }
         },
         Value::Object(map) if map.len() == 1 => {
@@ -325,7 +331,10 @@ fn read_key_source(value: &Value) -> Result<KeySource, String> {
                     let hops = argument.as_u64().and_then(|n| u32::try_from(n).ok());
                     KeySource::XForwardedFor(hops.ok_or("`x_forwarded_for` must be a whole number of trusted hops")?)
                 }
-                other => return Err(format!("unknown variant `{other}`, expected one of {KEYED}")),
+                other => {
+                    let other = crate::quote::escaped(other);
+                    return Err(format!("unknown variant `{other}`, expected one of {KEYED}"));
+                }
             }
         }
         _ => return Err(format!("must be one of {UNITS}, an object with one of {KEYED}, or an array of them")),

@@ -432,6 +432,12 @@ fn configuration(rng: &mut Rng, host_transport: bool, failures_only: bool) -> Va
         let permits = fields.get("permits").and_then(Value::as_u64).unwrap_or(1);
         if rng.chance(3) && rate > permits + 1 && interval > 2 {
             fields.insert("lease".into(), json!({"max_permits": rate.min(64), "max_age": (interval - 1).min(40)}));
+        } else if rng.chance(4) {
+            // Reserve, then settle: the reservation replaces `permits`; the emulator's upstream answers
+            // without a usage, so each reservation stays (settled_without_usage) or settles by header.
+            fields.remove("permits");
+            let settle = rng.pick(&[json!({"usage": "openai"}), json!({"response_header": "x-cost"})]);
+            fields.insert("cost".into(), json!({"reserve": {"header": "x-max", "default": 1}, "settle": settle}));
         }
         rules.push(rule);
     }
