@@ -49,6 +49,12 @@
    (6's rate and length) and 64 per-user limits: admitted per window, the worst sliding window of the
    global limit and of any user's, Redis calls per admitted request; (d) guest fuel and Redis calls per
    request of the Higress build in the host emulator, 32 requests at once.
+11. Token budgets (bench/cost_bench.py): a rule's `cost`, each request reserving its max_tokens and settled to
+   the usage its response reports, against charge-after (`"reserve": 1`, the baseline): (a) 16 clients
+   against one budget through a real LLM-like upstream: tokens per window (members' acquire-time scores and
+   settled sizes, from Redis) against the budget, requests admitted; (b) CPU per request by process of
+   settling by usage vs fixed permits (Envoy answering itself with a chat completion body, wrk); (c) guest
+   fuel per request of each body format in the host emulator.
 
 Every process (redis-server, webdis, Envoys, wrk) is started by tests/e2e/harness.py on 127.0.0.1 with
 free ports and stopped by its PID, also on Ctrl-C or SIGTERM. Figures vary from run to run (the machine,
@@ -60,7 +66,8 @@ BENCH_THREADS wrk threads [2], BENCH_CONCURRENCY Envoy workers [2], BENCH_USERS 
 values [64], BENCH_N script calls per script and case [20000], BENCH_LEASE_RATE the saturated limiter's
 permits per second in 6 [1000], BENCH_LEASE_SECONDS its load [7], BENCH_CLUSTER_USERS the users of 7 [10000],
 BENCH_FAULT_SECONDS each fault of 8 and the load after it [3], BENCH_COALESCING_CONNECTIONS wrk connections
-per gateway in 10 [32], BENCH_ONLY sections to run, e.g. "2,4" [1,2,3,4,5,6,7,8,9,10; 3 needs 1].
+per gateway in 10 [32], BENCH_COST_CLIENTS, BENCH_COST_SECONDS and BENCH_COST_BUDGET of 11 (a) [16, 8, 10000],
+BENCH_ONLY sections to run, e.g. "2,4" [1,2,3,4,5,6,7,8,9,10,11; 3 needs 1].
 """
 
 from __future__ import annotations
@@ -115,7 +122,7 @@ THREADS = min(_env_int("BENCH_THREADS", 2), CONNECTIONS)
 CONCURRENCY = _env_int("BENCH_CONCURRENCY", 2)
 USERS = _env_int("BENCH_USERS", 64)
 N_CALLS = _env_int("BENCH_N", 20_000)
-ONLY = {part.strip() for part in os.environ.get("BENCH_ONLY", "1,2,3,4,5,6,7,8,9,10").split(",")
+ONLY = {part.strip() for part in os.environ.get("BENCH_ONLY", "1,2,3,4,5,6,7,8,9,10,11").split(",")
         if part.strip()}
 
 WRK = os.environ.get("WRK_BIN", "wrk")
@@ -1792,6 +1799,9 @@ def main() -> int:
         if "10" in ONLY:
             import coalescing_bench  # bench/coalescing_bench.py (it imports this file as `bench`)
             coalescing_bench.run_coalescing()
+        if "11" in ONLY:
+            import cost_bench  # bench/cost_bench.py (it imports this file as `bench`)
+            cost_bench.run_cost()
     except KeyboardInterrupt:
         print("\nbench: interrupted; every process it started is stopped", file=sys.stderr)
         return 130
