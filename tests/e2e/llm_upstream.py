@@ -232,13 +232,14 @@ def headers(fmt: str = "openai-json", input_tokens: int = 10, output_tokens: int
 
 def response_spec(fmt: str = "openai-json", input_tokens: int = 10, output_tokens: int = 20, *,
                   events: int = 3, reset_after: int | None = None, cost: int | None = None) -> dict:
-    """The same answer for the emulator (`harness.Emulator.send(..., response=...)`): each piece one body
-    callback; `reset_after` pieces, then the upstream's reset."""
-    pairs = {"content-type": content_type(fmt)}
+    """The same answer for the emulator, as wasm-host reads it (a request line's `response`; also
+    `harness.Emulator.send(..., response=...)`): each piece one body callback; `reset_after` pieces, then the
+    upstream's reset."""
+    pairs = [["content-type", content_type(fmt)]]
     if fmt.endswith("-sse"):
-        pairs["transfer-encoding"] = "chunked"
+        pairs.append(["transfer-encoding", "chunked"])
     if cost is not None:
-        pairs["x-cost"] = str(cost)
+        pairs.append(["x-cost", str(cost)])
     return {"status": 200, "headers": pairs, "body_chunks": chunks(fmt, input_tokens, output_tokens, events),
             "reset_after": reset_after}
 
@@ -418,9 +419,11 @@ class MemberLog:
             client.close()
 
     def _read(self, client: Any) -> None:
+        found = members(client, self.name)
+        # After the read: a member a later acquire released had left the window by then.
         now = h.epoch_ms()
         present = set()
-        for member in members(client, self.name):
+        for member in found:
             present.add((member.random, member.score_ms))
             self.last[(member.random, member.score_ms)] = member
         for key, member in self.last.items():
