@@ -12,6 +12,7 @@ import time
 import pytest
 
 from harness import (
+    METRIC_PREFIX,
     AdminResult,
     Redis,
     erl_admin,
@@ -21,6 +22,7 @@ from harness import (
     plugin_config,
     rule,
     user,
+    wait_until,
 )
 from timing import RealClock, permit_scores
 
@@ -265,3 +267,32 @@ def test_usage_errors_exit_with_code_2(stack):
     assert erl_admin(stack.redis, "set-rate", ALICE, "--rate", "1", "--interval", "1m", "--type", "x").code == 2
     nothing = failing(stack.redis, "update-rate", ALICE)
     assert "nothing to change" in nothing.stderr
+
+
+def test_show_lists_the_reservations_in_flight_and_the_settled_costs_of_rules_with_cost(stack):
+    """Reserve, then settle (docs/configuration.md, "Costs known after the response") in real Envoy: the
+    stack's upstream answers `upstream ok\\n` with `content-length: 12`, so a rule settling to that header
+    settles each reservation of 100 to 12 (`-s` members), and one settling to an LLM usage finds none and
+    keeps its reservations (`-r` members, counted in settled_without_usage)."""
+    settled_rule = rule("settled", rate=1000, interval="1m",
+                        cost={"reserve": 100, "settle": {"response_header": "content-length"}})
+    kept_rule = rule("kept", rate=1000, interval="1m", cost={"reserve": 100, "settle": {"usage": "openai"}})
+    envoy = stack.envoy(plugin_config(settled_rule, kept_rule))
+    assert [envoy.send(headers=user("alice")).status for _ in range(2)] == [200, 200]
+    wait_until(lambda: envoy.stats().get(METRIC_PREFIX + "settlements", 0) >= 2, 5.0, "the two settle calls")
+    wait_until(lambda: len(stack.redis.client.zrange("{erl:settled:alice}:permits", 0, -1)) == 2
+               and all(m[1:3] == b"-s" for m in stack.redis.client.zrange("{erl:settled:alice}:permits", 0, -1)),
+               5.0, "the settle calls' replies")
+
+    settled = admin(stack.redis, "show", "erl:settled:alice", "--json").json()["state"]
+    assert settled["available"] == 1000 - 2 * 12, "each reservation of 100 settled to the 12 bytes it cost"
+    window = settled["window"]
+    assert (window["settled"]["count"], window["settled"]["permits"]) == (2, 24)
+    assert window["reservations"]["count"] == 0
+
+    kept = admin(stack.redis, "show", "erl:kept:alice", "--json").json()["state"]
+    assert kept["available"] == 1000 - 2 * 100, "no usage in the body: the reservations stay"
+    assert (kept["window"]["reservations"]["count"], kept["window"]["reservations"]["permits"]) == (2, 200)
+    assert envoy.stats().get(METRIC_PREFIX + "settled_without_usage") == 2
+    text = admin(stack.redis, "show", "erl:settled:alice").stdout
+    assert "settled" in text, text
