@@ -382,18 +382,21 @@ fn last_member(text: &[u8], key: &str, accept: &dyn Fn(&Value) -> bool) -> Optio
 /// text from its value on.
 fn member<'t>(text: &'t [u8], key: &str, end: usize) -> Option<(usize, &'t [u8])> {
     let key = key.as_bytes();
-    let width = key.len() + 2;
-    let mut end = end;
+    let mut end = end.min(text.len());
     loop {
-        let start = text.get(..end)?.windows(width).rposition(|window| {
-            window.first() == Some(&b'"') && window.last() == Some(&b'"') && window.get(1..width - 1) == Some(key)
-        })?;
-        let after = trim_json_space(text.get(start + width..).unwrap_or_default());
-        if let Some(value) = after.strip_prefix(b":") {
-            return Some((start, trim_json_space(value)));
+        // Quote by quote from the right (a byte compare each: this runs on every body byte in the guest),
+        // the last `"key"` closing before `end` that is followed by `:`.
+        let close = text.get(..end)?.iter().rposition(|&byte| byte == b'"')?;
+        if let Some(start) = close.checked_sub(key.len() + 1) {
+            if text.get(start) == Some(&b'"') && text.get(start + 1..close) == Some(key) {
+                let after = trim_json_space(text.get(close + 1..).unwrap_or_default());
+                if let Some(value) = after.strip_prefix(b":") {
+                    return Some((start, trim_json_space(value)));
+                }
+            }
         }
-        // A string that is not a key (`"usage",`): look further back.
-        end = start + width - 1;
+        // A string that is not the key, or not a key (`"usage",`): look further back.
+        end = close;
     }
 }
 
