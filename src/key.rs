@@ -45,6 +45,10 @@ pub enum KeySource {
     /// Several sources together (e.g. user and path): one limiter per combination of their values, named
     /// by the parts in order ([`write_limiter_name`]). Missing when any part is missing.
     Composite(Vec<KeySource>),
+    /// A request property by its path segments (`proxy_get_property`), e.g. what an authentication filter
+    /// put in the request's filter state or dynamic metadata; its value as the host serializes it (a
+    /// string's bytes).
+    Property(Vec<String>),
 }
 
 /// How much of an address a [`KeySource::Network`] key keeps: prefix lengths in bits.
@@ -98,6 +102,9 @@ impl KeySource {
                 }
                 Ok(())
             }
+            KeySource::Property(path) if path.is_empty() || path.iter().any(String::is_empty) => {
+                Err("a property path needs non-empty segments".into())
+            }
             _ => Ok(()),
         }
     }
@@ -110,7 +117,7 @@ impl KeySource {
             KeySource::Cookie(_) => Some("cookie"),
             KeySource::XForwardedFor(_) => Some("x-forwarded-for"),
             KeySource::Network { of, .. } => of.header_name(),
-            KeySource::ClientIp | KeySource::Global | KeySource::Composite(_) => None,
+            KeySource::ClientIp | KeySource::Global | KeySource::Composite(_) | KeySource::Property(_) => None,
         }
     }
 }
@@ -121,6 +128,11 @@ pub trait RequestView {
     fn header(&self, name: &str) -> Option<Vec<u8>>;
     /// The `source.address` property: the downstream address as `ip:port` (or `[v6]:port`).
     fn source_address(&self) -> Option<String>;
+    /// A property by its path segments, as the host serializes it; `None` when absent (and where no host
+    /// answers properties, as in `erl-admin explain`).
+    fn property(&self, _path: &[&str]) -> Option<Vec<u8>> {
+        None
+    }
 }
 
 /// The key value of a request for one rule.
@@ -155,6 +167,10 @@ pub fn extract(source: &KeySource, request: &impl RequestView) -> KeyValue {
                 _ => request.source_address().as_deref().and_then(parse_ip),
             };
             address.and_then(|ip| network(ip, *prefix)).map(String::into_bytes)
+        }
+        KeySource::Property(path) => {
+            let path: Vec<&str> = path.iter().map(String::as_str).collect();
+            request.property(&path)
         }
         KeySource::Composite(parts) => {
             let mut values = Vec::with_capacity(parts.len());

@@ -4,6 +4,7 @@
 
 use serde_json::Value;
 
+use crate::key::KeySource;
 use crate::prelude::*;
 use crate::usage::UsageFormat;
 
@@ -11,7 +12,7 @@ use super::reader::Object;
 use super::ConfigError;
 
 const COST_FIELDS: &[&str] = &["reserve", "settle"];
-const RESERVE_FIELDS: &[&str] = &["header", "default"];
+const RESERVE_FIELDS: &[&str] = &["header", "property", "default"];
 const SETTLE_FIELDS: &[&str] = &["usage", "response_header"];
 const USAGE_FIELDS: &[&str] = &["paths"];
 
@@ -29,12 +30,13 @@ pub struct Cost {
 pub enum Reserve {
     /// A fixed number of permits (`"reserve": 4000`).
     Fixed(u64),
-    /// A request header's whole number (`{"header": "x-max-tokens", "default": 4000}`), clamped to 1..=rate;
-    /// `default` when the header is missing or not a number.
-    Header {
-        /// The header name, lowercase.
-        name: String,
-        /// Permits when the header gives none.
+    /// A request header's or property's whole number (`{"header": "x-max-tokens", "default": 4000}`,
+    /// `{"property": "filter_state.max_tokens", "default": 4000}`), clamped to 1..=rate; `default` when it
+    /// is missing or not a number (decimal digits).
+    From {
+        /// Where the number is: [`KeySource::Header`] or [`KeySource::Property`].
+        source: KeySource,
+        /// Permits when the request gives none.
         default: u64,
     },
 }
@@ -44,7 +46,7 @@ impl Reserve {
     /// become (local blocks, local windows and headers count with it).
     pub fn default_permits(&self) -> u64 {
         match self {
-            Reserve::Fixed(permits) | Reserve::Header { default: permits, .. } => *permits,
+            Reserve::Fixed(permits) | Reserve::From { default: permits, .. } => *permits,
         }
     }
 }
@@ -69,19 +71,23 @@ pub(super) fn read_cost(mut cost: Object<'_>, rate: u64) -> Result<Cost, ConfigE
         }
         Some(value @ Value::Object(_)) => {
             let mut reserve = Object::new(value, &cost.path_of("reserve"))?;
-            let name = reserve.required("header", Object::string)?.to_ascii_lowercase();
-            if name.is_empty() {
-                return Err(reserve.error("header", "must not be empty"));
-            }
+            let source = match (reserve.string("header")?, reserve.get("property")) {
+                (Some(name), None) if !name.trim().is_empty() => KeySource::header(&name),
+                (None, Some(path)) => KeySource::Property(
+                    super::rules::read_property_path(path).map_err(|why| reserve.error("property", why))?,
+                ),
+                _ => return Err(ConfigError::new(reserve.path(), "needs either a non-empty `header` or a `property`")),
+            };
             let default = reserve.required("default", Object::u64)?;
             if default == 0 || default > rate {
                 return Err(reserve.error("default", format!("must be 1 to the rate ({rate})")));
             }
             reserve.finish(RESERVE_FIELDS)?;
-            Reserve::Header { name, default }
+            Reserve::From { source, default }
         }
         Some(_) => {
-            return Err(cost.error("reserve", "must be a number of permits or {\"header\": ..., \"default\": ...}"))
+            return Err(cost
+                .error("reserve", "must be a number of permits or {\"header\"|\"property\": ..., \"default\": ...}"))
         }
     };
     let mut settle = cost.required("settle", Object::object)?;

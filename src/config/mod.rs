@@ -753,6 +753,17 @@ mod tests {
                 "rules[0].rates_by: needs `rates_by_value`",
             ),
             (
+                MINIMAL.replace("\"global\"", "{\"property\":\"a..b\"}"),
+                "rules[0].limit_by: `property` must be a dotted path",
+            ),
+            (
+                MINIMAL.replace(
+                    "\"1s\"",
+                    "\"1s\",\"cost\":{\"reserve\":{\"default\":1},\"settle\":{\"usage\":\"openai\"}}",
+                ),
+                "rules[0].cost.reserve: needs either a non-empty `header` or a `property`",
+            ),
+            (
                 MINIMAL.replace("}]}", "},{\"name\":\"r\",\"limit_by\":\"path\",\"rate\":1,\"interval\":1}]}"),
                 "rules[1].name: duplicate rule name",
             ),

@@ -296,7 +296,7 @@ fn read_lease(mut lease: Object<'_>, rate: u64, interval_ms: u64, permits: u64) 
 /// composite key).
 fn read_key_source(value: &Value) -> Result<KeySource, String> {
     const UNITS: &str = "`client_ip`, `path`, `global`";
-    const KEYED: &str = "`header`, `query`, `cookie`, `x_forwarded_for`, `client_ip`";
+    const KEYED: &str = "`header`, `query`, `cookie`, `x_forwarded_for`, `client_ip`, `property`";
     let source = match value {
         Value::Array(parts) => KeySource::Composite(
             parts
@@ -322,6 +322,7 @@ fn read_key_source(value: &Value) -> Result<KeySource, String> {
                 "query" => KeySource::Query(name()?),
                 "cookie" => KeySource::Cookie(name()?),
                 "client_ip" => read_network(argument, KeySource::ClientIp, kind)?,
+                "property" => KeySource::Property(read_property_path(argument)?),
                 "x_forwarded_for" if argument.is_object() => {
                     let hops = argument.get("hops").and_then(Value::as_u64).and_then(|n| u32::try_from(n).ok());
                     let hops = hops.ok_or("`x_forwarded_for.hops` must be a whole number of trusted hops")?;
@@ -341,6 +342,18 @@ fn read_key_source(value: &Value) -> Result<KeySource, String> {
     };
     source.validate()?;
     Ok(source)
+}
+
+/// A property path: `"a.b.c"` (split at dots) or `["a", "b.with.dots", "c"]` (segments as they are, for a
+/// metadata namespace such as `envoy.filters.http.jwt_authn`).
+pub(super) fn read_property_path(argument: &Value) -> Result<Vec<String>, String> {
+    let path: Option<Vec<String>> = match argument {
+        Value::String(text) => Some(text.split('.').map(str::to_string).collect()),
+        Value::Array(items) => items.iter().map(|item| item.as_str().map(str::to_string)).collect(),
+        _ => None,
+    };
+    path.filter(|path| !path.is_empty() && path.iter().all(|segment| !segment.is_empty()))
+        .ok_or_else(|| "`property` must be a dotted path such as \"filter_state.plan\" or a list of segments".into())
 }
 
 /// The prefixes of `{"client_ip": {...}}` / `{"x_forwarded_for": {"hops": N, ...}}`: `ipv4_prefix` (0..=32,

@@ -432,4 +432,8 @@ impl<H: Host> RequestView for HostRequest<'_, H> {
         let bytes = self.0.property(&["source", "address"]).ok().flatten()?;
         String::from_utf8(bytes).ok()
     }
+
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        self.0.property(path).ok().flatten()
+    }
 }

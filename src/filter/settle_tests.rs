@@ -154,3 +154,22 @@ fn rates_by_picks_the_rate_from_another_header_than_the_key() {
         answer(&host, &mut filter, host.last_token().unwrap(), &acquired(5));
     }
 }
+
+#[test]
+fn a_property_sizes_the_reservation_and_picks_the_rate() {
+    let host = FakeHost::new();
+    // What an authentication filter set: the caller's plan, and the max_tokens its request asked for.
+    host.set_property("metadata.filter_metadata.envoy.filters.http.jwt_authn.plan", "gold");
+    host.set_property("filter_state.max_tokens", "2500");
+    let rule = r#"{"name":"tokens","limit_by":{"header":"x-key"},"rate":10000,"interval":"1m",
+        "rates_by":{"property":["metadata","filter_metadata","envoy.filters.http.jwt_authn","plan"]},
+        "rates_by_value":[{"values":["gold"],"rate":50000}],
+        "cost":{"reserve":{"property":"filter_state.max_tokens","default":100},"settle":{"usage":"openai"}}}"#;
+    let mut filter =
+        Filter::configure(host.clone(), format!(r#"{{{BRIDGE},"rules":[{rule}]}}"#).as_bytes(), true).unwrap();
+    host.request(2, &[(":path", "/"), ("x-key", "alice")]);
+    filter.on_request_headers(2);
+    let body = String::from_utf8(host.http_calls().pop().unwrap().body).unwrap();
+    let args: Vec<&str> = body.split('/').collect();
+    assert_eq!((args[10], args[11]), ("2500", "50000"), "permits from the property, the gold plan's rate: {body}");
+}

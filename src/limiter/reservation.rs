@@ -8,7 +8,7 @@
 use crate::prelude::*;
 
 use crate::config::{PluginConfig, Reserve, Rule};
-use crate::key::RequestView;
+use crate::key::{extract, KeyValue, RequestView};
 use crate::script::MEMBER_RANDOM_LEN;
 
 use super::pending::{CallState, PendingRequest, RuleResult, Taken};
@@ -69,12 +69,13 @@ pub(super) fn reservations(pending: &PendingRequest, config: &PluginConfig) -> V
         .collect()
 }
 
-/// The permits a request of `rule` asks for: its `permits`, or with `cost.reserve` from a header, that
-/// header's whole number clamped to 1..=rate (its `default` when the header is missing or not a number).
+/// The permits a request of `rule` asks for: its `permits`, or with `cost.reserve` from a header or a
+/// property, its whole number clamped to 1..=rate (its `default` when missing or not a number).
 pub(super) fn permits_of(rule: &Rule, request: &impl RequestView) -> u64 {
-    let Some(Reserve::Header { name, default }) = rule.cost.as_ref().map(|cost| &cost.reserve) else {
+    let Some(Reserve::From { source, default }) = rule.cost.as_ref().map(|cost| &cost.reserve) else {
         return rule.permits;
     };
-    let asked = request.header(name).and_then(|value| core::str::from_utf8(&value).ok()?.trim().parse::<u64>().ok());
+    let KeyValue::Value(value) = extract(source, request) else { return *default };
+    let asked = core::str::from_utf8(&value).ok().and_then(|text| text.trim().parse::<u64>().ok());
     asked.map_or(*default, |permits| permits.clamp(1, rule.rate))
 }

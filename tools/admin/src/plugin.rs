@@ -152,6 +152,7 @@ pub fn key_source(source: &KeySource) -> serde_json::Value {
             }
         }
         KeySource::Composite(parts) => serde_json::Value::Array(parts.iter().map(key_source).collect()),
+        KeySource::Property(path) => json!({ "property": path }),
     }
 }
 
