@@ -19,6 +19,7 @@ every cost within its reservation, no sliding window holds more than the rate), 
 from __future__ import annotations
 
 import json
+import random
 import socket
 import struct
 from concurrent.futures import ThreadPoolExecutor
@@ -352,3 +353,48 @@ def test_a_token_budget_holds_exactly_under_concurrent_requests(start_gateway, s
     assert windows[0].tokens > BUDGET // 2, f"the budget was used: {windows[0]}"
     assert windows[0].tokens <= BUDGET, f"a window held {windows[0].tokens} tokens of {BUDGET}"
     assert windows[1].tokens > BUDGET, f"charge-after stayed within the budget: {windows[1]}"
+
+
+# The emulator: requests in flight together, each answered by its own streamed usage (both builds).
+EMULATED_BUDGET, EMULATED_WINDOW_MS, EMULATED_ROUNDS, EMULATED_BATCH = 3_000, 1_000, 8, 16
+
+
+@pytest.mark.parametrize("gateway_kind", ["emulator-envoy", "emulator-higress"])
+def test_a_token_budget_holds_exactly_for_requests_in_flight_together_in_both_builds(start_gateway, stack):
+    """Rounds of 16 requests in flight at once on the emulator's 2 VMs, each reserving 200-600 tokens
+    (x-max-tokens) and streaming an Anthropic usage within its reservation, every 150 ms against a budget of
+    3,000 per 1 s: no sliding window of the members (acquire-time scores, settled sizes) holds more than the
+    budget, and every admitted request settled to its usage. Charge-after (`reserve: 1`) on the same rounds
+    overshoots."""
+    rules = [h.rule(name, limit_by={"header": f"x-{name}-key"}, rate=EMULATED_BUDGET, interval=EMULATED_WINDOW_MS,
+                    cost={"reserve": reserve, "settle": {"usage": "anthropic"}})
+             for name, reserve in (("settle", {"header": "x-max-tokens", "default": 600}), ("after", 1))]
+    gateway = start_gateway(*rules)
+    emulator = gateway.process
+    assert isinstance(emulator, h.Emulator)
+    rng = random.Random(7)
+    windows, used = [], []
+    for name in ("settle", "after"):
+        admitted_tokens = 0
+        with llm.MemberLog(stack.redis, f"erl:{name}:team", EMULATED_WINDOW_MS) as log:
+            for _ in range(EMULATED_ROUNDS):
+                asks = []
+                for _ in range(EMULATED_BATCH):
+                    reserve = rng.randrange(200, 601)
+                    output = rng.randrange(1, reserve - 50)
+                    asks.append(({"x-max-tokens": str(reserve), f"x-{name}-key": "team"},
+                                 llm.response_spec("anthropic-sse", 50, output, events=2), 50 + output))
+                answers = emulator.send_batch([{"path": "/v1/messages", "headers": headers, "method": "POST",
+                                                "body": REQUEST_BODY, "response": response}
+                                               for headers, response, _ in asks])
+                admitted_tokens += sum(cost for (_, _, cost), answer in zip(asks, answers) if answer.status == 200)
+                emulator.run_for(150)
+            emulator.run_for(100)
+        found = log.members()
+        windows.append(llm.fullest_window(found, EMULATED_WINDOW_MS))
+        used.append((sum(m.permits for m in found), admitted_tokens))
+    print(f"\nreserve-then-settle: fullest window {windows[0]}, settled {used[0]}"
+          f"\ncharge-after: fullest window {windows[1]}, settled {used[1]}")
+    assert used[0][0] == used[0][1], f"every admitted request settled to its usage: {used[0]}"
+    assert EMULATED_BUDGET // 2 < windows[0].tokens <= EMULATED_BUDGET, f"reserve-then-settle: {windows[0]}"
+    assert windows[1].tokens > EMULATED_BUDGET, f"charge-after stayed within the budget: {windows[1]}"
