@@ -88,7 +88,7 @@ if ! skipped module; then
     log=target/fuzz-logs/module.log
     status=0
     env ERL_FUZZ_ITERATIONS="$MODULE_ITERATIONS" ${FUZZ_SEED:+ERL_FUZZ_SEED=$FUZZ_SEED} \
-        cargo test -q -p proxy-wasm-host-emulator --test fuzz_module -- --nocapture >"$log" 2>&1 || status=$?
+        cargo test -q -p proxy-wasm-host-emulator --test host fuzz_module:: -- --nocapture >"$log" 2>&1 || status=$?
     grep '^fuzz_module' "$log" || true
     if [[ $status -ne 0 ]]; then
         say "module FAILED (the seed and the failing request are in $log):"

@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 
-mod common;
+use crate::common;
 
 use common::WAT_HEAD;
 use proxy_wasm_host::{HostBuilder, HostError, Outcome, RequestSpec};
