@@ -59,6 +59,11 @@ pub struct Retirement {
     redis: Vec<RedisConfig>,
     /// Per limiter name, the settlement to send.
     settlements: Vec<(String, Settlement)>,
+    /// Reservations of requests whose responses still run (rules with `cost`), by HTTP context id: their
+    /// callbacks reach the filter that takes this one's place.
+    settling: Vec<(u32, super::settle::Settling)>,
+    /// Settle calls waiting for the tick.
+    settle_calls: Vec<GiveBackCall>,
 }
 
 impl Retirement {
@@ -161,14 +166,26 @@ impl<H: Host> Filter<H> {
                 redis.push(route.config.redis.clone());
             }
         }
-        Retirement { redis, settlements: self.leases.retire_all() }
+        Retirement {
+            redis,
+            settlements: self.leases.retire_all(),
+            settling: self.settling.drain().collect(),
+            settle_calls: core::mem::take(&mut self.settle_outbox),
+        }
     }
 
     /// Sends the settlements a filter that went away left ([`Filter::retire`]) through a configuration of
     /// this filter that reaches the same Redis (the same `redis` section); when none does, or the old
     /// filter reached several, their permits are counted as lost (`lease_permits_lost`): they return when
     /// their members leave the window.
-    pub fn adopt(&mut self, retirement: Retirement) {
+    pub fn adopt(&mut self, mut retirement: Retirement) {
+        // Reservations settle through the filter their responses' callbacks now reach, each call through the
+        // route (and transport) of the configuration that made it.
+        self.settling.extend(retirement.settling.drain(..));
+        self.settle_outbox.append(&mut retirement.settle_calls);
+        if !self.settle_outbox.is_empty() {
+            super::flow::start_tick(self);
+        }
         let route = match retirement.redis.as_slice() {
             [only] => self.routes.configs().find(|(_, route)| route.config.redis == *only).map(|(_, r)| Rc::clone(r)),
             _ => None,
@@ -183,8 +200,14 @@ impl<H: Host> Filter<H> {
         }
     }
 
-    /// Counts a retirement nobody adopts (no other configuration in the VM) as lost permits.
+    /// Counts a retirement nobody adopts (no other configuration in the VM) as lost permits, and its
+    /// reservations, which stay as reserved, in `settled_without_usage`.
     pub fn drop_retirement(&self, retirement: &Retirement) {
         self.metrics.lease_permits_lost(&self.host, retirement.unsettled_permits());
+        let reservations = retirement.settle_calls.len()
+            + retirement.settling.iter().map(|(_, settling)| settling.reservations()).sum::<usize>();
+        for _ in 0..reservations {
+            self.metrics.settled_without_usage(&self.host);
+        }
     }
 }

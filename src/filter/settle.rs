@@ -37,6 +37,13 @@ struct Item {
     meter: Option<UsageMeter>,
 }
 
+impl Settling {
+    /// How many reservations it holds.
+    pub(super) fn reservations(&self) -> usize {
+        self.items.len()
+    }
+}
+
 /// Keeps an allowed request's reservations until its response ends.
 pub(super) fn reserve<H: Host>(
     filter: &mut Filter<H>,

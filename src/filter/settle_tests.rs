@@ -173,3 +173,18 @@ fn a_property_sizes_the_reservation_and_picks_the_rate() {
     let args: Vec<&str> = body.split('/').collect();
     assert_eq!((args[10], args[11]), ("2500", "50000"), "permits from the property, the gold plan's rate: {body}");
 }
+
+#[test]
+fn a_reservation_whose_configuration_is_replaced_mid_response_settles_through_the_new_filter() {
+    let (host, mut old) = configure(r#"{"reserve":400,"settle":{"response_header":"x-cost"}}"#);
+    let random = allowed(&host, &mut old, 2, "alice");
+    // A configuration push: a new filter for the root context; the response's callbacks now reach it.
+    let rule = r#"{"name":"tokens","limit_by":{"header":"x-key"},"rate":10000,"interval":"1m","cost":{"reserve":400,"settle":{"response_header":"x-cost"}}}"#;
+    let json = format!(r#"{{{BRIDGE},"rules":[{rule}]}}"#);
+    let mut new = Filter::configure(host.clone(), json.as_bytes(), true).unwrap();
+    new.adopt(old.retire());
+    respond(&host, &mut new, 2, &[(":status", "200"), ("x-cost", "90")], &[]);
+    tick(&host, &mut new);
+    let calls = settle_calls(&host);
+    assert_eq!((calls.len(), calls[0][0].as_str(), calls[0][2].as_str()), (1, random.as_str(), "90"));
+}

@@ -329,19 +329,21 @@ impl PendingRequest {
         plan: &Plan,
     ) -> Option<(Vec<u8>, Layout)> {
         let send = self.sends.get(send)?;
-        // A reservation sized by its request acquires with a template of its own size.
-        let sized: SmallVec<[Option<AcquireTemplate>; 2]> = send
+        // A reservation sized by its request acquires with a template of its own size, built for it; every
+        // other call uses its rule's (no template is built, nothing is allocated).
+        let sized: Vec<(usize, AcquireTemplate)> = send
             .calls
             .iter()
-            .map(|&index| {
+            .enumerate()
+            .filter_map(|(at, &index)| {
                 let call = self.calls.get(index)?;
                 let template = &plan.rules.get(call.rule)?.template;
-                (call.permits != template.config().permits).then(|| plan.sized(template, call.permits))
+                (call.permits != template.config().permits).then(|| (at, plan.sized(template, call.permits)))
             })
             .collect();
-        let template_of = |at: usize, call: &RuleCall| match sized.get(at) {
-            Some(Some(template)) => Some(template),
-            _ => plan.rules.get(call.rule).map(|rule| &rule.template),
+        let template_of = |at: usize, call: &RuleCall| match sized.iter().find(|(i, _)| *i == at) {
+            Some((_, template)) => Some(template),
+            None => plan.rules.get(call.rule).map(|rule| &rule.template),
         };
         if let [only] = send.calls.as_slice() {
             let call = self.calls.get(*only)?;
