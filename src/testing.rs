@@ -77,6 +77,8 @@ type HttpResponse = (Vec<(String, Vec<u8>)>, Vec<u8>);
 
 #[derive(Debug, Default)]
 struct Request {
+    /// The root context whose request this is.
+    root: u32,
     headers: Vec<(String, Vec<u8>)>,
     headers_open: bool,
     end: Option<End>,
@@ -97,7 +99,10 @@ struct State {
     requests: HashMap<u32, Request>,
     logs: Vec<(LogLevel, String)>,
     counters: Vec<(String, u64)>,
-    tick_period_ms: u32,
+    /// Tick period per root context (0: off); [`ROOT`] and the roots of [`FakeHost::add_root`].
+    ticks: BTreeMap<u32, u32>,
+    /// The root context that new requests belong to ([`FakeHost::add_root`] changes it).
+    current_root: u32,
     next_token: u32,
     http_calls: Vec<HttpCall>,
     redis_calls: Vec<RedisCall>,
@@ -148,6 +153,8 @@ impl FakeHost {
         let host = FakeHost { state: Rc::default(), shared: Rc::default() };
         host.state.borrow_mut().now_ms = 1_700_000_000_000;
         host.state.borrow_mut().effective = ROOT;
+        host.state.borrow_mut().current_root = ROOT;
+        host.state.borrow_mut().ticks.insert(ROOT, 0);
         host.state.borrow_mut().next_token = 100;
         host.state.borrow_mut().next_seed = 42;
         host
@@ -158,6 +165,8 @@ impl FakeHost {
         let host = FakeHost { state: Rc::default(), shared: Rc::clone(&self.shared) };
         host.state.borrow_mut().now_ms = self.now();
         host.state.borrow_mut().effective = ROOT;
+        host.state.borrow_mut().current_root = ROOT;
+        host.state.borrow_mut().ticks.insert(ROOT, 0);
         host.state.borrow_mut().next_token = 100_000;
         host.state.borrow_mut().next_seed = self.state.borrow().next_seed.wrapping_add(0x5851_f42d_4c95_7f2d);
         host
@@ -182,7 +191,8 @@ impl FakeHost {
     pub fn request(&self, context_id: u32, headers: &[(&str, &str)]) {
         let mut state = self.state.borrow_mut();
         let headers = headers.iter().map(|(k, v)| (k.to_ascii_lowercase(), v.as_bytes().to_vec())).collect();
-        state.requests.insert(context_id, Request { headers, headers_open: true, ..Request::default() });
+        let root = state.current_root;
+        state.requests.insert(context_id, Request { root, headers, headers_open: true, ..Request::default() });
         state.effective = context_id;
     }
 
@@ -287,9 +297,27 @@ impl FakeHost {
         self.state.borrow().logs.clone()
     }
 
-    /// The tick period the filter asked for (0: off).
+    /// The tick period the filter asked for on [`ROOT`] (0: off).
     pub fn tick_period(&self) -> u32 {
-        self.state.borrow().tick_period_ms
+        self.tick_period_of(ROOT)
+    }
+
+    /// The tick period of root context `root` (0: off, or no such root).
+    pub fn tick_period_of(&self, root: u32) -> u32 {
+        self.state.borrow().ticks.get(&root).copied().unwrap_or(0)
+    }
+
+    /// Another root context `root` in this VM (a configuration pushed after the first, as Envoy creates
+    /// one): it can be made effective, has its own tick, and the requests created from now on are its.
+    pub fn add_root(&self, root: u32) {
+        let mut state = self.state.borrow_mut();
+        state.ticks.insert(root, 0);
+        state.current_root = root;
+    }
+
+    /// Deletes root context `root`: its tick stops (as Envoy's timer goes with the root context).
+    pub fn delete_root(&self, root: u32) {
+        self.state.borrow_mut().ticks.remove(&root);
     }
 
     /// A shared data entry and its CAS version.
@@ -413,7 +441,7 @@ impl Host for FakeHost {
             state.refuse_effective_context -= 1;
             return Err(HostError::BadArgument);
         }
-        if context_id != ROOT && !state.requests.contains_key(&context_id) {
+        if !state.ticks.contains_key(&context_id) && !state.requests.contains_key(&context_id) {
             return Err(HostError::BadArgument);
         }
         state.effective = context_id;
@@ -496,7 +524,17 @@ impl Host for FakeHost {
         if state.refuse_tick {
             return Err(HostError::InternalFailure);
         }
-        state.tick_period_ms = period_ms;
+        // As Envoy: the tick of the effective context's root context (a root context's own, or the root of
+        // the request whose context is effective).
+        let effective = state.effective;
+        let root = match state.requests.get(&effective) {
+            Some(request) => request.root,
+            None => effective,
+        };
+        match state.ticks.get_mut(&root) {
+            Some(tick) => *tick = period_ms,
+            None => return Err(HostError::NotFound),
+        }
         Ok(())
     }
 

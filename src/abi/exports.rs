@@ -102,18 +102,18 @@ pub extern "C" fn proxy_on_configure(context_id: u32, _plugin_configuration_size
             Err(crate::config::ConfigError::new("", format!("cannot read the plugin configuration: {error}")))
         }
     };
-    let filter = match configured {
+    let mut filter = match configured {
         Ok(filter) => filter,
         Err(reason) => {
             AbiHost.log(LogLevel::Error, &format!("{}{reason}", crate::filter::REFUSAL_PREFIX));
             return false;
         }
     };
+    filter.own_root_context(context_id);
     with_vm(|vm| match vm.roots.iter_mut().find(|(id, _)| *id == context_id) {
         Some((_, slot)) => {
             // A new configuration for the same root context: the old filter's paused requests end now and
             // its leases are settled through the new one.
-            let mut filter = filter;
             if let Some(mut old) = slot.take() {
                 filter.adopt(old.retire());
             }
@@ -146,6 +146,15 @@ pub extern "C" fn proxy_on_response_headers(context_id: u32, _num_headers: usize
 #[no_mangle]
 pub extern "C" fn proxy_on_response_body(context_id: u32, body_size: usize, end_of_stream: bool) -> u32 {
     with_vm(|vm| vm.filter(context_id).map(|filter| filter.on_response_body(context_id, body_size, end_of_stream)))
+        .flatten()
+        .unwrap_or(Action::Continue) as u32
+}
+
+/// The response trailers arrived: the response ends here (when trailers follow, the last body chunk came
+/// with `end_of_stream = false`), so a reservation reading its usage from the body settles now.
+#[no_mangle]
+pub extern "C" fn proxy_on_response_trailers(context_id: u32, _num_trailers: usize) -> u32 {
+    with_vm(|vm| vm.filter(context_id).map(|filter| filter.on_response_trailers(context_id)))
         .flatten()
         .unwrap_or(Action::Continue) as u32
 }

@@ -330,7 +330,10 @@ fn send_batch<H: Host>(filter: &mut Filter<H>, mut batch: Batch, commands: &Comm
         Ok(id) => {
             let key = id.key();
             filter.metrics.redis_call(&filter.host);
-            filter.metrics.batch(&filter.host, batch.members.iter().flatten().count());
+            if !batch.by_source {
+                // A batch sent again by source after NOSCRIPT is the same batch: counted once.
+                filter.metrics.batch(&filter.host, batch.members.iter().flatten().count());
+            }
             let expires_ms = expiry(filter, &batch.route);
             filter.coalescer.sent(key, batch.destination, filter.host.now_ms(), expires_ms);
             for call in batch.members.iter().flatten() {

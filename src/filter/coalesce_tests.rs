@@ -162,6 +162,11 @@ fn noscript_for_a_batch_sends_it_again_by_source_once() {
     answer_http(&host, &mut filter, calls[2].token, 200, b"*4\r\n:1\r\n:0\r\n:1\r\n:1\r\n");
     assert_eq!([status(&host, 3), status(&host, 4)], [Some(200), Some(200)]);
     assert_eq!([counter(&host, "redis_calls"), counter(&host, "redis_errors")], [3, 0]);
+    assert_eq!(
+        [counter(&host, "batches"), counter(&host, "batched_calls")],
+        [1, 2],
+        "the batch resent is counted once"
+    );
 }
 
 #[test]

@@ -170,7 +170,7 @@ impl<H: Host> Filter<H> {
             redis,
             settlements: self.leases.retire_all(),
             settling: self.settling.drain().collect(),
-            settle_calls: core::mem::take(&mut self.settle_outbox),
+            settle_calls: core::mem::take(&mut self.outbox),
         }
     }
 
@@ -178,14 +178,17 @@ impl<H: Host> Filter<H> {
     /// this filter that reaches the same Redis (the same `redis` section); when none does, or the old
     /// filter reached several, their permits are counted as lost (`lease_permits_lost`): they return when
     /// their members leave the window.
+    ///
+    /// Nothing is sent from here: it may run during the old root context's `proxy_on_delete`, where the old
+    /// root is the effective context, and a host sets the tick of the effective context's root (the old
+    /// root's, which goes away with it) and sends calls from it. The work is queued in the outbox, this
+    /// filter's own root context ([`Filter::own_root_context`]) is made effective, and its own tick sends
+    /// it; if the host refuses that switch, the tick starts with this root's next request.
     pub fn adopt(&mut self, mut retirement: Retirement) {
         // Reservations settle through the filter their responses' callbacks now reach, each call through the
         // route (and transport) of the configuration that made it.
         self.settling.extend(retirement.settling.drain(..));
-        self.settle_outbox.append(&mut retirement.settle_calls);
-        if !self.settle_outbox.is_empty() {
-            super::flow::start_tick(self);
-        }
+        self.outbox.append(&mut retirement.settle_calls);
         let route = match retirement.redis.as_slice() {
             [only] => self.routes.configs().find(|(_, route)| route.config.redis == *only).map(|(_, r)| Rc::clone(r)),
             _ => None,
@@ -193,19 +196,34 @@ impl<H: Host> Filter<H> {
         match route {
             Some(route) => {
                 for (name, settlement) in retirement.settlements {
-                    send_give_back(self, GiveBackCall::new(&route, name, settlement, GiveBackKind::Handed));
+                    self.outbox.push(GiveBackCall::new(&route, name, settlement, GiveBackKind::Handed));
                 }
             }
             None => self.metrics.lease_permits_lost(&self.host, retirement.unsettled_permits()),
         }
+        if self.outbox.is_empty() || self.ticking {
+            return;
+        }
+        let own_root = match self.root_context {
+            Some(root) => self.host.set_effective_context(root).is_ok(),
+            None => true,
+        };
+        if own_root {
+            super::flow::start_tick(self);
+        }
     }
 
-    /// Counts a retirement nobody adopts (no other configuration in the VM) as lost permits, and its
-    /// reservations, which stay as reserved, in `settled_without_usage`.
+    /// Counts a retirement nobody adopts (no other configuration in the VM): its leases' permits as lost
+    /// (`lease_permits_lost`), its queued settle calls, which knew their cost, in `settlements_lost`, and
+    /// the reservations of responses still running, which stay as reserved, in `settled_without_usage`.
     pub fn drop_retirement(&self, retirement: &Retirement) {
         self.metrics.lease_permits_lost(&self.host, retirement.unsettled_permits());
-        let reservations = retirement.settle_calls.len()
-            + retirement.settling.iter().map(|(_, settling)| settling.reservations()).sum::<usize>();
+        let (settles, handed): (Vec<&GiveBackCall>, Vec<&GiveBackCall>) =
+            retirement.settle_calls.iter().partition(|call| call.kind == GiveBackKind::Settle);
+        self.metrics.settlements_lost(&self.host, settles.len());
+        let handed: u64 = handed.iter().map(|call| call.settlement.granted.saturating_sub(call.settlement.used)).sum();
+        self.metrics.lease_permits_lost(&self.host, handed);
+        let reservations = retirement.settling.iter().map(|(_, settling)| settling.reservations()).sum::<usize>();
         for _ in 0..reservations {
             self.metrics.settled_without_usage(&self.host);
         }

@@ -33,6 +33,7 @@ pub(super) struct Metrics {
     batched_calls: Option<u32>,
     settlements: Option<u32>,
     settled_without_usage: Option<u32>,
+    settlements_lost: Option<u32>,
 }
 
 /// One rule's counters `edge_rate_limiter.rule.<rule>.<outcome>`, in [`RuleOutcome::ALL`] order.
@@ -66,6 +67,7 @@ impl Metrics {
             batched_calls: counter("batched_calls"),
             settlements: counter("settlements"),
             settled_without_usage: counter("settled_without_usage"),
+            settlements_lost: counter("settlements_lost"),
         }
     }
 
@@ -143,6 +145,12 @@ impl Metrics {
     /// One reservation kept as it was: its response ended (or stopped) without a cost to read.
     pub(super) fn settled_without_usage(&self, host: &impl Host) {
         Self::add(host, self.settled_without_usage, 1);
+    }
+
+    /// Settle calls that knew their cost but were never sent: their configuration went away with no other
+    /// in the VM to send them (the reservations stay as reserved until they leave the window).
+    pub(super) fn settlements_lost(&self, host: &impl Host, calls: usize) {
+        Self::add(host, self.settlements_lost, calls);
     }
 
     /// One give-back call sent (a request rejected after a limiter in another hash slot admitted it).

@@ -157,6 +157,9 @@ pub struct Filter<H: Host> {
     response_headers: IdMap<(Rc<Route>, Report)>,
     /// Whether the tick is on (it runs only while requests or give-backs are waiting).
     ticking: bool,
+    /// The root context this filter belongs to ([`Filter::own_root_context`]): made effective before the
+    /// filter sets its tick or calls out from another root's callback ([`Filter::adopt`]).
+    root_context: Option<u32>,
     /// Whether a refused hostcall was logged (once per configuration).
     host_error_logged: bool,
     /// The headers of the last local reply, serialized.
@@ -172,7 +175,7 @@ pub struct Filter<H: Host> {
     /// Reservations of allowed requests (rules with `cost`), by HTTP context id, until their response ends.
     settling: IdMap<settle::Settling>,
     /// Settle calls for the next tick (sent from the root context).
-    settle_outbox: Vec<GiveBackCall>,
+    outbox: Vec<GiveBackCall>,
 }
 
 /// The decision context of `route` at `now_ms` for the body `$body`, with `$ctx` bound to it: the
@@ -250,6 +253,7 @@ impl<H: Host> Filter<H> {
             give_backs: CallMap::default(),
             response_headers: IdMap::default(),
             ticking: false,
+            root_context: None,
             host_error_logged: false,
             replies: ReplyCache::default(),
             recent_blocks: RefCell::default(),
@@ -257,10 +261,17 @@ impl<H: Host> Filter<H> {
             ended_leases: Vec::new(),
             name_buffer: String::new(),
             settling: IdMap::default(),
-            settle_outbox: Vec::new(),
+            outbox: Vec::new(),
             routes,
             host,
         })
+    }
+
+    /// Tells the filter its root context's id. A host sets a tick for the effective context's root, so a
+    /// filter that works during another root's callback (adopting what a deleted configuration left,
+    /// from its `proxy_on_delete`) makes its own root effective first, and owns its tick.
+    pub fn own_root_context(&mut self, context_id: u32) {
+        self.root_context = Some(context_id);
     }
 
     /// The host this filter runs on.
@@ -271,6 +282,11 @@ impl<H: Host> Filter<H> {
     /// `proxy_on_request_headers`: decides at once, or sends the request's calls and pauses.
     pub fn on_request_headers(&mut self, context_id: u32) -> Action {
         self.confirm_client_id();
+        if !self.ticking && self.has_timed_work() {
+            // Work handed over while this root's tick could not be set (flow::start_tick): set it now, from
+            // one of this root's own requests.
+            flow::start_tick(self);
+        }
         let Some(route) = self.select() else { return Action::Continue };
         let now_ms = self.host.now_ms();
         let skip_redis = route.skips_redis(now_ms);
@@ -324,6 +340,15 @@ impl<H: Host> Filter<H> {
         Action::Continue
     }
 
+    /// `proxy_on_response_trailers`: the response ends with trailers (its last body chunk came with
+    /// `end = false`): a request whose reservation settles to the usage in the body settles now.
+    pub fn on_response_trailers(&mut self, context_id: u32) -> Action {
+        if !self.settling.is_empty() {
+            settle::on_response_end(self, context_id);
+        }
+        Action::Continue
+    }
+
     /// `proxy_on_done` / `proxy_on_delete` of an HTTP context: forgets the request (a reply still on its
     /// way is dropped when it arrives); what it took from leases goes back to them.
     pub fn on_done(&mut self, context_id: u32) {
@@ -371,15 +396,15 @@ impl<H: Host> Filter<H> {
         coalesce::send_overdue(self);
         settle::send_queued(self);
         give_back::expire_give_backs(self, now_ms);
-        if self.flows.is_empty()
-            && self.coalescer.is_idle()
-            && self.give_backs.is_empty()
-            && self.settle_outbox.is_empty()
-            && self.ticking
-            && self.host.set_tick_period_ms(0).is_ok()
-        {
+        if !self.has_timed_work() && self.ticking && self.host.set_tick_period_ms(0).is_ok() {
             self.ticking = false;
         }
+    }
+
+    /// Whether anything waits for the tick: paused requests (the deadline guard), batches and calls
+    /// waiting to be sent, give-backs waiting for their replies, settle calls queued.
+    fn has_timed_work(&self) -> bool {
+        !(self.flows.is_empty() && self.coalescer.is_idle() && self.give_backs.is_empty() && self.outbox.is_empty())
     }
 
     /// A reply (or failure) for this call: a give-back's, or a request's (fed to its flow, one step).

@@ -93,14 +93,20 @@ pub(super) fn on_response_body<H: Host>(filter: &mut Filter<H>, context_id: u32,
         }
     }
     if end {
-        if let Some(mut settling) = filter.settling.remove(&context_id) {
-            for item in &mut settling.items {
-                if let Some(meter) = item.meter.as_mut() {
-                    item.cost = meter.finish();
-                }
+        on_response_end(filter, context_id);
+    }
+}
+
+/// The response ended (its last body chunk, or its trailers): each meter gives the usage it read, and the
+/// request settles.
+pub(super) fn on_response_end<H: Host>(filter: &mut Filter<H>, context_id: u32) {
+    if let Some(mut settling) = filter.settling.remove(&context_id) {
+        for item in &mut settling.items {
+            if let Some(meter) = item.meter.as_mut() {
+                item.cost = meter.finish();
             }
-            settle(filter, settling);
         }
+        settle(filter, settling);
     }
 }
 
@@ -132,16 +138,16 @@ fn settle<H: Host>(filter: &mut Filter<H>, settling: Settling) {
             renamed: Some(item.reservation.settled_random()),
         };
         let call = GiveBackCall::new(&settling.route, item.reservation.name, settlement, GiveBackKind::Settle);
-        filter.settle_outbox.push(call);
+        filter.outbox.push(call);
     }
-    if !filter.settle_outbox.is_empty() {
+    if !filter.outbox.is_empty() {
         super::flow::start_tick(filter);
     }
 }
 
 /// Sends the queued settle calls (from the root context's tick).
 pub(super) fn send_queued<H: Host>(filter: &mut Filter<H>) {
-    for call in core::mem::take(&mut filter.settle_outbox) {
+    for call in core::mem::take(&mut filter.outbox) {
         send_give_back(filter, call);
     }
 }

@@ -188,3 +188,21 @@ fn a_reservation_whose_configuration_is_replaced_mid_response_settles_through_th
     let calls = settle_calls(&host);
     assert_eq!((calls.len(), calls[0][0].as_str(), calls[0][2].as_str()), (1, random.as_str(), "90"));
 }
+
+#[test]
+fn a_response_that_ends_with_trailers_settles_when_they_arrive() {
+    let (host, mut filter) = configure(r#"{"reserve":1000,"settle":{"usage":"openai"}}"#);
+    let random = allowed(&host, &mut filter, 2, "alice");
+    let body = r#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":20,"total_tokens":30}}"#;
+    host.upstream_response(2, &[(":status", "200"), ("content-type", "application/json")]);
+    filter.on_response_headers(2);
+    host.body_chunk(2, body.as_bytes());
+    // Trailers follow (HTTP/2, gRPC, chunked trailers): the last data chunk is not the end of the stream.
+    filter.on_response_body(2, body.len(), false);
+    tick(&host, &mut filter);
+    assert!(settle_calls(&host).is_empty(), "the response has not ended yet");
+    filter.on_response_trailers(2);
+    tick(&host, &mut filter);
+    let calls = settle_calls(&host);
+    assert_eq!((calls.len(), calls[0][0].as_str(), calls[0][2].as_str()), (1, random.as_str(), "30"));
+}

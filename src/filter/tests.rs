@@ -893,10 +893,20 @@ fn a_lease_of_a_configuration_that_goes_away_is_settled_through_the_new_one() {
         let body = String::from_utf8(lease_call).unwrap();
         body.split('/').nth(9).unwrap().to_string()
     };
-    // A new configuration: a new root context, then the old one goes.
+    // A new configuration: a new root context (5), then the old one goes; the filter adopts what the old
+    // one left during the old root's proxy_on_delete, where the old root is the effective context.
+    host.add_root(5);
     let mut new = Filter::configure(host.clone(), format!(r#"{{{BRIDGE},"rules":[{HOT}]}}"#).as_bytes(), true).unwrap();
+    new.own_root_context(5);
     let before = snapshot(&host);
+    host.enter(ROOT);
     new.adopt(old.retire());
+    host.delete_root(ROOT);
+    assert_eq!(host.tick_period_of(5), TICK_MS, "the new root's own tick is set, not the old root's");
+    assert!(host.http_calls().len() == 1, "nothing is sent from the old root's callback");
+    host.advance(u64::from(TICK_MS));
+    host.enter(5);
+    new.on_tick();
     let call = host.http_calls().pop().unwrap();
     let body = String::from_utf8(call.body).unwrap();
     assert!(body.starts_with(&format!("EVALSHA/{}/", crate::script::GIVE_BACK.sha())), "{body}");
