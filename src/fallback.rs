@@ -209,8 +209,18 @@ impl WindowTable {
     /// request another rule refused after all: the bucket that counted them gives them back, while the
     /// window still holds it. A host that refuses shared data keeps them counted (never more admitted).
     pub fn release(&self, host: &impl Host, name: &str, interval_ms: u64, permits: u64, taken_ms: u64) {
+        self.settle(host, name, interval_ms, permits, 0, taken_ms);
+    }
+
+    /// Settles a reservation of `granted` permits taken at `taken_ms` from limiter `name`'s window to the
+    /// `used` permits its response cost: the bucket that counted it then counts `used` instead (fewer gives
+    /// permits back, more charges the excess), while the window still holds that bucket. A host that
+    /// refuses shared data leaves the count as it was.
+    pub fn settle(&self, host: &impl Host, name: &str, interval_ms: u64, granted: u64, used: u64, taken_ms: u64) {
         let bucket = taken_ms / Window::width_ms(interval_ms);
         let first = fnv1a(name.as_bytes());
+        let granted = u32::try_from(granted).unwrap_or(u32::MAX);
+        let used = u32::try_from(used).unwrap_or(u32::MAX);
         for slot in [first, first.wrapping_add(1)] {
             let key = self.key(slot);
             for _ in 0..4 {
@@ -226,7 +236,7 @@ impl WindowTable {
                     return;
                 }
                 if let Some(count) = window.counts.get_mut((bucket % BUCKETS as u64) as usize) {
-                    *count = count.saturating_sub(u32::try_from(permits).unwrap_or(u32::MAX));
+                    *count = count.saturating_sub(granted).saturating_add(used);
                 }
                 match host.set_shared_data(key.as_str(), &encode(self.generation, &window, name), cas) {
                     Err(HostError::CasMismatch) => continue,

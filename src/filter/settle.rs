@@ -130,6 +130,11 @@ fn settle<H: Host>(filter: &mut Filter<H>, settling: Settling) {
             filter.metrics.settled_without_usage(&filter.host);
             continue;
         };
+        if let Some(taken_ms) = item.reservation.local_since_ms {
+            // Admitted by the degraded mode's local window: settled there, at once.
+            settle_locally(filter, &settling.route, &item.reservation, cost, taken_ms);
+            continue;
+        }
         let settlement = Settlement {
             random: item.reservation.random,
             granted: item.reservation.granted,
@@ -143,6 +148,16 @@ fn settle<H: Host>(filter: &mut Filter<H>, settling: Settling) {
     if !filter.outbox.is_empty() {
         super::flow::start_tick(filter);
     }
+}
+
+/// Settles a reservation the degraded mode's local window admitted: its bucket counts the real cost
+/// instead (unused permits back, an excess charged); counted in `settlements`.
+fn settle_locally<H: Host>(filter: &Filter<H>, route: &Route, reservation: &Reservation, cost: u64, taken_ms: u64) {
+    let (Some(fallback), Some(rule)) = (route.fallback.as_ref(), route.config.rules.get(reservation.rule)) else {
+        return;
+    };
+    fallback.windows.settle(&filter.host, &reservation.name, rule.interval_ms, reservation.granted, cost, taken_ms);
+    filter.metrics.settlement(&filter.host);
 }
 
 /// Sends the queued settle calls (from the root context's tick).

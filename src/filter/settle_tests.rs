@@ -206,3 +206,45 @@ fn a_response_that_ends_with_trailers_settles_when_they_arrive() {
     let calls = settle_calls(&host);
     assert_eq!((calls.len(), calls[0][0].as_str(), calls[0][2].as_str()), (1, random.as_str(), "30"));
 }
+
+/// The filter of `configure`, with the degraded mode (`failure_mode: "local"`, one gateway).
+fn configure_degraded(cost: &str) -> (FakeHost, Filter<FakeHost>) {
+    let host = FakeHost::new();
+    let rule =
+        format!(r#"{{"name":"tokens","limit_by":{{"header":"x-key"}},"rate":10000,"interval":"1m","cost":{cost}}}"#);
+    let degraded = r#""failure_mode":"local","local_fallback":{"gateways":1,"probe_interval":"10s"}"#;
+    let json = format!(r#"{{{BRIDGE},"rules":[{rule}],{degraded}}}"#);
+    let filter = Filter::configure(host.clone(), json.as_bytes(), true).unwrap();
+    (host, filter)
+}
+
+/// Request `context_id` asking `max_tokens` while Redis fails: whether the local window admitted it.
+fn degraded_request(host: &FakeHost, filter: &mut Filter<FakeHost>, context_id: u32, max_tokens: &str) -> bool {
+    host.request(context_id, &[(":path", "/v1/chat/completions"), ("x-key", "alice"), ("x-max-tokens", max_tokens)]);
+    if filter.on_request_headers(context_id) == Action::Continue {
+        return true;
+    }
+    if host.end(context_id).is_none() {
+        // Waiting for Redis (the first request, before the circuit opens): the bridge answers 503.
+        host.http_reply(503, b"");
+        filter.on_http_call_response(host.last_token().unwrap(), 1, 0);
+    }
+    host.end(context_id) == Some(crate::testing::End::Resumed)
+}
+
+#[test]
+fn the_degraded_mode_charges_each_request_its_own_reservation_and_settles_it_locally() {
+    let (host, mut filter) =
+        configure_degraded(r#"{"reserve":{"header":"x-max-tokens","default":1},"settle":{"usage":"openai"}}"#);
+    // A budget of 10,000 per minute: reservations of 6,000 fit once, not twice (with the default of 1, 100
+    // such requests were admitted).
+    assert!(degraded_request(&host, &mut filter, 2, "6000"));
+    assert!(!degraded_request(&host, &mut filter, 4, "6000"), "6,000 + 6,000 is over the budget");
+    assert!(!degraded_request(&host, &mut filter, 6, "4001"));
+    // Request 2's response reports 1,000 tokens: the local window keeps 1,000 of its 6,000.
+    let body = r#"{"usage":{"prompt_tokens":400,"completion_tokens":600,"total_tokens":1000}}"#;
+    respond(&host, &mut filter, 2, &[(":status", "200"), ("content-type", "application/json")], &[body]);
+    assert_eq!(host.counter(&format!("{NAME}.settlements")), 1, "settled in the local window");
+    assert!(degraded_request(&host, &mut filter, 8, "9000"), "1,000 + 9,000 fits");
+    assert!(!degraded_request(&host, &mut filter, 10, "1"));
+}

@@ -16,7 +16,7 @@ use crate::response::{Report, RuleQuota, Verdict};
 use crate::script::Settlement;
 
 use super::pending::{lease_tickets, CallState, PendingRequest, RuleResult};
-use super::reservation::reservations;
+use super::reservation::{reservations, Reservation};
 use super::{Context, Decision, GiveBack, LocalWindows, Outcome, RuleOutcome};
 
 /// The rejection of a limiter's local block: what `decide` makes of this one result, without the generic
@@ -73,8 +73,9 @@ fn rejection(ctx: &Context<'_>, report: Report) -> Verdict {
 struct Tally {
     report: Report,
     rules: SmallVec<[(usize, RuleOutcome); 2]>,
-    /// Rules Redis could not decide and that the local windows decide, with their limiter names.
-    local: Vec<(usize, String)>,
+    /// Rules Redis could not decide and that the local windows decide, with their limiter names and the
+    /// permits the request asks of each (a reservation's own size for a rule with `cost`).
+    local: Vec<(usize, String, u64)>,
     /// A local block rejected.
     blocked: bool,
     /// An enforced rule could not be decided: the failure mode applies.
@@ -99,7 +100,7 @@ pub(super) fn decide(pending: &PendingRequest, ctx: &Context<'_>) -> Decision {
         give_back,
     };
     if tally.report.rejected_by.is_some() {
-        tally.rules.extend(tally.local.iter().map(|(rule, _)| (*rule, RuleOutcome::Failed)));
+        tally.rules.extend(tally.local.iter().map(|(rule, _, _)| (*rule, RuleOutcome::Failed)));
         let outcome = if tally.blocked { Outcome::LocallyRejected } else { Outcome::Rejected };
         return decision(rejection(ctx, tally.report), outcome, tally.rules, give_back(pending, ctx.config));
     }
@@ -108,7 +109,7 @@ pub(super) fn decide(pending: &PendingRequest, ctx: &Context<'_>) -> Decision {
             Some(windows) => return decide_locally(pending, ctx, windows, tally, decision),
             // No windows to ask: the rules fail as any failed rule does.
             None => {
-                tally.rules.extend(tally.local.iter().map(|(rule, _)| (*rule, RuleOutcome::Failed)));
+                tally.rules.extend(tally.local.iter().map(|(rule, _, _)| (*rule, RuleOutcome::Failed)));
                 tally.failed = true;
             }
         }
@@ -146,12 +147,16 @@ fn decide_locally(
 ) -> Decision {
     let mut admitted = SmallVec::<[(&str, u64, u64); 2]>::new();
     let mut refused: Option<(usize, u64)> = None;
-    for (index, name) in &tally.local {
+    let mut local_reservations = Vec::new();
+    for (index, name, permits) in &tally.local {
         let Some(rule) = ctx.config.rules.get(*index) else { continue };
-        match windows.acquire(name, rule.rate, rule.interval_ms, rule.permits, ctx.now_ms) {
+        match windows.acquire(name, rule.rate, rule.interval_ms, *permits, ctx.now_ms) {
             Local::Admitted => {
-                admitted.push((name, rule.interval_ms, rule.permits));
+                admitted.push((name, rule.interval_ms, *permits));
                 tally.rules.push((*index, RuleOutcome::Allowed));
+                if rule.cost.is_some() {
+                    local_reservations.push(Reservation::local(*index, name.clone(), *permits, ctx.now_ms));
+                }
             }
             Local::Refused { retry_ms } => {
                 tally.rules.push((*index, RuleOutcome::Rejected));
@@ -161,7 +166,10 @@ fn decide_locally(
     }
     let Some((rule, retry_ms)) = refused else {
         let verdict = Verdict::Continue { report: tally.report };
-        return decision(verdict, Outcome::LocallyAllowed, tally.rules, Vec::new());
+        let mut decision = decision(verdict, Outcome::LocallyAllowed, tally.rules, Vec::new());
+        // What the local windows took for rules with `cost` settles there when the response ends.
+        decision.reservations.append(&mut local_reservations);
+        return decision;
     };
     for (name, interval_ms, permits) in admitted {
         windows.release(name, interval_ms, permits, ctx.now_ms);
@@ -181,7 +189,7 @@ fn tally(pending: &PendingRequest, config: &PluginConfig) -> Tally {
                 && !shadow(c.rule)
         });
     let done = pending.calls.iter().filter_map(|c| match &c.state {
-        CallState::Done(result) => Some((c.rule, result, Some(&c.name))),
+        CallState::Done(result) => Some((c.rule, result, Some((&c.name, c.permits)))),
         CallState::Waiting | CallState::Parked => None,
     });
     let mut tally = Tally::default();
@@ -192,13 +200,14 @@ fn tally(pending: &PendingRequest, config: &PluginConfig) -> Tally {
 }
 
 impl Tally {
-    /// Rule `rule`'s `result` (`name`: its limiter); `rejected`: another rule rejects the request.
+    /// Rule `rule`'s `result` (`call`: its limiter name and the permits it asked for); `rejected`: another
+    /// rule rejects the request.
     fn add(
         &mut self,
         config: &PluginConfig,
         rule: usize,
         result: &RuleResult,
-        name: Option<&String>,
+        call: Option<(&String, u64)>,
         shadow: bool,
         rejected: bool,
     ) {
@@ -206,7 +215,7 @@ impl Tally {
         let reported = !shadow || config.shadow_headers;
         let (outcome, quota) = match result {
             RuleResult::Acquired(quota, _) if rejected => {
-                let permits = config.rules.get(rule).map_or(0, |r| r.permits);
+                let permits = call.map_or_else(|| config.rules.get(rule).map_or(0, |r| r.permits), |(_, p)| p);
                 (RuleOutcome::Allowed, Some(RuleQuota { remaining: quota.remaining.saturating_add(permits), ..*quota }))
             }
             RuleResult::Acquired(quota, _) | RuleResult::Untaken(quota) => (RuleOutcome::Allowed, Some(*quota)),
@@ -235,8 +244,8 @@ impl Tally {
             RuleResult::Failed | RuleResult::Skipped => {
                 let skipped = matches!(result, RuleResult::Skipped);
                 let decides_locally = config.failure_mode == FailureMode::Local;
-                if let Some(name) = name.filter(|_| !shadow && (decides_locally || skipped)) {
-                    self.local.push((rule, name.clone()));
+                if let Some((name, permits)) = call.filter(|_| !shadow && (decides_locally || skipped)) {
+                    self.local.push((rule, name.clone(), permits));
                     return;
                 }
                 self.failed |= !shadow && !skipped;

@@ -29,9 +29,18 @@ pub struct Reservation {
     pub random: [u8; MEMBER_RANDOM_LEN],
     /// Permits the member holds.
     pub granted: u64,
+    /// `Some(ms)`: taken from the degraded mode's local window at that time (ms since the epoch), not
+    /// from Redis: it settles there ([`crate::fallback`]), by returning what the response did not use.
+    pub local_since_ms: Option<u64>,
 }
 
 impl Reservation {
+    /// A reservation of `granted` permits that the degraded mode's local window of limiter `name` admitted
+    /// at `now_ms` for rule `rule` (no member in Redis).
+    pub(super) fn local(rule: usize, name: String, granted: u64, now_ms: u64) -> Self {
+        Reservation { rule, name, random: [0; MEMBER_RANDOM_LEN], granted, local_since_ms: Some(now_ms) }
+    }
+
     /// The random bytes of the member once settled: the same, [`SETTLED_MARK`] first.
     pub fn settled_random(&self) -> [u8; MEMBER_RANDOM_LEN] {
         let mut random = self.random;
@@ -64,6 +73,7 @@ pub(super) fn reservations(pending: &PendingRequest, config: &PluginConfig) -> V
                 name: call.name.clone(),
                 random: call.member_random,
                 granted: *granted,
+                local_since_ms: None,
             })
         })
         .collect()
