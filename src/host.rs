@@ -148,6 +148,30 @@ pub trait Host {
     /// The host's status (BadArgument once the request headers are no longer readable).
     fn request_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostError>;
 
+    /// Sets (replaces) a request header of the effective context (`proxy_replace_header_map_value` of the
+    /// request headers; lowercase name), or removes it (`value: None`, `proxy_remove_header_map_value`).
+    /// Changes what goes upstream while the request is paused, before it goes on.
+    ///
+    /// # Errors
+    /// The host's status.
+    fn set_request_header(&self, name: &str, value: Option<&str>) -> Result<(), HostError>;
+
+    /// The request body buffered so far, its first `size` bytes (`proxy_get_buffer_bytes` of the request
+    /// body, buffer type 0), from `proxy_on_request_body`: Envoy buffers the body while the filter answers
+    /// `StopIterationAndBuffer`, so `size` is everything received so far.
+    ///
+    /// # Errors
+    /// The host's status.
+    fn request_body(&self, size: usize) -> Result<Vec<u8>, HostError>;
+
+    /// Replaces the first `size` bytes of the buffered request body (all of it: what `proxy_on_request_body`
+    /// reported) with `body` (`proxy_set_buffer_bytes(0, 0, size, ...)`, proxy-wasm-cpp-host's
+    /// `copyFrom`: start 0 and a length of the whole buffer replaces it). The caller fixes `content-length`.
+    ///
+    /// # Errors
+    /// The host's status.
+    fn set_request_body(&self, size: usize, body: &[u8]) -> Result<(), HostError>;
+
     /// A property (`proxy_get_property`), by path segments such as `["source", "address"]`; `Ok(None)`
     /// when the host has no such property.
     ///

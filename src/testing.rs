@@ -89,6 +89,8 @@ struct Request {
     upstream_headers: Vec<(String, Vec<u8>)>,
     /// The response body chunk being delivered ([`FakeHost::body_chunk`]).
     body_chunk: Vec<u8>,
+    /// The request body buffered so far ([`FakeHost::request_body_chunk`]), as the filter may have changed it.
+    body: Vec<u8>,
 }
 
 #[derive(Debug, Default)]
@@ -215,6 +217,25 @@ impl FakeHost {
             request.body_chunk = chunk.to_vec();
         }
         state.effective = context_id;
+    }
+
+    /// Another chunk of request `context_id`'s body arrives (appended to what Envoy buffered); the context
+    /// becomes effective. Returns the size buffered so far (what `proxy_on_request_body` reports).
+    pub fn request_body_chunk(&self, context_id: u32, chunk: &[u8]) -> usize {
+        let mut state = self.state.borrow_mut();
+        state.effective = context_id;
+        let Some(request) = state.requests.get_mut(&context_id) else { return 0 };
+        request.body.extend_from_slice(chunk);
+        request.body.len()
+    }
+
+    /// Request `context_id`'s headers and body as they would go upstream now.
+    pub fn upstream_request(&self, context_id: u32) -> (Vec<(String, String)>, Vec<u8>) {
+        let state = self.state.borrow();
+        let Some(request) = state.requests.get(&context_id) else { return (Vec::new(), Vec::new()) };
+        let headers =
+            request.headers.iter().map(|(k, v)| (k.clone(), String::from_utf8_lossy(v).into_owned())).collect();
+        (headers, request.body.clone())
     }
 
     /// Makes a context effective, as the host does before a callback of it (the root for replies/ticks).
@@ -454,6 +475,31 @@ impl Host for FakeHost {
                 return Err(HostError::BadArgument);
             }
             Ok(request.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+        })
+    }
+
+    fn set_request_header(&self, name: &str, value: Option<&str>) -> Result<(), HostError> {
+        self.with_request(|request| {
+            if !request.headers_open {
+                return Err(HostError::BadArgument);
+            }
+            request.headers.retain(|(k, _)| k != name);
+            if let Some(value) = value {
+                request.headers.push((name.to_string(), value.as_bytes().to_vec()));
+            }
+            Ok(())
+        })
+    }
+
+    fn request_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
+        self.with_request(|request| Ok(request.body.get(..size).unwrap_or(&request.body).to_vec()))
+    }
+
+    fn set_request_body(&self, size: usize, body: &[u8]) -> Result<(), HostError> {
+        self.with_request(|request| {
+            let rest = request.body.get(size..).unwrap_or_default().to_vec();
+            request.body = [body, &rest].concat();
+            Ok(())
         })
     }
 

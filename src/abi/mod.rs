@@ -23,6 +23,8 @@ use crate::host::{HeaderMap, Host, HostError, LogLevel};
 
 /// Buffer types of `proxy_get_buffer_bytes` (ABI 0.2.1; 9 is Higress's Redis call response).
 const HTTP_CALL_RESPONSE_BODY: u32 = 4;
+/// proxy-wasm buffer type of the request body (ABI 0.2.1 `BufferType::HttpRequestBody`).
+const REQUEST_BODY: u32 = 0;
 /// proxy-wasm buffer type of the response body (ABI 0.2.1 `BufferType::HttpResponseBody`).
 const RESPONSE_BODY: u32 = 1;
 const PLUGIN_CONFIGURATION: u32 = 7;
@@ -57,6 +59,15 @@ extern "C" {
         value: *const u8,
         value_size: usize,
     ) -> u32;
+    fn proxy_replace_header_map_value(
+        map: u32,
+        key: *const u8,
+        key_size: usize,
+        value: *const u8,
+        value_size: usize,
+    ) -> u32;
+    fn proxy_remove_header_map_value(map: u32, key: *const u8, key_size: usize) -> u32;
+    fn proxy_set_buffer_bytes(kind: u32, start: usize, length: usize, data: *const u8, size: usize) -> u32;
     fn proxy_get_property(path: *const u8, path_size: usize, value: *mut *mut u8, value_size: *mut usize) -> u32;
     fn proxy_set_property(path: *const u8, path_size: usize, value: *const u8, value_size: usize) -> u32;
     fn proxy_get_shared_data(
@@ -217,6 +228,33 @@ impl Host for AbiHost {
         // SAFETY: the host writes a pointer it allocated and its size.
         let bytes = bytes_of(|data, written| unsafe { proxy_get_buffer_bytes(RESPONSE_BODY, 0, size, data, written) })?;
         Ok(bytes.unwrap_or_default())
+    }
+
+    fn set_request_header(&self, name: &str, value: Option<&str>) -> Result<(), HostError> {
+        // SAFETY: the slices live for the call.
+        HostError::check(unsafe {
+            match value {
+                Some(value) => proxy_replace_header_map_value(
+                    REQUEST_HEADERS,
+                    name.as_ptr(),
+                    name.len(),
+                    value.as_ptr(),
+                    value.len(),
+                ),
+                None => proxy_remove_header_map_value(REQUEST_HEADERS, name.as_ptr(), name.len()),
+            }
+        })
+    }
+
+    fn request_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
+        // SAFETY: the host writes a pointer it allocated and its size.
+        let bytes = bytes_of(|data, written| unsafe { proxy_get_buffer_bytes(REQUEST_BODY, 0, size, data, written) })?;
+        Ok(bytes.unwrap_or_default())
+    }
+
+    fn set_request_body(&self, size: usize, body: &[u8]) -> Result<(), HostError> {
+        // SAFETY: the slice lives for the call.
+        HostError::check(unsafe { proxy_set_buffer_bytes(REQUEST_BODY, 0, size, body.as_ptr(), body.len()) })
     }
 
     fn property(&self, path: &[&str]) -> Result<Option<Vec<u8>>, HostError> {

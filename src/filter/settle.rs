@@ -55,11 +55,27 @@ pub(super) fn reserve<H: Host>(
     filter.settling.insert(context_id, Settling { route: Rc::clone(route), items });
 }
 
+/// The request goes upstream with reservations to settle: one whose cost is read from the response body
+/// asks the upstream for it uncompressed (`accept-encoding: identity`), so the usage can be read (the
+/// client, which may have accepted gzip, gets an identity-encoded response; docs/configuration.md,
+/// "Content codings").
+pub(super) fn before_upstream<H: Host>(filter: &mut Filter<H>, context_id: u32) {
+    let Some(settling) = filter.settling.get(&context_id) else { return };
+    let reads_body = settling.items.iter().any(|item| {
+        let rule = settling.route.config.rules.get(item.reservation.rule);
+        matches!(rule.and_then(|rule| rule.cost.as_ref()).map(|cost| &cost.settle), Some(Settle::Usage(_)))
+    });
+    if reads_body && filter.host.set_request_header("accept-encoding", Some("identity")).is_err() {
+        super::end::host_refused(filter, "proxy_replace_header_map_value");
+    }
+}
+
 /// The response headers arrived: a cost in a header is read now; a usage in the body is read from the
 /// body on (a server-sent event stream if the `content-type` says `text/event-stream`).
 pub(super) fn on_response_headers<H: Host>(filter: &mut Filter<H>, context_id: u32) {
     let Some(settling) = filter.settling.get_mut(&context_id) else { return };
     let mut event_stream = None;
+    let mut encoded = None;
     for item in &mut settling.items {
         let Some(cost) = settling.route.config.rules.get(item.reservation.rule).and_then(|rule| rule.cost.as_ref())
         else {
@@ -68,6 +84,15 @@ pub(super) fn on_response_headers<H: Host>(filter: &mut Filter<H>, context_id: u
         match &cost.settle {
             Settle::ResponseHeader(name) => item.cost = header_number(&filter.host, name),
             Settle::Usage(spec) => {
+                // A body the upstream compressed although asked not to cannot be read: the reservation
+                // stays (settled_without_usage).
+                let encoded = *encoded.get_or_insert_with(|| {
+                    matches!(filter.host.response_header("content-encoding"),
+                        Ok(Some(value)) if !value.is_empty() && !value.eq_ignore_ascii_case(b"identity"))
+                });
+                if encoded {
+                    continue;
+                }
                 let event_stream = *event_stream.get_or_insert_with(|| {
                     matches!(filter.host.response_header("content-type"),
                         Ok(Some(value)) if value.starts_with(b"text/event-stream"))

@@ -248,3 +248,36 @@ fn the_degraded_mode_charges_each_request_its_own_reservation_and_settles_it_loc
     assert!(degraded_request(&host, &mut filter, 8, "9000"), "1,000 + 9,000 fits");
     assert!(!degraded_request(&host, &mut filter, 10, "1"));
 }
+
+#[test]
+fn a_request_whose_usage_is_read_from_the_body_asks_the_upstream_for_identity() {
+    let (host, mut filter) = configure(r#"{"reserve":1000,"settle":{"usage":"openai"}}"#);
+    host.request(2, &[(":path", "/v1/chat/completions"), ("x-key", "alice"), ("accept-encoding", "gzip, deflate")]);
+    assert_eq!(filter.on_request_headers(2), Action::Pause);
+    answer(&host, &mut filter, host.last_token().unwrap(), &acquired(9_000));
+    let (headers, _) = host.upstream_request(2);
+    let accept: Vec<&str> = headers.iter().filter(|(k, _)| k == "accept-encoding").map(|(_, v)| v.as_str()).collect();
+    assert_eq!(accept, ["identity"], "the SDKs' gzip would hide the usage");
+    // An upstream that compresses anyway: the body cannot be read, the reservation stays.
+    let gzip = [0x1f_u8, 0x8b, 8, 0, 0, 0, 0, 0];
+    host.upstream_response(
+        2,
+        &[(":status", "200"), ("content-type", "application/json"), ("content-encoding", "gzip")],
+    );
+    filter.on_response_headers(2);
+    host.body_chunk(2, &gzip);
+    filter.on_response_body(2, gzip.len(), true);
+    tick(&host, &mut filter);
+    assert!(settle_calls(&host).is_empty());
+    assert_eq!(host.counter(&format!("{NAME}.settled_without_usage")), 1);
+}
+
+#[test]
+fn a_cost_read_from_a_response_header_leaves_the_accepted_codings_alone() {
+    let (host, mut filter) = configure(r#"{"reserve":400,"settle":{"response_header":"x-cost"}}"#);
+    host.request(2, &[(":path", "/"), ("x-key", "alice"), ("accept-encoding", "gzip")]);
+    filter.on_request_headers(2);
+    answer(&host, &mut filter, host.last_token().unwrap(), &acquired(9_000));
+    let (headers, _) = host.upstream_request(2);
+    assert!(headers.contains(&("accept-encoding".into(), "gzip".into())));
+}
