@@ -49,7 +49,16 @@ pub enum KeySource {
     /// put in the request's filter state or dynamic metadata; its value as the host serializes it (a
     /// string's bytes).
     Property(Vec<String>),
+    /// A field of the JSON request body, by dotted paths tried in order (the first present wins): its
+    /// string's bytes, or a number's decimal text; missing when the body is not JSON, is larger than
+    /// [`MAX_REQUEST_BODY`], or has none of them. E.g. `model` (per-model limits) or a reservation's
+    /// `max_tokens`. A rule reading it holds the request until its body has arrived.
+    Body(Vec<Vec<String>>),
 }
+
+/// The most request-body bytes read for [`KeySource::Body`]: 64 KiB. A larger body is not read (its
+/// fields are missing) and the request is decided when this much has arrived.
+pub const MAX_REQUEST_BODY: usize = 64 * 1024;
 
 /// How much of an address a [`KeySource::Network`] key keeps: prefix lengths in bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,6 +114,9 @@ impl KeySource {
             KeySource::Property(path) if path.is_empty() || path.iter().any(String::is_empty) => {
                 Err("a property path needs non-empty segments".into())
             }
+            KeySource::Body(paths) if paths.is_empty() || paths.iter().flatten().any(String::is_empty) => {
+                Err("a body field needs a dotted path of non-empty names, such as \"model\"".into())
+            }
             _ => Ok(()),
         }
     }
@@ -117,7 +129,20 @@ impl KeySource {
             KeySource::Cookie(_) => Some("cookie"),
             KeySource::XForwardedFor(_) => Some("x-forwarded-for"),
             KeySource::Network { of, .. } => of.header_name(),
-            KeySource::ClientIp | KeySource::Global | KeySource::Composite(_) | KeySource::Property(_) => None,
+            KeySource::ClientIp
+            | KeySource::Global
+            | KeySource::Composite(_)
+            | KeySource::Property(_)
+            | KeySource::Body(_) => None,
+        }
+    }
+
+    /// Whether this source reads the request body (itself, or a part of a composite key).
+    pub fn reads_body(&self) -> bool {
+        match self {
+            KeySource::Body(_) => true,
+            KeySource::Composite(parts) => parts.iter().any(KeySource::reads_body),
+            _ => false,
         }
     }
 }
@@ -131,6 +156,11 @@ pub trait RequestView {
     /// A property by its path segments, as the host serializes it; `None` when absent (and where no host
     /// answers properties, as in `erl-admin explain`).
     fn property(&self, _path: &[&str]) -> Option<Vec<u8>> {
+        None
+    }
+    /// A field of the JSON request body by its path (object member names): a string's bytes or a number's
+    /// text; `None` when absent, another kind of value, or no body was read.
+    fn body_field(&self, _path: &[String]) -> Option<Vec<u8>> {
         None
     }
 }
@@ -172,6 +202,7 @@ pub fn extract(source: &KeySource, request: &impl RequestView) -> KeyValue {
             let path: Vec<&str> = path.iter().map(String::as_str).collect();
             request.property(&path)
         }
+        KeySource::Body(paths) => paths.iter().find_map(|path| request.body_field(path)),
         KeySource::Composite(parts) => {
             let mut values = Vec::with_capacity(parts.len());
             for part in parts {

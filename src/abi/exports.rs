@@ -124,10 +124,29 @@ pub extern "C" fn proxy_on_configure(context_id: u32, _plugin_configuration_size
     .is_some()
 }
 
-/// The request headers arrived: decide, or pause until Redis answers.
+/// The request headers arrived: decide, or pause until Redis answers (or until the body has arrived, for
+/// a rule that reads it).
 #[no_mangle]
-pub extern "C" fn proxy_on_request_headers(context_id: u32, _num_headers: usize, _end_of_stream: bool) -> u32 {
-    with_vm(|vm| vm.filter(context_id).map(|filter| filter.on_request_headers(context_id)))
+pub extern "C" fn proxy_on_request_headers(context_id: u32, _num_headers: usize, end_of_stream: bool) -> u32 {
+    with_vm(|vm| vm.filter(context_id).map(|filter| filter.on_request_start(context_id, !end_of_stream)))
+        .flatten()
+        .unwrap_or(Action::Continue) as u32
+}
+
+/// A request body chunk (`body_size`: all buffered so far): a request waiting for its body is decided at
+/// its end; others go on. (A host skips the callback when the module does not export it; this one returns
+/// at once for a request that waits for nothing.)
+#[no_mangle]
+pub extern "C" fn proxy_on_request_body(context_id: u32, body_size: usize, end_of_stream: bool) -> u32 {
+    with_vm(|vm| vm.filter(context_id).map(|filter| filter.on_request_body(context_id, body_size, end_of_stream)))
+        .flatten()
+        .unwrap_or(Action::Continue) as u32
+}
+
+/// The request trailers arrived: the request body ended, a request waiting for it is decided.
+#[no_mangle]
+pub extern "C" fn proxy_on_request_trailers(context_id: u32, _num_trailers: usize) -> u32 {
+    with_vm(|vm| vm.filter(context_id).map(|filter| filter.on_request_trailers(context_id)))
         .flatten()
         .unwrap_or(Action::Continue) as u32
 }

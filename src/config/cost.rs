@@ -12,8 +12,8 @@ use super::reader::Object;
 use super::ConfigError;
 
 const COST_FIELDS: &[&str] = &["reserve", "settle"];
-const RESERVE_FIELDS: &[&str] = &["header", "property", "default"];
-const SETTLE_FIELDS: &[&str] = &["usage", "response_header"];
+const RESERVE_FIELDS: &[&str] = &["header", "property", "body", "default"];
+const SETTLE_FIELDS: &[&str] = &["usage", "response_header", "include_usage"];
 const USAGE_FIELDS: &[&str] = &["paths"];
 
 /// A rule's `cost`: the reservation and where the real cost is read.
@@ -23,7 +23,22 @@ pub struct Cost {
     pub reserve: Reserve,
     /// Where the real cost comes from when the response ends.
     pub settle: Settle,
+    /// `settle.include_usage` (with `"usage": "openai"`): a streamed OpenAI chat request whose body has no
+    /// `stream_options` gets `"stream_options": {"include_usage": true}` added, so its stream reports the
+    /// usage (OpenAI sends it only when asked; the client then also receives that last chunk).
+    pub include_usage: bool,
 }
+
+/// The request-body fields that hold the output tokens a request may cost, by API, tried in order:
+/// OpenAI chat completions' `max_completion_tokens` (and the older `max_tokens`), the Responses API's
+/// `max_output_tokens` (<https://platform.openai.com/docs/api-reference>), Anthropic messages' `max_tokens`
+/// (<https://docs.anthropic.com/en/api/messages>), Gemini's `generationConfig.maxOutputTokens`
+/// (<https://ai.google.dev/api/generate-content#generationconfig>).
+pub const RESERVE_BODY_FIELDS: [(&str, &[&str]); 3] = [
+    ("openai", &["max_completion_tokens", "max_tokens", "max_output_tokens"]),
+    ("anthropic", &["max_tokens"]),
+    ("gemini", &["generationConfig.maxOutputTokens"]),
+];
 
 /// The permits a request reserves (`cost.reserve`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,12 +86,20 @@ pub(super) fn read_cost(mut cost: Object<'_>, rate: u64) -> Result<Cost, ConfigE
         }
         Some(value @ Value::Object(_)) => {
             let mut reserve = Object::new(value, &cost.path_of("reserve"))?;
-            let source = match (reserve.string("header")?, reserve.get("property")) {
-                (Some(name), None) if !name.trim().is_empty() => KeySource::header(&name),
-                (None, Some(path)) => KeySource::Property(
+            let source = match (reserve.string("header")?, reserve.get("property"), reserve.get("body")) {
+                (Some(name), None, None) if !name.trim().is_empty() => KeySource::header(&name),
+                (None, Some(path), None) => KeySource::Property(
                     super::rules::read_property_path(path).map_err(|why| reserve.error("property", why))?,
                 ),
-                _ => return Err(ConfigError::new(reserve.path(), "needs either a non-empty `header` or a `property`")),
+                (None, None, Some(body)) => {
+                    KeySource::Body(read_body_fields(body).map_err(|why| reserve.error("body", why))?)
+                }
+                _ => {
+                    return Err(ConfigError::new(
+                        reserve.path(),
+                        "needs exactly one of a non-empty `header`, a `property` or a `body`",
+                    ))
+                }
             };
             let default = reserve.required("default", Object::u64)?;
             if default == 0 || default > rate {
@@ -86,26 +109,35 @@ pub(super) fn read_cost(mut cost: Object<'_>, rate: u64) -> Result<Cost, ConfigE
             Reserve::From { source, default }
         }
         Some(_) => {
-            return Err(cost
-                .error("reserve", "must be a number of permits or {\"header\"|\"property\": ..., \"default\": ...}"))
+            return Err(cost.error(
+                "reserve",
+                "must be a number of permits or {\"header\"|\"property\"|\"body\": ..., \"default\": ...}",
+            ))
         }
     };
     let mut settle = cost.required("settle", Object::object)?;
     let settle_path = settle.path();
+    let include_usage = settle.boolean("include_usage")?.unwrap_or(false);
     let settle = match (settle.get("usage"), settle.string("response_header")?) {
         (Some(usage), None) => {
             let spec = read_usage(usage, &settle.path_of("usage"))?;
+            if include_usage && spec != UsageFormat::OpenAi {
+                return Err(settle.error("include_usage", "applies to `\"usage\": \"openai\"` only"));
+            }
             settle.finish(SETTLE_FIELDS)?;
             Settle::Usage(spec)
         }
         (None, Some(header)) if !header.is_empty() => {
+            if include_usage {
+                return Err(settle.error("include_usage", "applies to `\"usage\": \"openai\"` only"));
+            }
             settle.finish(SETTLE_FIELDS)?;
             Settle::ResponseHeader(header.to_ascii_lowercase())
         }
         _ => return Err(ConfigError::new(settle_path, "needs either `usage` or a non-empty `response_header`")),
     };
     cost.finish(COST_FIELDS)?;
-    Ok(Cost { reserve, settle })
+    Ok(Cost { reserve, settle, include_usage })
 }
 
 /// `usage`: `"openai"`, `"anthropic"`, `"gemini"`, or `{"paths": ["a.b", ...]}` (1 to 8 dotted paths).
@@ -141,5 +173,32 @@ fn read_usage(value: &Value, path: &str) -> Result<UsageFormat, ConfigError> {
             Ok(UsageFormat::Paths(paths))
         }
         _ => Err(ConfigError::new(path, "must be `openai`, `anthropic`, `gemini` or {\"paths\": [...]}")),
+    }
+}
+
+/// `reserve.body`: an API's name (`"openai"`, `"anthropic"`, `"gemini"`: [`RESERVE_BODY_FIELDS`]) or
+/// `{"paths": ["a.b", ...]}` (1 to 8 dotted paths, the first present wins).
+fn read_body_fields(value: &Value) -> Result<Vec<Vec<String>>, String> {
+    let dotted = |text: &str| text.split('.').map(str::to_string).collect::<Vec<_>>();
+    match value {
+        Value::String(name) => match RESERVE_BODY_FIELDS.iter().find(|(api, _)| api == name) {
+            Some((_, fields)) => Ok(fields.iter().map(|field| dotted(field)).collect()),
+            None => Err(format!(
+                "unknown variant `{}`, expected `openai`, `anthropic`, `gemini` or {{\"paths\": [...]}}",
+                crate::quote::escaped(name)
+            )),
+        },
+        Value::Object(map) if map.len() == 1 && map.contains_key("paths") => {
+            let items = map.get("paths").and_then(Value::as_array).filter(|items| (1..=8).contains(&items.len()));
+            let items = items.ok_or("`paths` must hold 1 to 8 dotted paths")?;
+            items
+                .iter()
+                .map(|item| match item.as_str() {
+                    Some(text) if !text.is_empty() && text.split('.').all(|part| !part.is_empty()) => Ok(dotted(text)),
+                    _ => Err("each path must be a dotted path such as \"max_tokens\"".to_string()),
+                })
+                .collect()
+        }
+        _ => Err("must be `openai`, `anthropic`, `gemini` or {\"paths\": [...]}".into()),
     }
 }

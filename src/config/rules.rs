@@ -296,7 +296,7 @@ fn read_lease(mut lease: Object<'_>, rate: u64, interval_ms: u64, permits: u64) 
 /// composite key).
 fn read_key_source(value: &Value) -> Result<KeySource, String> {
     const UNITS: &str = "`client_ip`, `path`, `global`";
-    const KEYED: &str = "`header`, `query`, `cookie`, `x_forwarded_for`, `client_ip`, `property`";
+    const KEYED: &str = "`header`, `query`, `cookie`, `x_forwarded_for`, `client_ip`, `property`, `body`";
     let source = match value {
         Value::Array(parts) => KeySource::Composite(
             parts
@@ -323,6 +323,7 @@ fn read_key_source(value: &Value) -> Result<KeySource, String> {
                 "cookie" => KeySource::Cookie(name()?),
                 "client_ip" => read_network(argument, KeySource::ClientIp, kind)?,
                 "property" => KeySource::Property(read_property_path(argument)?),
+                "body" => KeySource::Body(vec![read_body_path(argument)?]),
                 "x_forwarded_for" if argument.is_object() => {
                     let hops = argument.get("hops").and_then(Value::as_u64).and_then(|n| u32::try_from(n).ok());
                     let hops = hops.ok_or("`x_forwarded_for.hops` must be a whole number of trusted hops")?;
@@ -379,4 +380,17 @@ fn read_network(argument: &Value, of: KeySource, kind: &str) -> Result<KeySource
     }
     let prefix = IpPrefix { ipv4: prefix("ipv4_prefix", 32)?, ipv6: prefix("ipv6_prefix", 128)? };
     Ok(KeySource::Network { of: Box::new(of), prefix })
+}
+
+/// A dotted path into the JSON request body (`"model"`, `"generationConfig.maxOutputTokens"`), as its
+/// member names.
+///
+/// # Errors
+/// A sentence when it is not a string of non-empty dot-separated names.
+pub(super) fn read_body_path(value: &Value) -> Result<Vec<String>, String> {
+    let text = value.as_str().ok_or("`body` must be a dotted path such as \"model\"")?;
+    if text.is_empty() || text.split('.').any(str::is_empty) {
+        return Err("`body` must be a dotted path of non-empty names, such as \"model\"".into());
+    }
+    Ok(text.split('.').map(str::to_string).collect())
 }

@@ -51,6 +51,7 @@ use crate::transport::{CallId, CallKind, Failure};
 
 use coalesce::Coalescer;
 
+mod body;
 mod coalesce;
 #[cfg(test)]
 mod coalesce_tests;
@@ -174,7 +175,13 @@ pub struct Filter<H: Host> {
     name_buffer: String,
     /// Reservations of allowed requests (rules with `cost`), by HTTP context id, until their response ends.
     settling: IdMap<settle::Settling>,
-    /// Settle calls for the next tick (sent from the root context).
+    /// Requests waiting for their body before they are decided (a rule reads it), with their route.
+    awaiting_body: IdMap<Rc<Route>>,
+    /// Requests whose buffered body (of this many bytes) gets `stream_options.include_usage` when they go
+    /// upstream with a reservation of a rule that asks for it.
+    body_rewrites: IdMap<usize>,
+    /// Give-back calls for the next tick, sent from this root context: settles, and the lease settlements a
+    /// configuration that went away left ([`Filter::adopt`]).
     outbox: Vec<GiveBackCall>,
 }
 
@@ -262,6 +269,8 @@ impl<H: Host> Filter<H> {
             name_buffer: String::new(),
             settling: IdMap::default(),
             outbox: Vec::new(),
+            awaiting_body: IdMap::default(),
+            body_rewrites: IdMap::default(),
             routes,
             host,
         })
@@ -281,6 +290,13 @@ impl<H: Host> Filter<H> {
 
     /// `proxy_on_request_headers`: decides at once, or sends the request's calls and pauses.
     pub fn on_request_headers(&mut self, context_id: u32) -> Action {
+        self.on_request_start(context_id, false)
+    }
+
+    /// `proxy_on_request_headers` with `body_follows` = not the end of the stream: decides (or sends the
+    /// request's calls and pauses) now, or, when a rule of the request's route reads the request body and
+    /// a body follows, pauses until it has arrived ([`Filter::on_request_body`]).
+    pub fn on_request_start(&mut self, context_id: u32, body_follows: bool) -> Action {
         self.confirm_client_id();
         if !self.ticking && self.has_timed_work() {
             // Work handed over while this root's tick could not be set (flow::start_tick): set it now, from
@@ -288,11 +304,40 @@ impl<H: Host> Filter<H> {
             flow::start_tick(self);
         }
         let Some(route) = self.select() else { return Action::Continue };
+        if route.reads_body && body_follows {
+            self.awaiting_body.insert(context_id, route);
+            return Action::Pause;
+        }
+        self.decide(context_id, route, None)
+    }
+
+    /// `proxy_on_request_body`: a request waiting for its body (`size` bytes buffered so far; `end`: all of
+    /// it) is decided once the body has arrived or passed [`crate::key::MAX_REQUEST_BODY`]; until then Envoy
+    /// buffers it. Other requests go on.
+    pub fn on_request_body(&mut self, context_id: u32, size: usize, end: bool) -> Action {
+        if self.awaiting_body.is_empty() {
+            return Action::Continue;
+        }
+        body::on_request_body(self, context_id, Some(size), end)
+    }
+
+    /// `proxy_on_request_trailers`: the request body ended (with trailers): a request waiting for it is
+    /// decided.
+    pub fn on_request_trailers(&mut self, context_id: u32) -> Action {
+        if self.awaiting_body.is_empty() {
+            return Action::Continue;
+        }
+        body::on_request_body(self, context_id, None, true)
+    }
+
+    /// Decides request `context_id` of `route` (with its JSON request body, if one was read), or sends its
+    /// calls and pauses.
+    fn decide(&mut self, context_id: u32, route: Rc<Route>, body: Option<&serde_json::Value>) -> Action {
         let now_ms = self.host.now_ms();
         let skip_redis = route.skips_redis(now_ms);
         let start = with_context!(self, route, now_ms, skip_redis, |ctx| {
             let random = &mut self.random;
-            let request = HostRequest(&self.host);
+            let request = HostRequest(&self.host, body);
             limiter::start(&ctx, &request, &mut || ids::member_random(random), &mut self.name_buffer)
         });
         let action = match start {
@@ -367,6 +412,12 @@ impl<H: Host> Filter<H> {
         }
         if !self.settling.is_empty() {
             settle::on_done(self, context_id);
+        }
+        if !self.awaiting_body.is_empty() {
+            self.awaiting_body.remove(&context_id);
+        }
+        if !self.body_rewrites.is_empty() {
+            self.body_rewrites.remove(&context_id);
         }
     }
 
@@ -445,8 +496,9 @@ impl<H: Host> Filter<H> {
     }
 }
 
-/// The request as the host shows it (the effective context's headers and properties).
-struct HostRequest<'a, H: Host>(&'a H);
+/// The request as the host shows it (the effective context's headers and properties), and its JSON body
+/// when it was read.
+struct HostRequest<'a, H: Host>(&'a H, Option<&'a serde_json::Value>);
 
 impl<H: Host> RequestView for HostRequest<'_, H> {
     fn header(&self, name: &str) -> Option<Vec<u8>> {
@@ -460,5 +512,9 @@ impl<H: Host> RequestView for HostRequest<'_, H> {
 
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
         self.0.property(path).ok().flatten()
+    }
+
+    fn body_field(&self, path: &[String]) -> Option<Vec<u8>> {
+        body::field(self.1?, path)
     }
 }

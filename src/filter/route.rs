@@ -9,11 +9,12 @@ use core::cell::{Cell, RefCell};
 use crate::prelude::*;
 
 use crate::block::{fnv1a, Block, BlockTable, RecentBlocks};
-use crate::config::{PluginConfig, TransportKind};
+use crate::config::{PluginConfig, Reserve, TransportKind};
 use crate::fallback::{Circuit, Local, WindowTable};
 use crate::host::{Host, LogLevel};
 use crate::host_redis::HostRedis;
 use crate::http_bridge::HttpBridge;
+use crate::key::KeySource;
 use crate::limiter::{Blocks, LocalWindows, Plan};
 use crate::script::Encoding;
 use crate::transport::{CallId, Failure};
@@ -35,6 +36,9 @@ pub(super) struct Route {
     pub(super) blocks: BlockTable,
     /// `failure_mode: "local"`: its local windows, and this VM's circuit breaker.
     pub(super) fallback: Option<Fallback>,
+    /// A rule reads the request body (`{"body": ...}` in `limit_by`, `rates_by` or `cost.reserve`): its
+    /// requests are decided once the body has arrived.
+    pub(super) reads_body: bool,
     /// `rule.<name>.<outcome>` of each rule entry.
     pub(super) counters: Vec<RuleCounters>,
 }
@@ -66,7 +70,15 @@ impl Route {
             windows.create_slots(host);
             Fallback { windows, probe_interval_ms: settings.probe_interval_ms, circuit: Cell::default() }
         });
-        Route { index, plan: Plan::new(&config, client_id), config, transport, blocks, fallback, counters }
+        let reads_body = config.rules.iter().any(|rule| {
+            let reserve = rule.cost.as_ref().and_then(|cost| match &cost.reserve {
+                Reserve::From { source, .. } => Some(source),
+                Reserve::Fixed(_) => None,
+            });
+            [Some(&rule.source), rule.rates_by.as_ref(), reserve].into_iter().flatten().any(KeySource::reads_body)
+        });
+        let plan = Plan::new(&config, client_id);
+        Route { index, plan, config, transport, blocks, fallback, counters, reads_body }
     }
 
     /// Whether a request at `now_ms` skips Redis (the degraded mode's circuit is open and no probe is due).

@@ -281,3 +281,94 @@ fn a_cost_read_from_a_response_header_leaves_the_accepted_codings_alone() {
     let (headers, _) = host.upstream_request(2);
     assert!(headers.contains(&("accept-encoding".into(), "gzip".into())));
 }
+
+/// Request `context_id` of key `key` whose JSON body arrives in `chunks` after its headers: what the
+/// filter answered to the headers and to each chunk.
+fn with_body(
+    host: &FakeHost,
+    filter: &mut Filter<FakeHost>,
+    context_id: u32,
+    key: &str,
+    chunks: &[&str],
+) -> Vec<Action> {
+    host.request(
+        context_id,
+        &[(":path", "/v1/chat/completions"), ("x-key", key), ("content-length", "0"), ("accept-encoding", "gzip")],
+    );
+    let mut actions = vec![filter.on_request_start(context_id, !chunks.is_empty())];
+    for (index, chunk) in chunks.iter().enumerate() {
+        let size = host.request_body_chunk(context_id, chunk.as_bytes());
+        actions.push(filter.on_request_body(context_id, size, index + 1 == chunks.len()));
+    }
+    actions
+}
+
+#[test]
+fn the_reservation_comes_from_the_json_request_body_once_it_has_arrived() {
+    let (host, mut filter) = configure(r#"{"reserve":{"body":"openai","default":500},"settle":{"usage":"openai"}}"#);
+    let body =
+        r#"{"model":"gpt-5","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":1200,"max_tokens":9}"#;
+    let (a, b) = body.split_at(40);
+    let actions = with_body(&host, &mut filter, 2, "alice", &[a, b]);
+    assert_eq!(actions, [Action::Pause, Action::Pause, Action::Pause], "held until the body is whole, then sent");
+    assert_eq!(acquired_permits(&host), "1200", "max_completion_tokens first");
+    answer(&host, &mut filter, host.last_token().unwrap(), &acquired(100));
+    assert_eq!(host.end(2), Some(crate::testing::End::Resumed));
+    let cases: [(u32, &[&str], &str); 4] = [
+        (4, &[r#"{"max_tokens":77}"#], "77"),
+        (6, &["not json"], "500"),
+        (8, &[r#"{"max_tokens":"lots"}"#], "500"),
+        (10, &[], "500"), // no body follows the headers: decided at once
+    ];
+    for (context_id, chunks, expected) in cases {
+        with_body(&host, &mut filter, context_id, "alice", chunks);
+        assert_eq!(acquired_permits(&host), expected, "{chunks:?}");
+        answer(&host, &mut filter, host.last_token().unwrap(), &acquired(100));
+    }
+}
+
+#[test]
+fn a_body_larger_than_the_limit_is_decided_with_the_default_without_waiting_for_its_end() {
+    let (host, mut filter) =
+        configure(r#"{"reserve":{"body":"anthropic","default":500},"settle":{"usage":"anthropic"}}"#);
+    let big =
+        format!(r#"{{"max_tokens":3000,"messages":[{{"content":"{}"}}"#, "x".repeat(crate::key::MAX_REQUEST_BODY));
+    let actions = with_body(&host, &mut filter, 2, "alice", &[&big, "]}"]);
+    assert_eq!(actions[..2], [Action::Pause, Action::Pause]);
+    assert_eq!(acquired_permits(&host), "500", "past 64 KiB the body is not read");
+}
+
+#[test]
+fn limit_by_a_body_field_keeps_models_apart() {
+    let host = FakeHost::new();
+    let rule = r#"{"name":"tokens","limit_by":{"body":"model"},"rate":10000,"interval":"1m","cost":{"reserve":{"body":"openai","default":500},"settle":{"usage":"openai"}}}"#;
+    let mut filter =
+        Filter::configure(host.clone(), format!(r#"{{{BRIDGE},"rules":[{rule}]}}"#).as_bytes(), true).unwrap();
+    with_body(&host, &mut filter, 2, "alice", &[r#"{"model":"gpt-5","max_tokens":10}"#]);
+    let call = String::from_utf8(host.http_calls().pop().unwrap().body).unwrap();
+    assert!(call.contains("/erl%3Atokens%3Agpt%2D5/"), "{call}");
+    with_body(&host, &mut filter, 4, "alice", &[r#"{"max_tokens":10}"#]);
+    assert_eq!(host.http_calls().len(), 1, "no model: the key is missing, on_missing (allow) lets it through");
+}
+
+#[test]
+fn include_usage_adds_the_stream_option_to_a_streamed_request_that_lacks_it() {
+    let (host, mut filter) =
+        configure(r#"{"reserve":{"body":"openai","default":500},"settle":{"usage":"openai","include_usage":true}}"#);
+    let streamed = r#"{"model":"m","stream":true,"max_tokens":10}"#;
+    with_body(&host, &mut filter, 2, "alice", &[streamed]);
+    answer(&host, &mut filter, host.last_token().unwrap(), &acquired(100));
+    let (headers, body) = host.upstream_request(2);
+    let body = String::from_utf8(body).unwrap();
+    assert_eq!(body, r#"{"stream_options":{"include_usage":true},"model":"m","stream":true,"max_tokens":10}"#);
+    assert!(headers.contains(&("content-length".into(), body.len().to_string())), "{headers:?}");
+    assert!(headers.contains(&("accept-encoding".into(), "identity".into())));
+    for (context_id, sent) in [
+        (4, r#"{"model":"m","stream":true,"stream_options":{"include_usage":false}}"#),
+        (6, r#"{"model":"m","max_tokens":10}"#),
+    ] {
+        with_body(&host, &mut filter, context_id, "alice", &[sent]);
+        answer(&host, &mut filter, host.last_token().unwrap(), &acquired(100));
+        assert_eq!(String::from_utf8(host.upstream_request(context_id).1).unwrap(), sent, "left as the client sent it");
+    }
+}

@@ -1043,8 +1043,8 @@ pub fn reference_value(source: &KeySource, request: &Request) -> KeyValue {
     let value = match source {
         KeySource::Global => return KeyValue::Global,
         KeySource::Header(name) => header(name),
-        // This request answers no property (no host): a property key is missing.
-        KeySource::Property(_) => None,
+        // This request answers no property (no host) and has no body: such a key is missing.
+        KeySource::Property(_) | KeySource::Body(_) => None,
         KeySource::Path => header(":path").map(|p| p.split(|&b| b == b'?').next().unwrap_or_default().to_vec()),
         KeySource::Query(name) => header(":path").and_then(|path| {
             // Form decoding to bytes (no UTF-8 assumed), the first pair whose decoded name matches. Every

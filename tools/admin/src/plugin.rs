@@ -153,6 +153,10 @@ pub fn key_source(source: &KeySource) -> serde_json::Value {
         }
         KeySource::Composite(parts) => serde_json::Value::Array(parts.iter().map(key_source).collect()),
         KeySource::Property(path) => json!({ "property": path }),
+        KeySource::Body(paths) => match paths.as_slice() {
+            [only] => json!({ "body": only.join(".") }),
+            _ => json!({ "body": { "paths": paths.iter().map(|path| path.join(".")).collect::<Vec<_>>() } }),
+        },
     }
 }
 
