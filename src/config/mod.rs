@@ -761,8 +761,23 @@ mod tests {
                     "\"1s\"",
                     "\"1s\",\"cost\":{\"reserve\":{\"default\":1},\"settle\":{\"usage\":\"openai\"}}",
                 ),
-                "rules[0].cost.reserve: needs either a non-empty `header` or a `property`",
+                "rules[0].cost.reserve: needs exactly one of a non-empty `header`, a `property` or a `body`",
             ),
+            (
+                MINIMAL.replace(
+                    "\"1s\"",
+                    "\"1s\",\"cost\":{\"reserve\":{\"body\":\"cohere\",\"default\":1},\"settle\":{\"usage\":\"openai\"}}",
+                ),
+                "rules[0].cost.reserve.body: unknown variant `cohere`",
+            ),
+            (
+                MINIMAL.replace(
+                    "\"1s\"",
+                    "\"1s\",\"cost\":{\"reserve\":1,\"settle\":{\"usage\":\"anthropic\",\"include_usage\":true}}",
+                ),
+                "rules[0].cost.settle.include_usage: applies to",
+            ),
+            (MINIMAL.replace("\"global\"", "{\"body\":\"a..b\"}"), "rules[0].limit_by: `body` must be a dotted path"),
             (
                 MINIMAL.replace("}]}", "},{\"name\":\"r\",\"limit_by\":\"path\",\"rate\":1,\"interval\":1}]}"),
                 "rules[1].name: duplicate rule name",
