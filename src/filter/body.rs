@@ -53,7 +53,8 @@ pub(super) fn on_request_body<H: Host>(
     filter.decide(context_id, route, body.as_ref())
 }
 
-/// A field of a JSON body by its path of member names: a string's bytes, or a number's text.
+/// A field of a JSON body by its path of member names: a string's bytes, or a whole number's decimal text
+/// (a fraction is no value).
 pub(super) fn field(body: &Value, path: &[String]) -> Option<Vec<u8>> {
     let mut value = body;
     for name in path {
@@ -61,7 +62,12 @@ pub(super) fn field(body: &Value, path: &[String]) -> Option<Vec<u8>> {
     }
     match value {
         Value::String(text) => Some(text.as_bytes().to_vec()),
-        Value::Number(number) => Some(number.to_string().into_bytes()),
+        // Whole numbers only (no float formatting in the module): a `max_tokens` or a numeric id.
+        Value::Number(number) => match (number.as_u64(), number.as_i64()) {
+            (Some(whole), _) => Some(format!("{whole}").into_bytes()),
+            (None, Some(negative)) => Some(format!("{negative}").into_bytes()),
+            (None, None) => None,
+        },
         _ => None,
     }
 }
