@@ -128,6 +128,29 @@ impl BlockTable {
     }
 }
 
+impl BlockTable {
+    /// Adds `permits` to the free permits of limiter `name`'s live block: a settle gave them back to the
+    /// window in Redis (a reservation settled below its size), so requests for up to that many more would
+    /// be admitted before the block ends. Compare-and-swap with a few retries; a lost race or a refused
+    /// hostcall leaves the block as it was (stricter than Redis until it ends, never looser).
+    pub fn raise(&self, host: &impl Host, name: &str, permits: u64, now_ms: u64) {
+        let key = self.key(name);
+        let key = key.as_str();
+        for _ in 0..4 {
+            let Ok((current, cas)) = host.get_shared_data(key) else { return };
+            let Some((generation, mut block, stored)) = current.as_deref().and_then(decode) else { return };
+            if generation != self.generation || now_ms >= block.until_ms || !same_bytes(stored, name.as_bytes()) {
+                return;
+            }
+            block.available = block.available.saturating_add(permits);
+            match host.set_shared_data(key, &encode(self.generation, &block, name), cas) {
+                Err(HostError::CasMismatch) => continue,
+                _ => return,
+            }
+        }
+    }
+}
+
 /// Whether two byte strings are equal, compared 8 bytes at a time (wasi-libc's `memcmp`, which `==` calls,
 /// goes byte by byte: ~15 wasm instructions per byte of a limiter name on every blocked request).
 pub fn same_bytes(a: &[u8], b: &[u8]) -> bool {

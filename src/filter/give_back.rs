@@ -116,9 +116,20 @@ pub(super) fn on_give_back_reply<H: Host>(
     let failure = match reply {
         Err(failure) => failure,
         Ok(bytes) if bytes.first() == Some(&b':') => {
-            if call.kind == GiveBackKind::Lease {
-                filter.leases.settled(&call.name, &call.settlement.random, true);
-                send_lease_settlements(filter, &call.route);
+            match call.kind {
+                GiveBackKind::Lease => {
+                    filter.leases.settled(&call.name, &call.settlement.random, true);
+                    send_lease_settlements(filter, &call.route);
+                }
+                GiveBackKind::Settle => {
+                    // The window in Redis holds the unused permits again: a local block of the limiter
+                    // (computed before) must not reject what Redis now admits.
+                    let returned = call.settlement.granted.saturating_sub(call.settlement.used);
+                    if returned > 0 {
+                        call.route.blocks.raise(&filter.host, &call.name, returned, filter.host.now_ms());
+                    }
+                }
+                GiveBackKind::Request | GiveBackKind::Handed => {}
             }
             return;
         }

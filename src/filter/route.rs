@@ -146,12 +146,15 @@ pub(super) struct SharedBlocks<'a, H: Host> {
 }
 
 impl<H: Host> Blocks for SharedBlocks<'_, H> {
-    fn rejecting(&self, name: &str, now_ms: u64, permits: u64) -> Option<Block> {
+    fn rejecting(&self, name: &str, now_ms: u64, permits: u64, settles: bool) -> Option<Block> {
         let hash = fnv1a(name.as_bytes());
-        // A kept block that still rejects answers; one that would let the request through may be older than
-        // the entry in shared data (another VM's later rejection saw fewer permits free): read that.
-        if let Some(block) = self.recent.borrow().find(name, hash, now_ms).filter(|b| permits > b.available) {
-            return Some(block);
+        // A kept block that still rejects answers (unless settles may have raised it since); one that would
+        // let the request through may be older than the entry in shared data (another VM's later rejection
+        // saw fewer permits free): read that.
+        if !settles {
+            if let Some(block) = self.recent.borrow().find(name, hash, now_ms).filter(|b| permits > b.available) {
+                return Some(block);
+            }
         }
         let block = self.table.find_hashed(self.host, name, hash, now_ms)?;
         self.recent.borrow_mut().keep(name, hash, block);

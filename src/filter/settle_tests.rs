@@ -372,3 +372,26 @@ fn include_usage_adds_the_stream_option_to_a_streamed_request_that_lacks_it() {
         assert_eq!(String::from_utf8(host.upstream_request(context_id).1).unwrap(), sent, "left as the client sent it");
     }
 }
+
+#[test]
+fn a_settle_that_gives_permits_back_raises_the_local_block_of_its_limiter() {
+    let (host, mut filter) =
+        configure(r#"{"reserve":{"header":"x-max-tokens","default":500},"settle":{"response_header":"x-cost"}}"#);
+    let ask = |host: &FakeHost, filter: &mut Filter<FakeHost>, context_id: u32, tokens: &str| {
+        let calls = host.http_calls().len();
+        host.request(context_id, &[(":path", "/"), ("x-key", "alice"), ("x-max-tokens", tokens)]);
+        filter.on_request_headers(context_id);
+        host.http_calls().len() > calls
+    };
+    assert!(ask(&host, &mut filter, 2, "5000"));
+    answer(&host, &mut filter, host.last_token().unwrap(), &acquired(5_000));
+    assert!(ask(&host, &mut filter, 4, "6000"), "Redis decides");
+    answer(&host, &mut filter, host.last_token().unwrap(), &rejected(30_000));
+    assert!(!ask(&host, &mut filter, 6, "8000"), "blocked locally: at most 5,999 free until the oldest leaves");
+    // Request 2 cost 1,000 of its 5,000: once the settle lands, Redis has 4,000 more free.
+    respond(&host, &mut filter, 2, &[(":status", "200"), ("x-cost", "1000")], &[]);
+    tick(&host, &mut filter);
+    answer(&host, &mut filter, host.last_token().unwrap(), b":1\r\n");
+    assert!(ask(&host, &mut filter, 8, "8000"), "Redis would admit it now: it decides");
+    assert!(!ask(&host, &mut filter, 10, "10000"), "more than 9,999 is still rejected locally");
+}

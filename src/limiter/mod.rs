@@ -47,8 +47,10 @@ pub use resolve::{applications, Applies, RuleApplication};
 /// Where a request finds the local blocks of its limiters ([`crate::block`]).
 pub trait Blocks {
     /// The live block of limiter `name` at `now_ms` that rejects a request for `permits` (fewer than
-    /// `permits` free), if any.
-    fn rejecting(&self, name: &str, now_ms: u64, permits: u64) -> Option<Block>;
+    /// `permits` free), if any. `settles`: the limiter's rule has `cost`, whose settles give permits back
+    /// before the block ends (they raise the block's free permits in shared data), so no copy kept in the
+    /// VM answers for it.
+    fn rejecting(&self, name: &str, now_ms: u64, permits: u64, settles: bool) -> Option<Block>;
 }
 
 /// Where a request finds the degraded mode's local windows (`failure_mode: "local"`, [`crate::fallback`]):

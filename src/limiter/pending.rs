@@ -245,7 +245,7 @@ fn open_rule(
         }
     }
     if rule.local_block_max_ms > 0 {
-        if let Some(block) = ctx.blocks.rejecting(name, ctx.now_ms, permits) {
+        if let Some(block) = ctx.blocks.rejecting(name, ctx.now_ms, permits, rule.cost.is_some()) {
             if !shadow(index) {
                 return Opened::Blocked(index, block);
             }

@@ -25,7 +25,7 @@ fn config(extra_rule: &str, top: &str) -> PluginConfig {
 struct ListedBlocks(Vec<(String, Block)>);
 
 impl Blocks for ListedBlocks {
-    fn rejecting(&self, name: &str, now_ms: u64, permits: u64) -> Option<Block> {
+    fn rejecting(&self, name: &str, now_ms: u64, permits: u64, _settles: bool) -> Option<Block> {
         self.0.iter().find(|(n, b)| n == name && now_ms < b.until_ms).map(|(_, b)| *b).filter(|b| permits > b.available)
     }
 }
