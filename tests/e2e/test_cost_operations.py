@@ -1,26 +1,34 @@
 """Token budgets (a rule's `cost`, docs/configuration.md "Costs known after the response") through what an
-operator does to a running gateway: configuration pushes. Real stock Envoy with the stock build, webdis, a
-real redis-server and `llm_upstream.LlmUpstream` answering as OpenAI does.
+operator does to a running gateway: configuration pushes, and a Redis outage with the degraded mode
+(docs/configuration.md "Degraded mode"). Real stock Envoy with the stock build, webdis, a real redis-server
+and `llm_upstream.LlmUpstream` answering as OpenAI does.
 
 What a user would notice if it broke:
 
 - after a configuration push (LDS) replaced a configuration that held leases, the requests of the new
   configuration keep their whole reservation: nothing is settled to the tokens their responses reported
   (the new filter's tick had been set on the old root context, which went away when the old listener
-  drained: "a filter owns its tick").
+  drained: "a filter owns its tick");
+- with Redis down and `failure_mode: "local"`, a budget admits one request per reservation size instead
+  of per reservation (100 requests reserving the whole budget each, all admitted), and a response's real
+  cost does not change what the local window holds ("Degraded mode charges each request its own
+  reservation").
 """
 
 from __future__ import annotations
 
 import shlex
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
 import harness as h
+import llm_upstream as llm
 from test_cost import LlmGateway, llm_server, members  # noqa: F401 - llm_server is a fixture
+from test_degraded_mode import DEGRADED
 from test_leases import hot_rule
 from test_leases import members as lease_members
 
@@ -113,3 +121,55 @@ def test_reservations_settle_after_configuration_pushes_replaced_one_that_held_l
                       f"{SETTLE_S} s of their response: " + "; ".join(late) + f"; metrics {envoy.metrics()}")
     print(f"{len(outcomes)} requests after the pushes, each settled within "
           f"{max(took for _, _, took in outcomes if took is not None) * 1000:.0f} ms of its response")
+
+
+# --- The degraded mode ------------------------------------------------------------------------------------
+
+LOCAL_RATE = 10_000
+# One gateway process: each limiter's local window admits rate / 1 per minute.
+ONE_GATEWAY = {**DEGRADED, "local_fallback": {**DEGRADED["local_fallback"], "gateways": 1}}
+
+
+@pytest.fixture
+def degraded(stack: h.Stack, llm_server: llm.LlmUpstream) -> LlmGateway:
+    """An Envoy (2 workers) in front of the LLM upstream with a budget of 10,000 tokens a minute per API key,
+    each request reserving its `x-max-tokens` (default 1), `failure_mode: "local"` for one gateway process;
+    Redis stopped (the `stack` fixture starts it again for the next test)."""
+    config = h.plugin_config(budget(LOCAL_RATE, {"header": "x-max-tokens", "default": 1}), timeout="200ms",
+                             **ONE_GATEWAY)
+    gateway = LlmGateway("envoy", stack.envoy(config, upstream_port=llm_server.port), stack)
+    stack.redis.stop()
+    return gateway
+
+
+def ask(gateway: LlmGateway, key: str, reserve: int | None, input_tokens: int = 10, output_tokens: int = 20) -> int:
+    """One request of API key `key` reserving `reserve` tokens (no `x-max-tokens` when None), answered
+    with this OpenAI usage: its status."""
+    extra = {} if reserve is None else {"x-max-tokens": str(reserve)}
+    return gateway.ask({"x-api-key": key}, "openai-json", input_tokens, output_tokens, headers=extra).status
+
+
+def test_with_redis_down_a_reservation_of_the_whole_budget_is_admitted_once_per_window(degraded):
+    """100 requests (10 at a time, on both workers) each reserving the whole budget, 10,000: exactly one is
+    admitted (rate / gateways = one such reservation per window); before the fix, all 100 were, each charged
+    the rule's default of 1 permit."""
+    with ThreadPoolExecutor(10) as pool:
+        statuses = list(pool.map(lambda _: ask(degraded, "burst", LOCAL_RATE), range(100)))
+    assert set(statuses) <= {200, 429}, statuses
+    admitted = statuses.count(200)
+    assert admitted == 1, (f"{admitted} of 100 reservations of {LOCAL_RATE} admitted in one window of a local "
+                           f"budget of {LOCAL_RATE} (rate / gateways): at most 1")
+    metrics = degraded.metrics()
+    assert (metrics["fallback_allowed"], metrics["fallback_rejected"], metrics["allowed"]) == (1, 99, 0), metrics
+
+
+def test_with_redis_down_a_response_settles_its_reservation_in_the_local_window(degraded):
+    """A request reserving 6,000 whose response reports 1,000 gives 5,000 back to the local window: a
+    following request reserving 9,000 is admitted (it would not fit beside 6,000), and after its response
+    reports 9,000 the window holds the whole budget: a request of 1 is refused."""
+    assert ask(degraded, "settle", 6000, 400, 600) == 200
+    assert ask(degraded, "settle", 9000, 4000, 5000) == 200, "the 6,000 reservation settled to 1,000: 9,000 fit"
+    assert ask(degraded, "settle", None) == 429, "1,000 + 9,000 settled in the window: it is full"
+    metrics = degraded.metrics()
+    assert (metrics["fallback_allowed"], metrics["fallback_rejected"], metrics["allowed"]) == (2, 1, 0), metrics
+    assert metrics["settlements"] == 2, metrics
