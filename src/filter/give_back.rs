@@ -19,11 +19,11 @@ use super::{Filter, DEADLINE_GRACE_MS};
 /// A give-back call on its way (sent again by source after `NOSCRIPT`).
 #[derive(Debug)]
 pub(super) struct GiveBackCall {
-    route: Rc<Route>,
-    name: String,
-    settlement: Settlement,
+    pub(super) route: Rc<Route>,
+    pub(super) name: String,
+    pub(super) settlement: Settlement,
     retried: bool,
-    kind: GiveBackKind,
+    pub(super) kind: GiveBackKind,
     /// When the tick gives up on its reply, ms since the epoch (`redis.timeout` + the grace after sending).
     deadline_ms: u64,
 }
@@ -93,11 +93,7 @@ pub(super) fn send_give_back<H: Host>(filter: &mut Filter<H>, mut call: GiveBack
         Ok(id) => {
             filter.metrics.redis_call(&filter.host);
             if !call.retried {
-                match call.kind {
-                    GiveBackKind::Request => filter.metrics.compensation(&filter.host),
-                    GiveBackKind::Lease | GiveBackKind::Handed => filter.metrics.lease_settlement(&filter.host),
-                    GiveBackKind::Settle => filter.metrics.settlement(&filter.host),
-                }
+                count_sent(filter, call.kind);
             }
             let timeout_ms = route.config.redis.timeout_ms;
             call.deadline_ms = filter.host.now_ms().saturating_add(timeout_ms).saturating_add(DEADLINE_GRACE_MS);
@@ -108,6 +104,17 @@ pub(super) fn send_give_back<H: Host>(filter: &mut Filter<H>, mut call: GiveBack
     }
 }
 
+/// Counts a give-back call sent the first time, by its kind.
+pub(super) fn count_sent<H: Host>(filter: &Filter<H>, kind: GiveBackKind) {
+    match kind {
+        GiveBackKind::Request => filter.metrics.compensation(&filter.host),
+        GiveBackKind::Lease | GiveBackKind::Handed => filter.metrics.lease_settlement(&filter.host),
+        GiveBackKind::Settle => filter.metrics.settlement(&filter.host),
+    }
+}
+
+/// The reply (or failure) of a give-back call: a lease's settlement is reported to its lease, a settle
+/// raises its limiter's local block by what it gave back; `NOSCRIPT` sends it again by source, once.
 pub(super) fn on_give_back_reply<H: Host>(
     filter: &mut Filter<H>,
     mut call: GiveBackCall,
@@ -156,7 +163,7 @@ pub(super) fn expire_give_backs<H: Host>(filter: &mut Filter<H>, now_ms: u64) {
 
 /// A give-back call that failed (or never answered): counted in `redis_errors`, logged once per cause; a
 /// lease's settlement waits for the next acquire of its limiter.
-fn give_back_failed<H: Host>(filter: &mut Filter<H>, call: GiveBackCall, failure: &Failure) {
+pub(super) fn give_back_failed<H: Host>(filter: &mut Filter<H>, call: GiveBackCall, failure: &Failure) {
     filter.metrics.redis_errors(&filter.host, 1);
     filter.failure_log.failed(&filter.host, failure, call.route.config.failure_mode);
     if call.kind == GiveBackKind::Lease {

@@ -62,6 +62,7 @@ mod ids;
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod interleavings;
 mod metrics;
+mod outbox;
 mod route;
 mod settle;
 #[cfg(test)]
@@ -153,6 +154,8 @@ pub struct Filter<H: Host> {
     coalescer: Coalescer,
     /// Outstanding give-back calls, by [`CallId::key`].
     give_backs: CallMap<GiveBackCall>,
+    /// Outstanding batches of settle calls ([`outbox`]), by [`CallId::key`].
+    give_back_batches: CallMap<outbox::GiveBackBatch>,
     /// What the rate limit headers of resumed requests report (with their route), added when their
     /// response headers arrive.
     response_headers: IdMap<(Rc<Route>, Report)>,
@@ -258,6 +261,7 @@ impl<H: Host> Filter<H> {
             calls: CallMap::default(),
             coalescer: Coalescer::default(),
             give_backs: CallMap::default(),
+            give_back_batches: CallMap::default(),
             response_headers: IdMap::default(),
             ticking: false,
             root_context: None,
@@ -445,8 +449,9 @@ impl<H: Host> Filter<H> {
             coalesce::flush(self, destination, false);
         }
         coalesce::send_overdue(self);
-        settle::send_queued(self);
+        outbox::send_queued(self);
         give_back::expire_give_backs(self, now_ms);
+        outbox::expire_batches(self, now_ms);
         if !self.has_timed_work() && self.ticking && self.host.set_tick_period_ms(0).is_ok() {
             self.ticking = false;
         }
@@ -455,7 +460,11 @@ impl<H: Host> Filter<H> {
     /// Whether anything waits for the tick: paused requests (the deadline guard), batches and calls
     /// waiting to be sent, give-backs waiting for their replies, settle calls queued.
     fn has_timed_work(&self) -> bool {
-        !(self.flows.is_empty() && self.coalescer.is_idle() && self.give_backs.is_empty() && self.outbox.is_empty())
+        !(self.flows.is_empty()
+            && self.coalescer.is_idle()
+            && self.give_backs.is_empty()
+            && self.give_back_batches.is_empty()
+            && self.outbox.is_empty())
     }
 
     /// A reply (or failure) for this call: a give-back's, or a request's (fed to its flow, one step).
@@ -464,6 +473,12 @@ impl<H: Host> Filter<H> {
         if !self.give_backs.is_empty() {
             if let Some(call) = self.give_backs.remove(&key) {
                 give_back::on_give_back_reply(self, call, reply);
+                return;
+            }
+        }
+        if !self.give_back_batches.is_empty() {
+            if let Some(batch) = self.give_back_batches.remove(&key) {
+                outbox::on_batch_reply(self, batch, reply);
                 return;
             }
         }

@@ -17,7 +17,7 @@ use crate::limiter::Reservation;
 use crate::script::Settlement;
 use crate::usage::UsageMeter;
 
-use super::give_back::{send_give_back, GiveBackCall, GiveBackKind};
+use super::give_back::{GiveBackCall, GiveBackKind};
 use super::route::Route;
 use super::Filter;
 
@@ -190,13 +190,6 @@ fn settle_locally<H: Host>(filter: &Filter<H>, route: &Route, reservation: &Rese
     };
     fallback.windows.settle(&filter.host, &reservation.name, rule.interval_ms, reservation.granted, cost, taken_ms);
     filter.metrics.settlement(&filter.host);
-}
-
-/// Sends the queued settle calls (from the root context's tick).
-pub(super) fn send_queued<H: Host>(filter: &mut Filter<H>) {
-    for call in core::mem::take(&mut filter.outbox) {
-        send_give_back(filter, call);
-    }
 }
 
 /// A response header's whole number (surrounding spaces allowed); `None` when absent or not a number.

@@ -395,3 +395,50 @@ fn a_settle_that_gives_permits_back_raises_the_local_block_of_its_limiter() {
     assert!(ask(&host, &mut filter, 8, "8000"), "Redis would admit it now: it decides");
     assert!(!ask(&host, &mut filter, 10, "10000"), "more than 9,999 is still rejected locally");
 }
+
+#[test]
+fn the_settles_of_a_tick_go_out_in_one_batch_call_and_each_reads_its_own_reply() {
+    let (host, mut filter) =
+        configure(r#"{"reserve":{"header":"x-max-tokens","default":500},"settle":{"response_header":"x-cost"}}"#);
+    let mut randoms = Vec::new();
+    for (context_id, key) in [(2, "alice"), (4, "bob"), (6, "carol")] {
+        randoms.push(allowed(&host, &mut filter, context_id, key));
+    }
+    for (context_id, cost) in [(2, "100"), (4, "200"), (6, "300")] {
+        respond(&host, &mut filter, context_id, &[(":status", "200"), ("x-cost", cost)], &[]);
+    }
+    let before = host.counter(&format!("{NAME}.redis_calls"));
+    let sent = host.http_calls().len();
+    tick(&host, &mut filter);
+    let calls = host.http_calls().split_off(sent);
+    assert_eq!(calls.len(), 1, "three settles, one call");
+    let body = String::from_utf8(calls[0].body.clone()).unwrap();
+    assert!(body.starts_with(&format!("EVALSHA/{}/15/", crate::script::ACQUIRE_BATCH.sha())), "{body}");
+    assert!(randoms.iter().all(|random| body.contains(&random.replace('-', "%2D"))), "{body}");
+    assert_eq!(
+        [host.counter(&format!("{NAME}.redis_calls")) - before, host.counter(&format!("{NAME}.settlements"))],
+        [1, 3]
+    );
+    // Each segment's reply as GIVE_BACK alone would give it (1: the member was found).
+    answer(&host, &mut filter, calls[0].token, b"*6\r\n:1\r\n:1\r\n:1\r\n:1\r\n:1\r\n:0\r\n");
+    assert!(filter.give_back_batches.is_empty() && filter.give_backs.is_empty());
+    assert_eq!(host.counter(&format!("{NAME}.redis_errors")), 0);
+}
+
+#[test]
+fn a_batch_of_settles_answered_noscript_is_sent_again_by_source_once() {
+    let (host, mut filter) = configure(r#"{"reserve":400,"settle":{"response_header":"x-cost"}}"#);
+    allowed(&host, &mut filter, 2, "alice");
+    allowed(&host, &mut filter, 4, "bob");
+    respond(&host, &mut filter, 2, &[(":status", "200"), ("x-cost", "1")], &[]);
+    respond(&host, &mut filter, 4, &[(":status", "200"), ("x-cost", "2")], &[]);
+    let sent = host.http_calls().len();
+    tick(&host, &mut filter);
+    answer(&host, &mut filter, host.last_token().unwrap(), b"-NOSCRIPT No matching script.\r\n");
+    let calls = host.http_calls().split_off(sent);
+    assert_eq!(calls.len(), 2);
+    assert!(String::from_utf8(calls[1].body.clone()).unwrap().starts_with("EVAL/"), "by source");
+    answer(&host, &mut filter, calls[1].token, b"*4\r\n:1\r\n:1\r\n:1\r\n:1\r\n");
+    assert_eq!([host.counter(&format!("{NAME}.settlements")), host.counter(&format!("{NAME}.batches"))], [2, 1]);
+    assert!(filter.give_back_batches.is_empty());
+}

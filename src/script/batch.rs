@@ -11,7 +11,7 @@ use crate::resp::array_elements;
 
 use super::acquire::Encoding;
 use super::wire::{push_arg, push_arg_parts, push_length};
-use super::{Invocation, ACQUIRE, ACQUIRE_ALL, ACQUIRE_BATCH};
+use super::{Invocation, ACQUIRE, ACQUIRE_ALL, ACQUIRE_BATCH, GIVE_BACK};
 
 /// Which script a batched call runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,6 +20,8 @@ pub enum SegmentScript {
     Acquire,
     /// [`super::ACQUIRE_ALL`], `2`.
     AcquireAll,
+    /// [`super::GIVE_BACK`], `3` (the settle calls of one tick, batched).
+    GiveBack,
 }
 
 /// Where an acquire command's keys and arguments are, as its encoder wrote them
@@ -65,7 +67,7 @@ impl<'a> Segment<'a> {
         })
     }
 
-    /// The segment of `command`: an [`ACQUIRE`] or [`ACQUIRE_ALL`] call by sha (`EVALSHA <sha> <numkeys>
+    /// The segment of `command`: an [`ACQUIRE`], [`ACQUIRE_ALL`] or [`GIVE_BACK`] call by sha (`EVALSHA <sha> <numkeys>
     /// <keys>... <args>...`) in `encoding`, as `PendingRequest::encode` writes it. `None` for any other
     /// command (another script, or `EVAL` by source): such a call is sent alone.
     pub fn of(command: &'a [u8], encoding: Encoding) -> Option<Self> {
@@ -130,6 +132,8 @@ fn script_of(sha: &[u8]) -> Option<SegmentScript> {
         Some(SegmentScript::Acquire)
     } else if sha == ACQUIRE_ALL.sha().as_bytes() {
         Some(SegmentScript::AcquireAll)
+    } else if sha == GIVE_BACK.sha().as_bytes() {
+        Some(SegmentScript::GiveBack)
     } else {
         None
     }
@@ -195,6 +199,7 @@ pub fn encode_batch(segments: &[Segment<'_>], invocation: Invocation, encoding: 
         let script: &[u8] = match segment.script {
             SegmentScript::Acquire => b"1",
             SegmentScript::AcquireAll => b"2",
+            SegmentScript::GiveBack => b"3",
         };
         push_arg(&mut out, encoding, script);
         push_arg(&mut out, encoding, number.format(segment.key_count).as_bytes());

@@ -144,8 +144,10 @@ pub static ACQUIRE_ALL: Script = Script::new("acquireAll", ACQUIRE_ALL_SOURCE, A
 /// order; an error in one is its own. Built by `batch::encode_batch` from the calls' own commands and
 /// answered per call by `batch::split_batch_reply`, which rebuilds the reply each call would have had.
 ///
-/// `KEYS`: every call's keys in order. `ARGV`: 1 the number of calls, then per call `1` (ACQUIRE) or `2`
-/// (ACQUIRE_ALL), its key count, its argument count and its arguments. Reply: a flat array, per call `1`
+/// Also the [`GIVE_BACK`] calls of one tick (settles of reservations), batched the same way.
+///
+/// `KEYS`: every call's keys in order. `ARGV`: 1 the number of calls, then per call `1` (ACQUIRE), `2`
+/// (ACQUIRE_ALL) or `3` (GIVE_BACK), its key count, its argument count and its arguments. Reply: a flat array, per call `1`
 /// and a bare integer reply, `2`, `n` and an array reply's `n` elements, or `3` and an error's text.
 pub static ACQUIRE_BATCH: PartsScript =
     PartsScript { name: "acquireBatch", parts: &ACQUIRE_BATCH_PARTS, sha: ACQUIRE_BATCH_SHA };
@@ -235,6 +237,7 @@ mod tests {
         let code = |script: &Script| script.source.split_once('\n').unwrap().1.to_string();
         assert!(source.contains(&format!("local function acquire(KEYS, ARGV)\n{}end\n", code(&ACQUIRE))));
         assert!(source.contains(&format!("local function acquireAll(KEYS, ARGV)\n{}end\n", code(&ACQUIRE_ALL))));
+        assert!(source.contains(&format!("local function settle(KEYS, ARGV)\n{}end\n", code(&GIVE_BACK))));
         let sha: String = Sha1::digest(source.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
         assert_eq!(ACQUIRE_BATCH.sha(), sha);
         assert_eq!(source.lines().filter(|l| l.trim_start().starts_with("--")).count(), 1);

@@ -249,3 +249,46 @@ fn a_batch_out_of_memory_is_refused_whole_and_writes_nothing() {
     assert!(reply.starts_with(b"-OOM"), "{}", String::from_utf8_lossy(&reply));
     assert_eq!(keys_of(&server), before, "nothing written");
 }
+
+/// The settle calls of one tick (GIVE_BACK of reservations, reserve-then-settle) in one ACQUIRE_BATCH call
+/// answer every call as it would be answered alone and leave Redis as the same calls one by one do: fewer
+/// permits back, an excess charged, a member already gone not found.
+#[test]
+fn settles_in_a_batch_answer_and_write_as_they_do_alone() {
+    use edge_rate_limiter::script::Settlement;
+    let alone = RedisServer::start();
+    let batched = RedisServer::start();
+    load_scripts(&alone);
+    load_scripts(&batched);
+    let _: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(edge_rate_limiter::script::GIVE_BACK.source)
+        .query(&mut alone.inspector())
+        .unwrap();
+    let template = template();
+    let spec = CallSpec { limiters: vec![0], lease: None, advance_ms: 0, redis_clock: false };
+    let acquires: Vec<Vec<u8>> = (0..4).map(|i| command(&spec, i, T0 + i as u64, &template)).collect();
+    for server in [&alone, &batched] {
+        let mut client = server.script_client();
+        for acquire in &acquires {
+            client.run_raw(acquire, || panic!("ACQUIRE is loaded"));
+        }
+    }
+    // Members 1..=4 of one permit each (rate 7): settle 1 to 0 (given back), 2 to 3 (an excess of 2), 3 to 1
+    // (renamed), and a member that was never acquired.
+    let random = |index: u64| {
+        let mut random = [0x5A; MEMBER_RANDOM_LEN];
+        random[..8].copy_from_slice(&index.to_be_bytes());
+        random
+    };
+    let settlements = [(1, 0, None), (2, 3, None), (3, 1, Some(random(33))), (9, 0, None)]
+        .map(|(index, used, renamed)| Settlement { random: random(index), granted: 1, used, early_ms: 0, renamed });
+    let commands: Vec<Vec<u8>> =
+        settlements.iter().map(|s| s.encode(NAMES[0], &template, Invocation::BySha, Encoding::Resp)).collect();
+    let mut client = alone.script_client();
+    let one_by_one: Vec<Vec<u8>> =
+        commands.iter().map(|command| client.run_raw(command, || panic!("GIVE_BACK is loaded"))).collect();
+    assert_eq!(one_by_one, [":1\r\n", ":1\r\n", ":1\r\n", ":0\r\n"].map(|r| r.as_bytes().to_vec()));
+    assert_eq!(run_batch(&mut batched.script_client(), &commands), one_by_one);
+    assert_eq!(keys_of(&alone), keys_of(&batched));
+}

@@ -1,11 +1,12 @@
 -- ACQUIRE_BATCH: the acquire calls of several requests in one script call (request coalescing,
--- docs/configuration.md, "Request coalescing"). Each segment is one call exactly as it would have been
--- sent alone, ACQUIRE or ACQUIRE_ALL with its own KEYS and ARGV, run in arrival order, so each request is
--- decided as if it had been sent alone in that order. A Redis or script error in one segment is that
+-- docs/configuration.md, "Request coalescing"), or the settle calls of one tick. Each segment is one call
+-- exactly as it would have been sent alone, ACQUIRE, ACQUIRE_ALL or GIVE_BACK with its own KEYS and ARGV,
+-- run in arrival order, so each request is decided as if it had been sent alone in that order. A Redis or script error in one segment is that
 -- segment's alone: the others still run. Documented in src/script/mod.rs (ACQUIRE_BATCH).
 --
 -- KEYS: every segment's keys, segment after segment. ARGV: 1 the number of segments, then per segment:
--- its script ('1' ACQUIRE, '2' ACQUIRE_ALL), its number of keys, its number of arguments, its arguments.
+-- its script ('1' ACQUIRE, '2' ACQUIRE_ALL, '3' GIVE_BACK), its number of keys, its number of arguments,
+-- its arguments.
 --
 -- Reply, a flat array (webdis re-encodes nested arrays' integers and drops nils: keep it flat), per
 -- segment: 1 and the integer of a bare integer reply; 2, n and the n elements of an array reply; 3 and the
@@ -13,6 +14,7 @@
 -- with (WRONGTYPE, OOM, ERR...), without the script name and line Redis appends to a script's error.
 --@wrap acquire acquire
 --@wrap acquireAll acquireAll
+--@wrap giveBack settle
 -- Out of memory (maxmemory, noeviction): Redis refuses a script's first write that may grow memory, but
 -- none after a write went through, so one segment's write would let every later one write past maxmemory.
 -- A write that changes nothing (ZADD XX of a member that is not there, on the first call's permits key)
@@ -35,7 +37,13 @@ for _ = 1, tonumber(ARGV[1]) do
   local args = {unpack(ARGV, a, a + argCount - 1)}
   k = k + keyCount
   a = a + argCount
-  local ok, result = pcall(script == '1' and acquire or acquireAll, keys, args)
+  local run = settle
+  if script == '1' then
+    run = acquire
+  elseif script == '2' then
+    run = acquireAll
+  end
+  local ok, result = pcall(run, keys, args)
   if ok and type(result) == 'table' and result.err == nil then
     reply[#reply + 1] = 2
     reply[#reply + 1] = #result
