@@ -1,6 +1,7 @@
 """An upstream that answers like an LLM API, for the cost tests (`cost.settle`, docs/configuration.md) and the
 tests with the providers' own SDKs (tests/e2e/test_llm_sdks.py): a real HTTP/1.1 server (a thread per
-connection), whose answers carry token usage where each provider puts it.
+connection), or with `LlmUpstream(http2=True)` a real HTTP/2 server (cleartext, prior knowledge) that ends
+every answer with trailers, whose answers carry token usage where each provider puts it.
 
 What a request gets is chosen in one of two ways.
 
@@ -11,7 +12,7 @@ what its headers ask, whatever its path and body:
 - `x-test-input-tokens`, `x-test-output-tokens`: the usage reported (default 10 and 20);
 - `x-test-events`: how many content events (SSE) or body pieces (JSON) (default 3);
 - `x-test-delay-ms`: the pause before each event or piece after the first (default 0);
-- `x-test-reset-after`: close the connection abruptly (TCP RST) after that many events
+- `x-test-reset-after`: close the connection abruptly (TCP RST; HTTP/2: RST_STREAM) after that many events
   or pieces, without ending the body (Envoy then resets the stream: an upstream reset mid-response);
 - `x-test-cost`: answered as the response header `x-cost` (the `{"response_header": "x-cost"}` settle).
 
@@ -45,6 +46,9 @@ q=0 codings get it uncompressed. Event streams are never compressed (as the APIs
 `upstream.modes`): `compress` `"auto"` (the above), `"always"` (gzip on every JSON answer whatever
 `Accept-Encoding` says: an upstream that ignores it) or `"never"`; `delay_ms`, the pause between pieces for
 requests without `x-test-delay-ms` (a slow model); `events`, the pieces for requests without `x-test-events`.
+`http2=True` (a constructor argument) serves HTTP/2 only and sends every answer as HEADERS, DATA, then a
+HEADERS frame of trailers (`TRAILER`) with END_STREAM: the body's end arrives with the trailers, not with
+the last DATA frame (Envoy's cluster needs `http2_protocol_options`).
 
 The bodies follow the providers' API documentation:
 
@@ -105,6 +109,11 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import brotli
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
 import zstandard
 
 import harness as h
@@ -120,6 +129,8 @@ PROVIDER = {"openai-json": "openai", "openai-sse": "openai", "responses-json": "
             "gemini-json": "gemini", "gemini-sse": "gemini", "no-usage": "openai"}
 # The output tokens of an answer to a request that does not say `say N tokens`.
 DEFAULT_OUTPUT_TOKENS = 20
+# The trailer the HTTP/2 server ends every answer with (name, value).
+TRAILER = ("x-llm-upstream-trailer", "end")
 # The content codings the server compresses with (`Accept-Encoding`).
 CODINGS = ("gzip", "deflate", "br", "zstd")
 COMPRESS_MODES = ("auto", "always", "never")
@@ -623,7 +634,7 @@ class Served(NamedTuple):
     """One request the server answered: its format, the usage it reported in full, how many pieces it wrote
     of how many, whether it reset the connection (or stream), when it started and ended (epoch ms); the
     request's path, JSON body (None if not JSON) and `Accept-Encoding` (None: none), the answer's status,
-    content coding, and whether an OpenAI chat stream carried its usage chunk."""
+    content coding, whether an OpenAI chat stream carried its usage chunk, the protocol and the trailers sent."""
 
     fmt: str
     input_tokens: int
@@ -639,6 +650,8 @@ class Served(NamedTuple):
     status: int = 200
     encoding: str = "identity"
     include_usage: bool = True
+    protocol: str = "HTTP/1.1"
+    trailers: tuple[tuple[str, str], ...] = ()
 
     @property
     def usage(self) -> int | None:
@@ -649,10 +662,11 @@ class Served(NamedTuple):
                         self.pieces_sent if self.reset else None, include_usage=self.include_usage)
 
 
-def _served(reply: Answer, path: str, got: dict[str, str], sent: int, reset: bool, start: float) -> Served:
+def _served(reply: Answer, path: str, got: dict[str, str], sent: int, reset: bool, start: float,
+            protocol: str, trailers: tuple = ()) -> Served:
     return Served(reply.fmt, reply.input_tokens, reply.output_tokens, sent, len(reply.pieces), reset, start,
                   time.time() * 1000.0, path, reply.request, got.get("accept-encoding"), reply.status,
-                  reply.encoding, reply.include_usage)
+                  reply.encoding, reply.include_usage, protocol, trailers)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -714,7 +728,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except OSError:  # the client (Envoy) went away: it reset the stream
             cut = sent if cut is None else cut
             self.close_connection = True
-        server.record(_served(reply, self.path, got, sent, cut is not None, start))
+        server.record(_served(reply, self.path, got, sent, cut is not None, start, "HTTP/1.1"))
 
     def _reset(self) -> None:
         """Closes the connection with a TCP RST (SO_LINGER 0) mid-body."""
@@ -750,16 +764,188 @@ class _Server(http.server.ThreadingHTTPServer):
         pass  # a reset connection is part of the tests
 
 
+class _H2Connection:
+    """One HTTP/2 connection of `_H2Server`: a thread reads frames; each request is answered by a thread of
+    its own (streams run side by side), all writing through one `h2` state machine under `lock`."""
+
+    def __init__(self, server: "_H2Server", sock: socket.socket) -> None:
+        self.server, self.sock = server, sock
+        config = h2.config.H2Configuration(client_side=False, header_encoding="utf-8")
+        self.conn = h2.connection.H2Connection(config)
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)  # a window update, or the connection's end
+        self.requests: dict[int, tuple[list[tuple[str, str]], bytearray]] = {}
+        self.closed = False
+
+    def run(self) -> None:
+        try:
+            with self.lock:
+                self.conn.initiate_connection()
+                self._flush()
+            while True:
+                data = self.sock.recv(65536)
+                if not data:
+                    break
+                with self.lock:
+                    for event in self.conn.receive_data(data):
+                        self._event(event)
+                    self._flush()
+                    self.changed.notify_all()
+        except (OSError, h2.exceptions.H2Error):
+            pass
+        finally:
+            with self.lock:
+                self.closed = True
+                self.changed.notify_all()
+            self.server.forget(self.sock)
+
+    def _event(self, event: Any) -> None:
+        if isinstance(event, h2.events.RequestReceived):
+            self.requests[event.stream_id] = (list(event.headers), bytearray())
+            if event.stream_ended is not None:
+                self._start(event.stream_id)
+        elif isinstance(event, h2.events.DataReceived):
+            if event.stream_id in self.requests:
+                self.requests[event.stream_id][1].extend(event.data)
+            self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+        elif isinstance(event, h2.events.StreamEnded):
+            self._start(event.stream_id)
+        elif isinstance(event, h2.events.StreamReset):
+            self.requests.pop(event.stream_id, None)
+
+    def _start(self, stream_id: int) -> None:
+        pair = self.requests.pop(stream_id, None)
+        if pair is not None:
+            threading.Thread(target=self._respond, args=(stream_id, *pair), daemon=True,
+                             name=f"h2-stream-{stream_id}").start()
+
+    def _flush(self) -> None:
+        data = self.conn.data_to_send()
+        if data:
+            self.sock.sendall(data)
+
+    def _send_data(self, stream_id: int, data: bytes) -> None:
+        """Sends `data` on the stream as the flow-control windows allow (waiting for window updates)."""
+        view = memoryview(data)
+        with self.lock:
+            while view:
+                if self.closed:
+                    raise OSError("the connection closed")
+                room = min(self.conn.local_flow_control_window(stream_id), self.conn.max_outbound_frame_size)
+                if room <= 0:
+                    self.changed.wait(1.0)
+                    continue
+                self.conn.send_data(stream_id, bytes(view[:room]))
+                view = view[room:]
+                self._flush()
+
+    def _respond(self, stream_id: int, request_headers: list[tuple[str, str]], body: bytearray) -> None:
+        start = time.time() * 1000.0
+        pseudo = {name: value for name, value in request_headers if name.startswith(":")}
+        got: dict[str, str] = {}
+        for name, value in request_headers:
+            if not name.startswith(":"):
+                got[name] = f"{got[name]}, {value}" if name in got else value
+        path = pseudo.get(":path", "/")
+        reply = answer(self.server.modes, path, got, bytes(body))
+        with self.server.lock:
+            self.server.hits += 1
+        sent, reset, trailers = 0, False, ()
+        try:
+            framing = [] if reply.streamed else [("content-length", str(sum(map(len, reply.pieces))))]
+            with self.lock:
+                self.conn.send_headers(stream_id, [(":status", str(reply.status))] + reply.headers + framing)
+                self._flush()
+            for index, piece in enumerate(reply.pieces):
+                if reply.cut is not None and sent >= reply.cut:
+                    break
+                if index and reply.delay:
+                    time.sleep(reply.delay)
+                self._send_data(stream_id, piece)
+                sent += 1
+            with self.lock:
+                if reply.cut is None:
+                    self.conn.send_headers(stream_id, [TRAILER], end_stream=True)
+                    trailers = (TRAILER,)
+                else:
+                    self.conn.reset_stream(stream_id, error_code=h2.errors.ErrorCodes.INTERNAL_ERROR)
+                    reset = True
+                self._flush()
+        except (OSError, h2.exceptions.H2Error):  # Envoy reset the stream, or left
+            reset = True
+        self.server.record(_served(reply, path, got, sent, reset, start, "HTTP/2", trailers))
+
+
+class _H2Server:
+    """An HTTP/2 server (cleartext, prior knowledge: what Envoy's `http2_protocol_options` cluster speaks) on
+    a free port of 127.0.0.1, a thread per connection; the interface `harness.Upstream` drives (as
+    socketserver's): `serve_forever()`, `shutdown()`, `server_close()`, `server_address`."""
+
+    def __init__(self, modes: Modes) -> None:
+        self.modes = modes
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind((HOST, 0))
+        self.sock.listen(1024)
+        self.server_address = self.sock.getsockname()
+        self.lock = threading.Lock()
+        self.hits = 0
+        self.served: list[Served] = []
+        self._stop = threading.Event()
+        self._connections: set[socket.socket] = set()
+
+    def serve_forever(self) -> None:
+        self.sock.settimeout(0.1)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            conn.settimeout(None)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self.lock:
+                self._connections.add(conn)
+            threading.Thread(target=_H2Connection(self, conn).run, daemon=True, name="h2-connection").start()
+
+    def forget(self, conn: socket.socket) -> None:
+        with self.lock:
+            self._connections.discard(conn)
+        try:
+            conn.close()
+        except OSError:
+            pass
+
+    def shutdown(self) -> None:
+        """Stops accepting and closes every connection (their threads end)."""
+        self._stop.set()
+        with self.lock:
+            connections = list(self._connections)
+        for conn in connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def server_close(self) -> None:
+        self.sock.close()
+
+    def record(self, served: Served) -> None:
+        with self.lock:
+            self.served.append(served)
+
+
 class LlmUpstream(Upstream):
     """The LLM API stand-in on a free port of 127.0.0.1, started and stopped as the harness's `Upstream`
     (`start()`, `port`, `hits`: requests, `stop()`; a context manager), and `served`: each answer's
-    `Served`, in the order they ended (`wait_served()`). `compress`, `delay_ms`, `events`: its `Modes`
-    (`modes`, changeable while it runs)."""
+    `Served`, in the order they ended (`wait_served()`). `http2`: an HTTP/2 server ending every answer with trailers;
+    `compress`, `delay_ms`, `events`: its `Modes` (`modes`, changeable while it runs)."""
 
-    def __init__(self, *, compress: str = "auto", delay_ms: int = 0,
+    def __init__(self, *, http2: bool = False, compress: str = "auto", delay_ms: int = 0,
                  events: int = 3) -> None:  # not super().__init__(): that binds the harness's own server
         self.modes = Modes(compress, delay_ms, events)
-        self.server = _Server(self.modes)
+        self.http2 = http2
+        self.server: Any = _H2Server(self.modes) if http2 else _Server(self.modes)
         self.port: int = self.server.server_address[1]
         self.thread: threading.Thread | None = None
 
