@@ -157,7 +157,7 @@ impl Host {
         let now = Instant::now();
         let deadline = now + self.pause_deadline;
         let body = spec.body.clone().map(String::into_bytes);
-        let data = StreamData {
+        let mut data = StreamData {
             request_headers: request_headers(&spec),
             request_body: body.clone().unwrap_or_default(),
             info: StreamInfo {
@@ -171,6 +171,7 @@ impl Host {
         let context = self
             .with_state(vm, |s| {
                 let id = s.allocate_context();
+                data.root = s.root_id;
                 s.contexts.insert(id, Context::Stream(Box::new(data)));
                 id
             })

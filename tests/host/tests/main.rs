@@ -11,3 +11,4 @@ mod guest_errors;
 mod host_redis_filter;
 mod redis_extension;
 mod stock_filter;
+mod ticks;
