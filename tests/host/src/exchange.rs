@@ -45,6 +45,10 @@ pub struct RequestSpec {
 /// mid-body; N = 0: right after the headers): no more body callbacks and no end of stream; the stream ends
 /// as Envoy ends a reset stream (`proxy_on_log`, `proxy_on_done`, `proxy_on_delete`) and the request's
 /// outcome is [`Outcome::UpstreamReset`]. A client that goes away mid-body looks the same to the filter.
+///
+/// With `trailers` (HTTP/2, gRPC, HTTP/1.1 chunked trailers) the trailers end the stream, as in Envoy: the
+/// headers and every chunk come with `end_of_stream = false`, there is no end-of-stream body call, and
+/// `proxy_on_response_trailers(ctx, number of trailers)` comes last (only if the module exports it).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResponseSpec {
@@ -58,9 +62,12 @@ pub struct ResponseSpec {
     /// The body, as the chunks the filter sees one by one (none: an empty body).
     #[serde(default)]
     pub body_chunks: Vec<String>,
-    /// Reset the upstream stream after this many chunks instead of ending it.
+    /// Reset the upstream stream after this many chunks instead of ending it (the trailers never come).
     #[serde(default)]
     pub reset_after: Option<usize>,
+    /// Response trailers, in order (names lowercased): they end the stream (none: the last body call does).
+    #[serde(default)]
+    pub trailers: Headers,
 }
 
 impl ResponseSpec {
@@ -75,6 +82,7 @@ impl ResponseSpec {
             headers: headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             body_chunks: chunks.iter().map(|c| c.to_string()).collect(),
             reset_after: None,
+            trailers: Vec::new(),
         }
     }
 
@@ -83,11 +91,24 @@ impl ResponseSpec {
         self.reset_after = Some(n);
         self
     }
+
+    /// The same response, ended by these trailers (`proxy_on_response_trailers`) instead of its last body
+    /// call.
+    pub fn with_trailers(mut self, trailers: &[(&str, &str)]) -> Self {
+        self.trailers = trailers.iter().map(|(k, v)| (k.to_ascii_lowercase(), v.to_string())).collect();
+        self
+    }
 }
 
 impl Default for ResponseSpec {
     fn default() -> Self {
-        ResponseSpec { status: 200, headers: Vec::new(), body_chunks: Vec::new(), reset_after: None }
+        ResponseSpec {
+            status: 200,
+            headers: Vec::new(),
+            body_chunks: Vec::new(),
+            reset_after: None,
+            trailers: Vec::new(),
+        }
     }
 }
 
@@ -141,6 +162,9 @@ pub enum Outcome {
         response_headers: Headers,
         /// The response body after the filter.
         response_body: Vec<u8>,
+        /// The response trailers after the filter's `proxy_on_response_trailers` (none: the response had
+        /// none, see [`ResponseSpec::trailers`]).
+        response_trailers: Headers,
         /// What it cost.
         cost: Cost,
     },
@@ -267,8 +291,8 @@ impl Outcome {
     }
 
     /// One JSON object: `kind`, `status`, `headers`, `body`, `fuel`, `redis_calls`, `http_calls`,
-    /// `guest_calls`, `elapsed_ms`, plus `request_headers` (continued), `details` (local reply),
-    /// `message` (VM failed) or `reason` (refused).
+    /// `guest_calls`, `elapsed_ms`, plus `request_headers` (continued; with `trailers` when the response had
+    /// trailers), `details` (local reply), `message` (VM failed) or `reason` (refused).
     pub fn to_json(&self) -> Value {
         let headers: Vec<[String; 2]> = self.response_headers().into_iter().map(|(k, v)| [k, v]).collect();
         let mut out = json!({
@@ -286,9 +310,14 @@ impl Outcome {
         }
         if let Some(map) = out.as_object_mut() {
             match self {
-                Outcome::Continued { request_headers, .. } => {
+                Outcome::Continued { request_headers, response_trailers, .. } => {
                     let pairs: Vec<[String; 2]> = request_headers.iter().map(|(k, v)| [k.clone(), v.clone()]).collect();
                     map.insert("request_headers".into(), json!(pairs));
+                    if !response_trailers.is_empty() {
+                        let pairs: Vec<[String; 2]> =
+                            response_trailers.iter().map(|(k, v)| [k.clone(), v.clone()]).collect();
+                        map.insert("trailers".into(), json!(pairs));
+                    }
                 }
                 Outcome::LocalReply { details, .. } => {
                     map.insert("details".into(), json!(details));

@@ -13,6 +13,11 @@
 //!   first when it is buffering), the end call shows what is still buffered; Continue (0) lets the buffer
 //!   through to the client. A non-zero answer to the end call pauses the stream until
 //!   `proxy_continue_stream`;
+//! - an upstream answer with trailers ([`ResponseSpec::trailers`]): the headers and every chunk come with
+//!   `end_of_stream = false`, no end-of-stream body call, then `proxy_on_response_trailers(ctx, n)` if
+//!   exported (trailers map 3 readable and writable; the body buffer shows the data the filter holds). Its
+//!   non-zero answer pauses the response until `proxy_continue_stream(Response)`; then the held data and the
+//!   trailers go to the client (`FilterManager` `commonHandleAfterTrailersCallback`);
 //! - an upstream that resets the stream after the response headers (`reset_after`): no more body
 //!   callbacks, no end of stream; the stream ends as Envoy ends a reset stream (the connection manager
 //!   writes the access log, then destroys the filters): `proxy_on_log` (the response code received),
@@ -54,6 +59,8 @@ pub(crate) enum Resume {
     ResponseHeaders,
     /// Paused in `proxy_on_response_body`: next, the end.
     ResponseBody,
+    /// Paused in `proxy_on_response_trailers`: next, the held body and the trailers go to the client.
+    ResponseTrailers,
 }
 
 /// The host's record of a stream.
@@ -81,6 +88,8 @@ pub(crate) struct StreamRun {
     pub delivered: Vec<u8>,
     /// Response data the filter holds (it answered StopIterationAndBuffer).
     pub buffered: Vec<u8>,
+    /// The trailers of `response` still to come (they end the stream instead of the last body call).
+    pub trailers: Pairs,
 }
 
 fn headers_to_pairs(headers: &Headers) -> Pairs {
@@ -198,6 +207,7 @@ impl Host {
                 reset_in: None,
                 delivered: Vec::new(),
                 buffered: Vec::new(),
+                trailers: Vec::new(),
             },
         );
         // A VM that already failed: Envoy answers without calling it.
@@ -296,7 +306,9 @@ impl Host {
             run.continue_request = false;
             run.waiting = None;
             self.resume(key, waiting);
-        } else if matches!(waiting, Resume::ResponseHeaders | Resume::ResponseBody) && run.continue_response {
+        } else if matches!(waiting, Resume::ResponseHeaders | Resume::ResponseBody | Resume::ResponseTrailers)
+            && run.continue_response
+        {
             run.continue_response = false;
             run.waiting = None;
             self.resume(key, waiting);
@@ -316,6 +328,7 @@ impl Host {
             Resume::RequestBody => self.upstream(key),
             Resume::ResponseHeaders => self.response_body(key),
             Resume::ResponseBody => self.finish_continued(key),
+            Resume::ResponseTrailers => self.end_with_trailers(key),
         }
     }
 
@@ -325,7 +338,9 @@ impl Host {
         let Some(run) = self.streams.get_mut(&key) else { return true };
         let continued = match at {
             Resume::RequestHeaders | Resume::RequestBody => std::mem::take(&mut run.continue_request),
-            Resume::ResponseHeaders | Resume::ResponseBody => std::mem::take(&mut run.continue_response),
+            Resume::ResponseHeaders | Resume::ResponseBody | Resume::ResponseTrailers => {
+                std::mem::take(&mut run.continue_response)
+            }
         };
         if result.unwrap_or(0) == 0 && !stop_iteration {
             return false;
@@ -461,6 +476,7 @@ impl Host {
                 if let Some(run) = self.streams.get_mut(&key) {
                     run.chunks = chunks;
                     run.reset_in = response.reset_after;
+                    run.trailers = headers_to_pairs(&response.trailers);
                 }
                 (response.status, Vec::new(), headers)
             }
@@ -497,12 +513,12 @@ impl Host {
 
     fn response_headers(&mut self, key: (usize, u32)) {
         let (vm, ctx) = key;
-        // A chunked answer ends with its headers only if it has no chunk and no reset.
+        // A chunked answer ends with its headers only if it has no chunk, no reset and no trailers.
         let chunked = self
             .streams
             .get(&key)
             .filter(|r| r.response.is_some() && !r.in_local_reply)
-            .map(|r| r.chunks.is_empty() && r.reset_in.is_none());
+            .map(|r| r.chunks.is_empty() && r.reset_in.is_none() && r.trailers.is_empty());
         let (n, body_empty) = self
             .with_state(vm, |s| {
                 s.stream_by_id(ctx).map(|d| {
@@ -577,10 +593,16 @@ impl Host {
             let passed: Vec<Vec<u8>> = run.chunks.drain(..take).collect();
             run.delivered.extend(passed.concat());
             let reset = run.reset_in.is_some();
+            let trailers = !run.trailers.is_empty();
             self.with_state(vm, |s| s.stream_by_id(ctx).map(|d| d.response_body.clear()));
-            return if reset { self.upstream_reset(key) } else { self.finish_continued(key) };
+            return match (reset, trailers) {
+                (true, _) => self.upstream_reset(key),
+                (false, true) => self.response_trailers(key),
+                (false, false) => self.finish_continued(key),
+            };
         }
-        if self.streams.get(&key).is_some_and(|r| r.chunks.is_empty() && r.reset_in.is_none()) {
+        if self.streams.get(&key).is_some_and(|r| r.chunks.is_empty() && r.reset_in.is_none() && r.trailers.is_empty())
+        {
             // The headers ended the stream (`proxy_on_response_headers(ctx, n, true)`): no body call.
             return self.finish_continued(key);
         }
@@ -611,11 +633,59 @@ impl Host {
             // The upstream reset after its last chunk: still no end of stream.
             return self.upstream_reset(key);
         }
+        if self.streams.get(&key).is_some_and(|r| !r.trailers.is_empty()) {
+            // The trailers end the stream: no end-of-stream body call; what the filter holds stays held.
+            return self.response_trailers(key);
+        }
         let buffered = self.streams.get_mut(&key).map(|r| std::mem::take(&mut r.buffered)).unwrap_or_default();
         let Some(result) = self.response_body_call(key, buffered, true) else { return };
         if !self.stopped(key, Some(result), Resume::ResponseBody) {
             self.finish_continued(key);
         }
+    }
+
+    /// The response trailers (Envoy `Context::encodeTrailers`): `proxy_on_response_trailers(ctx, number)` if
+    /// the module exports it, with the trailers readable and writable (map 3) and the response data the
+    /// filter holds, if any, as the body buffer (Envoy's encoding buffer while the filter buffers). A
+    /// non-zero answer pauses the stream until `proxy_continue_stream(Response)`; then the held data and
+    /// the trailers go to the client.
+    fn response_trailers(&mut self, key: (usize, u32)) {
+        let (vm, ctx) = key;
+        let Some(run) = self.streams.get_mut(&key) else { return };
+        let trailers = std::mem::take(&mut run.trailers);
+        let held = std::mem::take(&mut run.buffered);
+        let n = count(trailers.len());
+        self.with_state(vm, |s| {
+            if let Some(d) = s.stream_by_id(ctx) {
+                d.response_trailers = trailers;
+                d.response_trailers_open = true;
+                d.response_body = held;
+            }
+        });
+        if let Some(f) = self.vms.get(vm).and_then(|v| v.exports.on_response_trailers.clone()) {
+            self.set_body_view(key, Some(BodyView::Response));
+            let called = self.call(vm, "proxy_on_response_trailers", ctx, Some(ctx), |s| f.call(s, (ctx, n)));
+            self.set_body_view(key, None);
+            if self.settle(key, called.trapped) {
+                return;
+            }
+            if self.stopped(key, called.value, Resume::ResponseTrailers) {
+                return;
+            }
+        }
+        self.end_with_trailers(key);
+    }
+
+    /// The response goes on past its trailers: the data the filter held, then the trailers, reach the client
+    /// (Envoy's `commonContinue`: `doData`, then `doTrailers`).
+    fn end_with_trailers(&mut self, key: (usize, u32)) {
+        let (vm, ctx) = key;
+        self.with_state(vm, |s| {
+            if let Some(d) = s.stream_by_id(ctx) {
+                d.response_trailers_open = false;
+            }
+        });
+        self.finish_continued(key);
     }
 
     /// One `proxy_on_response_body(ctx, len, end_of_stream)` showing `data` (the buffer the guest may read
@@ -651,9 +721,12 @@ impl Host {
     /// The end of a response that went through: upstream or local reply.
     fn finish_continued(&mut self, key: (usize, u32)) {
         let (vm, ctx) = key;
-        let (headers, mut body) = self
+        let (headers, mut body, trailers) = self
             .with_state(vm, |s| {
-                s.stream_by_id(ctx).map(|d| (pairs_to_headers(&d.response_headers), d.response_body.clone()))
+                s.stream_by_id(ctx).map(|d| {
+                    let trailers = pairs_to_headers(&d.response_trailers);
+                    (pairs_to_headers(&d.response_headers), d.response_body.clone(), trailers)
+                })
             })
             .flatten()
             .unwrap_or_default();
@@ -673,6 +746,7 @@ impl Host {
                 request_headers,
                 response_headers: headers,
                 response_body: body,
+                response_trailers: trailers,
                 cost,
             }),
         }
@@ -722,14 +796,19 @@ impl Host {
         let cost = run.cost.clone();
         if fail_open {
             let upstream = self.setup.upstream.clone();
-            let (status, given, body) = match &run.response {
-                Some(r) => (r.status, r.headers.clone(), r.body_chunks.concat().into_bytes()),
-                None => (upstream.status, upstream.headers, upstream.body),
+            let (status, given, body, response_trailers) = match &run.response {
+                Some(r) => (r.status, r.headers.clone(), r.body_chunks.concat().into_bytes(), r.trailers.clone()),
+                None => (upstream.status, upstream.headers, upstream.body, Vec::new()),
             };
             let mut response_headers: Headers = vec![(":status".into(), status.to_string())];
             response_headers.extend(given);
-            run.outcome =
-                Some(Outcome::Continued { request_headers: Vec::new(), response_headers, response_body: body, cost });
+            run.outcome = Some(Outcome::Continued {
+                request_headers: Vec::new(),
+                response_headers,
+                response_body: body,
+                response_trailers,
+                cost,
+            });
         } else {
             run.outcome = Some(Outcome::VmFailed { message, status: Some(503), cost });
         }

@@ -215,6 +215,11 @@ pub struct StreamData {
     pub response_headers_open: bool,
     /// The response body.
     pub response_body: Vec<u8>,
+    /// Response trailers (map type 3), once the upstream sent them.
+    pub response_trailers: Pairs,
+    /// Response trailers are readable and writable (from `proxy_on_response_trailers` until the response
+    /// continues; Envoy `encodeTrailers`).
+    pub response_trailers_open: bool,
     /// During `proxy_on_log`: both header maps readable (Envoy's access-log phase).
     pub access_log_phase: bool,
     /// The body chunk a body callback is looking at.
@@ -429,17 +434,22 @@ impl VmState {
         match map {
             MapType::RequestHeaders if stream.request_headers_open || log => Ok(&stream.request_headers),
             MapType::ResponseHeaders if stream.response_headers_open || log => Ok(&stream.response_headers),
+            MapType::ResponseTrailers if stream.response_trailers_open => Ok(&stream.response_trailers),
+            // Envoy's access-log phase shows the trailers the response had (none: no map, NotFound).
+            MapType::ResponseTrailers if log && !stream.response_trailers.is_empty() => Ok(&stream.response_trailers),
             _ if log => Err(Status::NotFound),
             _ => Err(Status::BadArgument),
         }
     }
 
-    /// The header map a hostcall may change now (Envoy `getMap`: request/response headers while open).
+    /// The header map a hostcall may change now (Envoy `getMap`: request/response headers and response
+    /// trailers while open).
     pub fn writable_map(&mut self, map: MapType) -> Option<&mut Pairs> {
         let stream = self.stream_mut()?;
         match map {
             MapType::RequestHeaders if stream.request_headers_open => Some(&mut stream.request_headers),
             MapType::ResponseHeaders if stream.response_headers_open => Some(&mut stream.response_headers),
+            MapType::ResponseTrailers if stream.response_trailers_open => Some(&mut stream.response_trailers),
             _ => None,
         }
     }

@@ -3,6 +3,7 @@
 
 mod common;
 
+mod bodies;
 mod cli;
 mod envoy_parity;
 mod faults;
