@@ -1,5 +1,10 @@
-//! Bodies and trailers as Envoy 1.40 hands them to a filter, with a WAT module that logs every callback:
-//! response trailers (`ResponseSpec::trailers`) ending the stream with `proxy_on_response_trailers`.
+//! Request bodies and response trailers as Envoy 1.40 hands them to a filter, with a WAT module that logs
+//! every callback: a request body in chunks (`RequestSpec::body_chunks`), buffered (StopIterationAndBuffer)
+//! or let through, rewritten with `proxy_set_buffer_bytes` (what goes upstream, and Envoy's untouched
+//! `content-length`); request header edits during `proxy_on_request_body` (refused, as Envoy) and from a
+//! root context callback through `proxy_set_effective_context` while the headers are held (they reach the
+//! upstream); response trailers (`ResponseSpec::trailers`) ending the stream with
+//! `proxy_on_response_trailers`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 
@@ -23,6 +28,8 @@ struct Behaviour {
 const CONTINUE: &str = "(i32.const 0)";
 /// StopIterationAndBuffer (1) until the end of stream, then Continue.
 const BUFFER: &str = "(select (i32.const 0) (i32.const 1) (local.get $eos))";
+/// Pauses the request headers until the tick (5 ms), which continues the request.
+const HOLD_HEADERS: &str = "(drop (call $tick (i32.const 5))) (i32.const 1)";
 /// The tick: makes the stream the effective context (logged `K<status>`), edits its request headers
 /// (`$edit`), stops the tick and continues the request.
 const TICK_EDITS_REQUEST: &str = "(call $effective) (call $edit) (drop (call $continue (i32.const 0)))";
@@ -168,9 +175,24 @@ fn logs(host: &Host) -> (Vec<String>, Vec<String>) {
     (lines, warnings)
 }
 
+/// The lines of the request's side (request headers and body, header edits, the tick).
+fn request_side(lines: &[String]) -> Vec<&str> {
+    lines.iter().map(String::as_str).filter(|l| l.starts_with(['R', 'Q', 'E', 'K'])).collect()
+}
+
 /// The lines of the response's side (response headers, body, trailers).
 fn response_side(lines: &[String]) -> Vec<&str> {
     lines.iter().map(String::as_str).filter(|l| l.starts_with(['H', 'B', 'T'])).collect()
+}
+
+/// What the upstream received: the request headers and body.
+fn upstream(outcome: &Outcome) -> (Vec<(String, String)>, String) {
+    match outcome {
+        Outcome::Continued { request_headers, request_body, .. } => {
+            (request_headers.clone(), String::from_utf8_lossy(request_body).into_owned())
+        }
+        other => panic!("not continued: {}", other.to_json()),
+    }
 }
 
 fn trailers(outcome: &Outcome) -> Vec<(String, String)> {
@@ -178,6 +200,97 @@ fn trailers(outcome: &Outcome) -> Vec<(String, String)> {
         Outcome::Continued { response_trailers, .. } => response_trailers.clone(),
         other => panic!("not continued: {}", other.to_json()),
     }
+}
+
+fn chunks(parts: &[&str]) -> RequestSpec {
+    RequestSpec::with_headers(&[("x-drop", "1")]).with_body_chunks(parts)
+}
+
+#[test]
+fn a_request_body_in_chunks_is_one_body_call_each_then_the_end_of_stream() {
+    let (outcome, lines, warnings) = exchange(Behaviour::default(), chunks(&["ab", "cde", "f"]));
+    assert_eq!(request_side(&lines), ["R0", "Q020:ab", "Q030:cde", "Q010:f", "Q001:"]);
+    assert!(lines.contains(&"L1:".to_string()), "no trailers in the access log (NotFound): {lines:?}");
+    let (headers, body) = upstream(&outcome);
+    assert_eq!(body, "abcdef");
+    assert_eq!(header(&headers, ":method"), Some("POST"));
+    assert_eq!(header(&headers, "content-length"), Some("6"), "the chunks' total");
+    assert!(warnings.is_empty(), "{warnings:?}");
+}
+
+#[test]
+fn a_buffering_filter_sees_the_buffered_body_grow_then_the_whole_body_at_the_end() {
+    let behaviour = Behaviour { request_body: BUFFER, ..Behaviour::default() };
+    let (outcome, lines, _) = exchange(behaviour, chunks(&["ab", "cde", "f"]));
+    assert_eq!(request_side(&lines), ["R0", "Q020:ab", "Q050:abcde", "Q060:abcdef", "Q061:abcdef"]);
+    assert_eq!(upstream(&outcome).1, "abcdef");
+
+    // `body` is one chunk: the probe's observation in Envoy 1.40 (`len, false` then `0, true`), and the
+    // whole buffered body again at the end when the first call buffered.
+    let (_, lines, _) =
+        exchange(Behaviour::default(), RequestSpec { body: Some("hello".into()), ..Default::default() });
+    assert_eq!(request_side(&lines), ["R0", "Q050:hello", "Q001:"]);
+    let (_, lines, _) = exchange(behaviour, RequestSpec { body: Some("hello".into()), ..Default::default() });
+    assert_eq!(request_side(&lines), ["R0", "Q050:hello", "Q051:hello"]);
+}
+
+/// Replaces the whole buffered body with `REWRITTEN` at the end of stream, buffering until then.
+const REWRITE_AT_END: &str = "(if (local.get $eos) (then (drop (call $set_buffer (i32.const 0) (i32.const 0) \
+    (local.get $len) (i32.const 1160) (i32.const 9))))) (select (i32.const 0) (i32.const 1) (local.get $eos))";
+
+#[test]
+fn a_rewritten_body_goes_upstream_and_envoy_leaves_content_length_alone() {
+    let behaviour = Behaviour { request_body: REWRITE_AT_END, ..Behaviour::default() };
+    let (outcome, lines, warnings) = exchange(behaviour, chunks(&["hello ", "body"]));
+    assert_eq!(request_side(&lines), ["R0", "Q060:hello ", "Q100:hello body", "Q101:hello body"]);
+    let (headers, body) = upstream(&outcome);
+    assert_eq!(body, "REWRITTEN");
+    assert_eq!(header(&headers, "content-length"), Some("10"), "Envoy does not recompute it");
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("content-length 10 and a body of 9 bytes"), "{warnings:?}");
+
+    // The filter's part: remove content-length in proxy_on_request_headers (the only time it may), and the
+    // upstream gets the new body without a stale length.
+    let behaviour = Behaviour {
+        request_headers: "(drop (call $remove_header (i32.const 0) (i32.const 1180) (i32.const 14))) (i32.const 0)",
+        request_body: REWRITE_AT_END,
+        ..Behaviour::default()
+    };
+    let (outcome, _, warnings) = exchange(behaviour, chunks(&["hello ", "body"]));
+    let (headers, body) = upstream(&outcome);
+    assert_eq!((header(&headers, "content-length"), body.as_str()), (None, "REWRITTEN"));
+    assert!(warnings.is_empty(), "{warnings:?}");
+}
+
+#[test]
+fn request_headers_cannot_be_changed_during_the_request_body() {
+    // Envoy drops the request headers when proxy_on_request_headers continues (`Context::decodeHeaders`):
+    // both edits answer BadArgument (2), in every body call, and the upstream gets the headers unchanged.
+    let behaviour = Behaviour { request_body: "(call $edit) (i32.const 0)", ..Behaviour::default() };
+    let (outcome, lines, _) = exchange(behaviour, chunks(&["ab", "c"]));
+    assert_eq!(request_side(&lines), ["R0", "Q020:ab", "E22", "Q010:c", "E22", "Q001:", "E22"]);
+    let (headers, body) = upstream(&outcome);
+    assert_eq!((header(&headers, "x-drop"), header(&headers, "x-edited")), (Some("1"), None));
+    assert_eq!(body, "abc");
+}
+
+#[test]
+fn a_root_callback_changes_held_request_headers_through_the_effective_context() {
+    // The headers are held (paused); the tick, a root context callback, makes the stream effective, edits
+    // its request headers (Ok, Ok) and continues: the upstream gets the edited headers. The body, which
+    // arrived while the headers were held, comes in one call with the end of stream (Envoy buffered it).
+    let behaviour = Behaviour { request_headers: HOLD_HEADERS, ..Behaviour::default() };
+    let (outcome, lines, _) = exchange(behaviour, chunks(&["ab", "cde"]));
+    assert_eq!(request_side(&lines), ["R0", "K0", "E00", "Q051:abcde"]);
+    let (headers, body) = upstream(&outcome);
+    assert_eq!((header(&headers, "x-edited"), header(&headers, "x-drop")), (Some("yes"), None));
+    assert_eq!(body, "abcde");
+
+    // The same without a body.
+    let (outcome, lines, _) = exchange(behaviour, RequestSpec::with_headers(&[("x-drop", "1")]));
+    assert_eq!(request_side(&lines), ["R1", "K0", "E00"]);
+    let (headers, _) = upstream(&outcome);
+    assert_eq!((header(&headers, "x-edited"), header(&headers, "x-drop")), (Some("yes"), None));
 }
 
 /// Logs the trailers callback (see [`module`]), then the body buffer (`b:<held data>`), replaces the
@@ -242,4 +355,21 @@ fn a_paused_trailers_callback_waits_for_proxy_continue_stream() {
     assert!(lines.contains(&"K0".to_string()), "{lines:?}");
     assert_eq!(outcome.kind(), "continued");
     assert_eq!(header(&trailers(&outcome), "grpc-status"), Some("0"));
+}
+
+#[test]
+fn serve_lines_carry_body_chunks_and_trailers() {
+    let line = r#"{"body_chunks": ["a", "b"], "response": {"body_chunks": ["x"], "trailers": [["grpc-status", "0"]]}}"#;
+    let spec: RequestSpec = serde_json::from_str(line).unwrap();
+    assert_eq!(spec.body_chunks, ["a", "b"]);
+    let (outcome, lines, _) = exchange(Behaviour::default(), spec);
+    assert_eq!(request_side(&lines), ["R0", "Q010:a", "Q010:b", "Q001:"]);
+    assert_eq!(upstream(&outcome).1, "ab");
+    assert_eq!(outcome.to_json()["request_body"], "ab");
+    assert_eq!(outcome.to_json()["trailers"][0][1], "0");
+
+    // A body and body chunks together are refused.
+    let mut host = HostBuilder::from_bytes(module(Behaviour::default())).build().unwrap();
+    let both = RequestSpec { body: Some("x".into()), body_chunks: vec!["y".into()], ..Default::default() };
+    assert!(host.send_request(0, both).is_err());
 }
