@@ -12,7 +12,8 @@ pub type Headers = Vec<(String, String)>;
 ///
 /// Missing pseudo-headers get defaults (`:authority` `localhost`, `:path` `/`, `:method` `GET`, or `POST`
 /// with a body, `:scheme` `http`), and the host adds what Envoy's connection manager adds before the
-/// filters run: `content-length` for a body, `x-forwarded-proto: http` and a random `x-request-id`
+/// filters run: `content-length` for a body (its whole length, unless `content-length` or
+/// `transfer-encoding` is given), `x-forwarded-proto: http` and a random `x-request-id`
 /// (observed in Envoy 1.40, `probe/envoy-1.40-observed.txt`). Order as Envoy shows them: `:authority`,
 /// `:path`, `:method`, `:scheme`, the given headers, `x-forwarded-proto`, `x-request-id`.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -27,9 +28,15 @@ pub struct RequestSpec {
     /// The route name (`xds.route_name`, and Higress's `route_name`); default `route`.
     #[serde(default)]
     pub route_name: Option<String>,
-    /// A request body (then `proxy_on_request_body` runs).
+    /// A request body (then `proxy_on_request_body` runs), in one piece: `proxy_on_request_body(ctx, len,
+    /// false)`, then the end of stream.
     #[serde(default)]
     pub body: Option<String>,
+    /// A request body in pieces, as Envoy's codec hands a large body to the filters as it reads it: one
+    /// `proxy_on_request_body(ctx, len, false)` per chunk, then `proxy_on_request_body(ctx, buffered, true)`
+    /// (see `stream.rs` for buffering and pauses). Empty: none; not together with `body` (a bad request).
+    #[serde(default)]
+    pub body_chunks: Vec<String>,
     /// The upstream's answer to this request; `None`: the host's (`HostBuilder::upstream`, by default 200
     /// `upstream ok\n`).
     #[serde(default)]
@@ -45,6 +52,10 @@ pub struct RequestSpec {
 /// mid-body; N = 0: right after the headers): no more body callbacks and no end of stream; the stream ends
 /// as Envoy ends a reset stream (`proxy_on_log`, `proxy_on_done`, `proxy_on_delete`) and the request's
 /// outcome is [`Outcome::UpstreamReset`]. A client that goes away mid-body looks the same to the filter.
+///
+/// With `trailers` (HTTP/2, gRPC, HTTP/1.1 chunked trailers) the trailers end the stream, as in Envoy: the
+/// headers and every chunk come with `end_of_stream = false`, there is no end-of-stream body call, and
+/// `proxy_on_response_trailers(ctx, number of trailers)` comes last (only if the module exports it).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResponseSpec {
@@ -58,9 +69,12 @@ pub struct ResponseSpec {
     /// The body, as the chunks the filter sees one by one (none: an empty body).
     #[serde(default)]
     pub body_chunks: Vec<String>,
-    /// Reset the upstream stream after this many chunks instead of ending it.
+    /// Reset the upstream stream after this many chunks instead of ending it (the trailers never come).
     #[serde(default)]
     pub reset_after: Option<usize>,
+    /// Response trailers, in order (names lowercased): they end the stream (none: the last body call does).
+    #[serde(default)]
+    pub trailers: Headers,
 }
 
 impl ResponseSpec {
@@ -75,6 +89,7 @@ impl ResponseSpec {
             headers: headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             body_chunks: chunks.iter().map(|c| c.to_string()).collect(),
             reset_after: None,
+            trailers: Vec::new(),
         }
     }
 
@@ -83,11 +98,24 @@ impl ResponseSpec {
         self.reset_after = Some(n);
         self
     }
+
+    /// The same response, ended by these trailers (`proxy_on_response_trailers`) instead of its last body
+    /// call.
+    pub fn with_trailers(mut self, trailers: &[(&str, &str)]) -> Self {
+        self.trailers = trailers.iter().map(|(k, v)| (k.to_ascii_lowercase(), v.to_string())).collect();
+        self
+    }
 }
 
 impl Default for ResponseSpec {
     fn default() -> Self {
-        ResponseSpec { status: 200, headers: Vec::new(), body_chunks: Vec::new(), reset_after: None }
+        ResponseSpec {
+            status: 200,
+            headers: Vec::new(),
+            body_chunks: Vec::new(),
+            reset_after: None,
+            trailers: Vec::new(),
+        }
     }
 }
 
@@ -110,6 +138,19 @@ impl RequestSpec {
     pub fn answered_with(mut self, response: ResponseSpec) -> Self {
         self.response = Some(response);
         self
+    }
+
+    /// The same request with a body sent in these chunks ([`RequestSpec::body_chunks`]; a POST unless
+    /// `:method` is given).
+    pub fn with_body_chunks(mut self, chunks: &[&str]) -> Self {
+        self.body = None;
+        self.body_chunks = chunks.iter().map(|c| c.to_string()).collect();
+        self
+    }
+
+    /// Whether the request has a body (`body` or `body_chunks`).
+    pub fn has_body(&self) -> bool {
+        self.body.is_some() || !self.body_chunks.is_empty()
     }
 }
 
@@ -135,12 +176,19 @@ pub enum Outcome {
     /// The filter let the request through; the emulated upstream answered.
     Continued {
         /// The request headers as the filter left them (what the router would forward, before the
-        /// router's own additions such as `x-envoy-expected-rq-timeout-ms`).
+        /// router's own additions such as `x-envoy-expected-rq-timeout-ms`). Envoy does not make their
+        /// `content-length` agree with a body the filter changed (see `request_body`).
         request_headers: Headers,
+        /// The request body as it went upstream: every chunk the filter let through, as the filter left it
+        /// (`proxy_set_buffer_bytes`); empty for a request without a body, and when failing open.
+        request_body: Vec<u8>,
         /// The response headers after the filter's `proxy_on_response_headers`.
         response_headers: Headers,
         /// The response body after the filter.
         response_body: Vec<u8>,
+        /// The response trailers after the filter's `proxy_on_response_trailers` (none: the response had
+        /// none, see [`ResponseSpec::trailers`]).
+        response_trailers: Headers,
         /// What it cost.
         cost: Cost,
     },
@@ -267,8 +315,9 @@ impl Outcome {
     }
 
     /// One JSON object: `kind`, `status`, `headers`, `body`, `fuel`, `redis_calls`, `http_calls`,
-    /// `guest_calls`, `elapsed_ms`, plus `request_headers` (continued), `details` (local reply),
-    /// `message` (VM failed) or `reason` (refused).
+    /// `guest_calls`, `elapsed_ms`, plus `request_headers` (continued; with `request_body` when the request
+    /// had a body and `trailers` when the response had trailers), `details` (local reply), `message` (VM
+    /// failed) or `reason` (refused).
     pub fn to_json(&self) -> Value {
         let headers: Vec<[String; 2]> = self.response_headers().into_iter().map(|(k, v)| [k, v]).collect();
         let mut out = json!({
@@ -286,9 +335,17 @@ impl Outcome {
         }
         if let Some(map) = out.as_object_mut() {
             match self {
-                Outcome::Continued { request_headers, .. } => {
+                Outcome::Continued { request_headers, request_body, response_trailers, .. } => {
                     let pairs: Vec<[String; 2]> = request_headers.iter().map(|(k, v)| [k.clone(), v.clone()]).collect();
                     map.insert("request_headers".into(), json!(pairs));
+                    if !request_body.is_empty() {
+                        map.insert("request_body".into(), json!(String::from_utf8_lossy(request_body)));
+                    }
+                    if !response_trailers.is_empty() {
+                        let pairs: Vec<[String; 2]> =
+                            response_trailers.iter().map(|(k, v)| [k.clone(), v.clone()]).collect();
+                        map.insert("trailers".into(), json!(pairs));
+                    }
                 }
                 Outcome::LocalReply { details, .. } => {
                     map.insert("details".into(), json!(details));

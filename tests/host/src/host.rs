@@ -369,7 +369,7 @@ impl HostBuilder {
                 instance.get_memory(&mut store, "memory").ok_or(HostError::MissingExport("the memory export"))?;
             store.data_mut().memory = Some(memory);
             store.data_mut().alloc = Some(exports.alloc.clone());
-            host.vms.push(Vm { store, exports, failed: None, next_tick: None, background_fuel: 0 });
+            host.vms.push(Vm { store, exports, failed: None, next_ticks: BTreeMap::new(), background_fuel: 0 });
         }
         for index in 0..host.vms.len() {
             if let Err(reason) = host.start_vm(index) {
@@ -508,6 +508,7 @@ pub(crate) struct Exports {
     pub on_request_body: Option<TypedFunc<(u32, u32, u32), u32>>,
     pub on_response_headers: Option<TypedFunc<(u32, u32, u32), u32>>,
     pub on_response_body: Option<TypedFunc<(u32, u32, u32), u32>>,
+    pub on_response_trailers: Option<TypedFunc<(u32, u32), u32>>,
     pub on_http_call_response: Option<HttpCallResponseFn>,
     pub on_redis_call_response: Option<TypedFunc<(u32, u32, u32, u32), ()>>,
     pub on_log: Option<TypedFunc<u32, ()>>,
@@ -551,6 +552,7 @@ impl Exports {
             on_request_body: typed(instance, store, "proxy_on_request_body")?,
             on_response_headers: typed(instance, store, "proxy_on_response_headers")?,
             on_response_body: typed(instance, store, "proxy_on_response_body")?,
+            on_response_trailers: typed(instance, store, "proxy_on_response_trailers")?,
             on_http_call_response: typed(instance, store, "proxy_on_http_call_response")?,
             on_redis_call_response: typed(instance, store, "proxy_on_redis_call_response")?,
             on_log: typed(instance, store, "proxy_on_log")?,
@@ -566,7 +568,8 @@ pub(crate) struct Vm {
     pub exports: Exports,
     /// Set once the VM trapped (Envoy: the VM is failed for good).
     pub failed: Option<String>,
-    pub next_tick: Option<Instant>,
+    /// When each root context's next tick is due, by root context id (Envoy: a timer per root context).
+    pub next_ticks: BTreeMap<u32, Instant>,
     /// Fuel of guest calls made for no stream (start, configure, ticks, orphan callbacks).
     pub background_fuel: u64,
 }
@@ -818,8 +821,12 @@ impl Host {
 
     /// A new plugin configuration for the running VMs, as Envoy applies a control plane's update to a plugin
     /// whose VM configuration is unchanged: in each VM, a new root context (`proxy_on_context_create`,
-    /// `proxy_on_configure` with the new configuration) takes the new streams and the tick, and the old
-    /// root context is deleted (`proxy_on_done`, `proxy_on_delete`). Shared data stays (it belongs to the
+    /// `proxy_on_configure` with the new configuration) takes the new streams, and the old root context is
+    /// deleted (`proxy_on_done`, `proxy_on_delete`). Ticks belong to root contexts, as in Envoy: the new root
+    /// context starts without one (until something sets it), the old one keeps its own until it is deleted,
+    /// and a tick set while the old root context is the effective context (in its `proxy_on_done` or
+    /// `proxy_on_delete`, unless the guest made the new root context effective first with
+    /// `proxy_set_effective_context`) is the old root's and goes with it. Shared data stays (it belongs to the
     /// VMs). `Err` names the VM whose configure answered false or trapped, or refuses while a stream is
     /// still open: Envoy keeps the old root context until its streams end, which is not emulated (their
     /// replies would reach the new root context).
@@ -840,9 +847,7 @@ impl Host {
             let old_root = state.root_id;
             let root = state.allocate_context();
             state.root_id = root;
-            state.tick_period = None;
             state.contexts.insert(root, Context::Root);
-            vm.next_tick = None;
             let exports = &vm.exports;
             let (create, configure, done, delete) = (
                 exports.on_context_create.clone(),
@@ -868,7 +873,7 @@ impl Host {
             if let Some(f) = delete {
                 self.call(index, "proxy_on_delete", old_root, None, |s| f.call(s, old_root));
             }
-            self.with_state(index, |s| s.contexts.remove(&old_root));
+            self.with_state(index, |s| s.remove_context(old_root));
             self.after_call(index);
         }
         Ok(())
@@ -973,8 +978,8 @@ impl Host {
             }
             let mut wake = deadline;
             for vm in &self.vms {
-                if let Some(t) = vm.next_tick {
-                    wake = wake.min(t);
+                if let Some(t) = vm.next_ticks.values().min() {
+                    wake = wake.min(*t);
                 }
             }
             for run in self.streams.values() {
@@ -1005,34 +1010,62 @@ impl Host {
         }
     }
 
+    /// Delivers the ticks that are due: `proxy_on_tick(root)` to each root context whose timer expired, its
+    /// next tick one period later (Envoy's `Wasm::tickHandler` re-arms the root's timer after the call). A
+    /// root context deleted meanwhile gets nothing: its timer is gone with it.
     fn fire_ticks(&mut self) {
         let now = Instant::now();
         for index in 0..self.vms.len() {
             self.reschedule_tick(index, now);
-            let due = self.vms.get(index).and_then(|v| v.next_tick).is_some_and(|t| t <= now);
-            if !due {
-                continue;
-            }
-            let Some(vm) = self.vms.get_mut(index) else { continue };
-            let root = vm.store.data().root_id;
-            let period = vm.store.data().tick_period;
-            vm.next_tick = period.map(|p| now + p);
-            if let Some(f) = vm.exports.on_tick.clone() {
-                self.call(index, "proxy_on_tick", root, None, |s| f.call(s, root));
-                self.after_call(index);
+            let due: Vec<u32> = self.vms.get(index).map_or_else(Vec::new, |vm| {
+                vm.next_ticks.iter().filter(|(_, at)| **at <= now).map(|(root, _)| *root).collect()
+            });
+            for root in due {
+                let Some(vm) = self.vms.get_mut(index) else { break };
+                // An earlier tick of this round may have changed or stopped this one.
+                if vm.next_ticks.get(&root).is_none_or(|at| *at > now) {
+                    continue;
+                }
+                let state = vm.store.data();
+                let alive = matches!(state.contexts.get(&root), Some(Context::Root));
+                match state.ticks.get(&root).copied().filter(|_| alive) {
+                    Some(period) => vm.next_ticks.insert(root, now + period),
+                    None => vm.next_ticks.remove(&root),
+                };
+                if !alive {
+                    continue;
+                }
+                if let Some(f) = vm.exports.on_tick.clone() {
+                    self.call(index, "proxy_on_tick", root, None, |s| f.call(s, root));
+                    self.after_call(index);
+                }
             }
         }
     }
 
-    /// Picks up a tick period the guest set (Envoy: the timer starts when the period is set).
+    /// Picks up the tick periods the guest set since the last look (Envoy: a root context's timer starts,
+    /// one period from now, when its period is set, and stops when it is set to 0 or the root context goes).
     pub(crate) fn reschedule_tick(&mut self, index: usize, now: Instant) {
         if let Some(vm) = self.vms.get_mut(index) {
-            let state = vm.store.data_mut();
-            if state.tick_changed {
-                state.tick_changed = false;
-                vm.next_tick = state.tick_period.map(|p| now + p);
+            for (root, period) in vm.store.data_mut().take_tick_changes() {
+                match period {
+                    Some(period) => vm.next_ticks.insert(root, now + period),
+                    None => vm.next_ticks.remove(&root),
+                };
             }
         }
+    }
+
+    /// The tick period of each root context of a VM that has one, by root context id (empty for a bad
+    /// index). A root context's tick is set by `proxy_set_tick_period_milliseconds` from that root context,
+    /// from one of its HTTP contexts, or from any context whose effective context is one of those.
+    pub fn ticks(&self, vm: usize) -> BTreeMap<u32, Duration> {
+        self.vms.get(vm).map(|v| v.store.data().ticks.clone()).unwrap_or_default()
+    }
+
+    /// The root context new streams of a VM are created for (the plugin's current configuration), if any.
+    pub fn root_context(&self, vm: usize) -> Option<u32> {
+        self.vms.get(vm).map(|v| v.store.data().root_id)
     }
 
     fn dispatch(&mut self, event: Event) {

@@ -131,10 +131,9 @@ pub fn link(linker: &mut Linker<VmState>, abi: AbiVersion, flavour: HostFlavour)
         let now = c.data().shared.guest_time_ns();
         Ok(write_u64(c, ptr, now)?)
     });
+    // The tick of the effective context's root context (see `VmState::set_tick_period`).
     link_hostcall!(linker, fn proxy_set_tick_period_milliseconds(c, period: u32) {
-        let state = c.data_mut();
-        state.tick_period = (period > 0).then(|| std::time::Duration::from_millis(u64::from(period)));
-        state.tick_changed = true;
+        c.data_mut().set_tick_period(std::time::Duration::from_millis(u64::from(period)));
         Ok(())
     });
     link_buffers(linker)?;

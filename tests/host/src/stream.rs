@@ -4,6 +4,19 @@
 //! - `proxy_on_context_create(ctx, root)`, `proxy_on_request_headers(ctx, n, end_of_stream)` (end of
 //!   stream when there is no body); with a body `proxy_on_request_body(ctx, len, false)` then
 //!   `proxy_on_request_body(ctx, 0, true)` (or the whole buffered body again if the first call stopped);
+//! - a request body in chunks ([`RequestSpec::body_chunks`]; `body` is one chunk) as the response's below:
+//!   one `proxy_on_request_body(ctx, len, false)` per chunk, a chunk answered StopIterationAndBuffer (1)
+//!   shown again, followed by the next one, with their length (Envoy's `Context::decodeData` adds the chunk
+//!   to the decoding buffer first when it is buffering), then `proxy_on_request_body(ctx, held, true)`;
+//!   `proxy_get_buffer_bytes(0)` reads, and `proxy_set_buffer_bytes(0)` replaces, the data of the call, and
+//!   what the filter lets through (Continue) is what goes upstream ([`Outcome::Continued`]'s
+//!   `request_body`). Envoy does not touch `content-length` when a filter changes the body (the filter must
+//!   remove or replace it; the host logs a warning when they disagree). Request headers are not writable
+//!   during body callbacks (Envoy drops them when the headers callback continues, `Context::decodeHeaders`);
+//! - a request whose headers the filter held (paused in `proxy_on_request_headers`): the client's whole body
+//!   arrived meanwhile, and Envoy (which turns a wasm StopIteration into StopAllIterationAndWatermark)
+//!   buffered it and gives it in one `proxy_on_request_body(ctx, total, true)` once the stream continues
+//!   (`FilterManager` `commonContinue`: `doData(complete())`);
 //! - upstream: `proxy_on_response_headers(ctx, n, false)`, `proxy_on_response_body(ctx, len, false)`,
 //!   `proxy_on_response_body(ctx, 0, true)`;
 //! - an upstream answer given per request ([`ResponseSpec`]): one `proxy_on_response_body(ctx, len, false)`
@@ -13,6 +26,11 @@
 //!   first when it is buffering), the end call shows what is still buffered; Continue (0) lets the buffer
 //!   through to the client. A non-zero answer to the end call pauses the stream until
 //!   `proxy_continue_stream`;
+//! - an upstream answer with trailers ([`ResponseSpec::trailers`]): the headers and every chunk come with
+//!   `end_of_stream = false`, no end-of-stream body call, then `proxy_on_response_trailers(ctx, n)` if
+//!   exported (trailers map 3 readable and writable; the body buffer shows the data the filter holds). Its
+//!   non-zero answer pauses the response until `proxy_continue_stream(Response)`; then the held data and the
+//!   trailers go to the client (`FilterManager` `commonHandleAfterTrailersCallback`);
 //! - an upstream that resets the stream after the response headers (`reset_after`): no more body
 //!   callbacks, no end of stream; the stream ends as Envoy ends a reset stream (the connection manager
 //!   writes the access log, then destroys the filters): `proxy_on_log` (the response code received),
@@ -54,6 +72,8 @@ pub(crate) enum Resume {
     ResponseHeaders,
     /// Paused in `proxy_on_response_body`: next, the end.
     ResponseBody,
+    /// Paused in `proxy_on_response_trailers`: next, the held body and the trailers go to the client.
+    ResponseTrailers,
 }
 
 /// The host's record of a stream.
@@ -70,6 +90,12 @@ pub(crate) struct StreamRun {
     pub continue_request: bool,
     pub continue_response: bool,
     pub request_headers_after: Headers,
+    /// The chunks of the request body still to come (`RequestSpec::body` or `body_chunks`).
+    pub request_chunks: VecDeque<Vec<u8>>,
+    /// Request data the filter holds (it answered StopIterationAndBuffer).
+    pub request_buffered: Vec<u8>,
+    /// The request body that went through the filter (upstream) so far.
+    pub request_sent: Vec<u8>,
     pub outcome: Option<Outcome>,
     /// The upstream's answer given with the request (`RequestSpec::response`), body chunk by chunk.
     pub response: Option<ResponseSpec>,
@@ -81,6 +107,8 @@ pub(crate) struct StreamRun {
     pub delivered: Vec<u8>,
     /// Response data the filter holds (it answered StopIterationAndBuffer).
     pub buffered: Vec<u8>,
+    /// The trailers of `response` still to come (they end the stream instead of the last body call).
+    pub trailers: Pairs,
 }
 
 fn headers_to_pairs(headers: &Headers) -> Pairs {
@@ -102,7 +130,7 @@ fn count(n: usize) -> u32 {
 fn request_headers(spec: &RequestSpec) -> Pairs {
     let given = &spec.headers;
     let get = |name: &str| given.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.clone());
-    let method = if spec.body.is_some() { "POST" } else { "GET" };
+    let method = if spec.has_body() { "POST" } else { "GET" };
     let mut headers: Headers = vec![
         (":authority".into(), get(":authority").or_else(|| get("host")).unwrap_or_else(|| "localhost".into())),
         (":path".into(), get(":path").unwrap_or_else(|| "/".into())),
@@ -116,10 +144,10 @@ fn request_headers(spec: &RequestSpec) -> Pairs {
         }
         headers.push((k, v.clone()));
     }
-    if let Some(body) = &spec.body {
-        if get("content-length").is_none() {
-            headers.push(("content-length".into(), body.len().to_string()));
-        }
+    if spec.has_body() && get("content-length").is_none() && get("transfer-encoding").is_none() {
+        let length =
+            spec.body.as_ref().map_or(0, String::len) + spec.body_chunks.iter().map(String::len).sum::<usize>();
+        headers.push(("content-length".into(), length.to_string()));
     }
     if get("x-forwarded-proto").is_none() {
         headers.push(("x-forwarded-proto".into(), "http".into()));
@@ -156,10 +184,15 @@ impl Host {
         let connection_id = self.connection_id();
         let now = Instant::now();
         let deadline = now + self.pause_deadline;
-        let body = spec.body.clone().map(String::into_bytes);
-        let data = StreamData {
+        if spec.body.is_some() && !spec.body_chunks.is_empty() {
+            return Err(HostError::BadRequest("a request has a body or body chunks, not both".into()));
+        }
+        let request_chunks: VecDeque<Vec<u8>> = match &spec.body {
+            Some(body) => VecDeque::from([body.clone().into_bytes()]),
+            None => spec.body_chunks.iter().map(|chunk| chunk.clone().into_bytes()).collect(),
+        };
+        let mut data = StreamData {
             request_headers: request_headers(&spec),
-            request_body: body.clone().unwrap_or_default(),
             info: StreamInfo {
                 source_address: source,
                 route_name: spec.route_name.clone().unwrap_or_else(|| "route".into()),
@@ -171,6 +204,7 @@ impl Host {
         let context = self
             .with_state(vm, |s| {
                 let id = s.allocate_context();
+                data.root = s.root_id;
                 s.contexts.insert(id, Context::Stream(Box::new(data)));
                 id
             })
@@ -183,7 +217,7 @@ impl Host {
                 deadline,
                 cost: Cost::default(),
                 waiting: None,
-                has_body: body.is_some(),
+                has_body: spec.has_body(),
                 local_reply: None,
                 in_local_reply: false,
                 local_reply_status: None,
@@ -191,12 +225,16 @@ impl Host {
                 continue_request: false,
                 continue_response: false,
                 request_headers_after: Vec::new(),
+                request_chunks,
+                request_buffered: Vec::new(),
+                request_sent: Vec::new(),
                 outcome: None,
                 response: spec.response.clone(),
                 chunks: VecDeque::new(),
                 reset_in: None,
                 delivered: Vec::new(),
                 buffered: Vec::new(),
+                trailers: Vec::new(),
             },
         );
         // A VM that already failed: Envoy answers without calling it.
@@ -295,7 +333,9 @@ impl Host {
             run.continue_request = false;
             run.waiting = None;
             self.resume(key, waiting);
-        } else if matches!(waiting, Resume::ResponseHeaders | Resume::ResponseBody) && run.continue_response {
+        } else if matches!(waiting, Resume::ResponseHeaders | Resume::ResponseBody | Resume::ResponseTrailers)
+            && run.continue_response
+        {
             run.continue_response = false;
             run.waiting = None;
             self.resume(key, waiting);
@@ -307,7 +347,7 @@ impl Host {
             Resume::RequestHeaders => {
                 let has_body = self.streams.get(&key).is_some_and(|s| s.has_body);
                 if has_body {
-                    self.request_body(key);
+                    self.request_body(key, true);
                 } else {
                     self.upstream(key);
                 }
@@ -315,6 +355,7 @@ impl Host {
             Resume::RequestBody => self.upstream(key),
             Resume::ResponseHeaders => self.response_body(key),
             Resume::ResponseBody => self.finish_continued(key),
+            Resume::ResponseTrailers => self.end_with_trailers(key),
         }
     }
 
@@ -324,7 +365,9 @@ impl Host {
         let Some(run) = self.streams.get_mut(&key) else { return true };
         let continued = match at {
             Resume::RequestHeaders | Resume::RequestBody => std::mem::take(&mut run.continue_request),
-            Resume::ResponseHeaders | Resume::ResponseBody => std::mem::take(&mut run.continue_response),
+            Resume::ResponseHeaders | Resume::ResponseBody | Resume::ResponseTrailers => {
+                std::mem::take(&mut run.continue_response)
+            }
         };
         if result.unwrap_or(0) == 0 && !stop_iteration {
             return false;
@@ -375,7 +418,7 @@ impl Host {
 
     fn after_request_headers(&mut self, key: (usize, u32)) {
         if self.streams.get(&key).is_some_and(|s| s.has_body) {
-            self.request_body(key);
+            self.request_body(key, false);
         } else {
             self.upstream(key);
         }
@@ -397,7 +440,8 @@ impl Host {
         });
     }
 
-    /// Two body callbacks, as Envoy's HTTP/1 codec delivers a body and then its end.
+    /// Two body callbacks, as Envoy's HTTP/1 codec delivers a body and then its end (the host-wide
+    /// upstream's answer, [`crate::HostBuilder::upstream`]).
     fn body_calls(&mut self, key: (usize, u32), view: BodyView, at: Resume) -> Option<bool> {
         let (vm, ctx) = key;
         let export = self.vms.get(vm).and_then(|v| match view {
@@ -437,9 +481,47 @@ impl Host {
         Some(self.stopped(key, second.value, at))
     }
 
-    fn request_body(&mut self, key: (usize, u32)) {
-        // Some(true): waiting; None: the stream took another path.
-        if let Some(false) = self.body_calls(key, BodyView::Request, Resume::RequestBody) {
+    /// The request body, chunk by chunk (see the module docs): one `proxy_on_request_body(ctx, len, false)`
+    /// per chunk, the data the guest holds (StopIterationAndBuffer) shown again before each new chunk, then
+    /// the end `proxy_on_request_body(ctx, held, true)`. After the filter held the headers (`held`), the
+    /// whole body arrived meanwhile and comes in that one end call: Envoy buffered it while the filter
+    /// stopped all iteration and hands it over when it continues (`FilterManager` `commonContinue`,
+    /// `doData(complete())`).
+    fn request_body(&mut self, key: (usize, u32), held: bool) {
+        let (vm, ctx) = key;
+        if self.vms.get(vm).is_none_or(|v| v.exports.on_request_body.is_none()) {
+            // No body callback: the body goes upstream as it comes.
+            let Some(run) = self.streams.get_mut(&key) else { return };
+            let chunks: Vec<Vec<u8>> = run.request_chunks.drain(..).collect();
+            run.request_sent.extend(chunks.concat());
+            return self.upstream(key);
+        }
+        if held {
+            let Some(run) = self.streams.get_mut(&key) else { return };
+            let chunks: Vec<Vec<u8>> = run.request_chunks.drain(..).collect();
+            run.request_buffered.extend(chunks.concat());
+        }
+        loop {
+            let Some(run) = self.streams.get_mut(&key) else { return };
+            let Some(chunk) = run.request_chunks.pop_front() else { break };
+            let mut data = std::mem::take(&mut run.request_buffered);
+            data.extend_from_slice(&chunk);
+            let Some(result) = self.body_call(key, BodyView::Request, data, false) else { return };
+            let data = self
+                .with_state(vm, |s| s.stream_by_id(ctx).map(|d| std::mem::take(&mut d.request_body)))
+                .flatten()
+                .unwrap_or_default();
+            let Some(run) = self.streams.get_mut(&key) else { return };
+            if result == 0 {
+                run.request_sent.extend(data);
+            } else {
+                run.request_buffered = data;
+            }
+        }
+        // The end: what the filter leaves in the buffer goes upstream when the request goes on.
+        let held = self.streams.get_mut(&key).map(|r| std::mem::take(&mut r.request_buffered)).unwrap_or_default();
+        let Some(result) = self.body_call(key, BodyView::Request, held, true) else { return };
+        if !self.stopped(key, Some(result), Resume::RequestBody) {
             self.upstream(key);
         }
     }
@@ -460,6 +542,7 @@ impl Host {
                 if let Some(run) = self.streams.get_mut(&key) {
                     run.chunks = chunks;
                     run.reset_in = response.reset_after;
+                    run.trailers = headers_to_pairs(&response.trailers);
                 }
                 (response.status, Vec::new(), headers)
             }
@@ -475,7 +558,7 @@ impl Host {
         };
         let mut headers = headers;
         headers.push(("x-envoy-upstream-service-time".into(), "0".into()));
-        let after = self
+        let (after, last) = self
             .with_state(vm, |s| {
                 s.stream_by_id(ctx).map(|d| {
                     d.request_headers_open = false;
@@ -483,25 +566,36 @@ impl Host {
                     d.response_body = body;
                     d.info.response_code = Some(status);
                     d.info.upstream_address = Some("127.0.0.1:80".into());
-                    pairs_to_headers(&d.request_headers)
+                    (pairs_to_headers(&d.request_headers), std::mem::take(&mut d.request_body))
                 })
             })
             .flatten()
             .unwrap_or_default();
-        if let Some(run) = self.streams.get_mut(&key) {
-            run.request_headers_after = after;
+        let Some(run) = self.streams.get_mut(&key) else { return };
+        // The last piece of the request body: what the end call left in the buffer.
+        run.request_sent.extend(last);
+        let sent = run.request_sent.len();
+        let given = crate::exchange::header(&after, "content-length").map(str::to_string);
+        run.request_headers_after = after;
+        if let Some(given) = given.filter(|given| given.trim().parse::<usize>().ok() != Some(sent)) {
+            // Envoy forwards both as they are: a filter that changes the body fixes the header itself.
+            let note = format!(
+                "the request goes upstream with content-length {given} and a body of {sent} bytes: Envoy does not \
+                 correct content-length after a filter changed the body (the filter must remove or replace it)"
+            );
+            self.shared.log(Some(vm), LogLevel::Warn, ctx, LogSource::Host, note);
         }
         self.response_headers(key);
     }
 
     fn response_headers(&mut self, key: (usize, u32)) {
         let (vm, ctx) = key;
-        // A chunked answer ends with its headers only if it has no chunk and no reset.
+        // A chunked answer ends with its headers only if it has no chunk, no reset and no trailers.
         let chunked = self
             .streams
             .get(&key)
             .filter(|r| r.response.is_some() && !r.in_local_reply)
-            .map(|r| r.chunks.is_empty() && r.reset_in.is_none());
+            .map(|r| r.chunks.is_empty() && r.reset_in.is_none() && r.trailers.is_empty());
         let (n, body_empty) = self
             .with_state(vm, |s| {
                 s.stream_by_id(ctx).map(|d| {
@@ -576,10 +670,16 @@ impl Host {
             let passed: Vec<Vec<u8>> = run.chunks.drain(..take).collect();
             run.delivered.extend(passed.concat());
             let reset = run.reset_in.is_some();
+            let trailers = !run.trailers.is_empty();
             self.with_state(vm, |s| s.stream_by_id(ctx).map(|d| d.response_body.clear()));
-            return if reset { self.upstream_reset(key) } else { self.finish_continued(key) };
+            return match (reset, trailers) {
+                (true, _) => self.upstream_reset(key),
+                (false, true) => self.response_trailers(key),
+                (false, false) => self.finish_continued(key),
+            };
         }
-        if self.streams.get(&key).is_some_and(|r| r.chunks.is_empty() && r.reset_in.is_none()) {
+        if self.streams.get(&key).is_some_and(|r| r.chunks.is_empty() && r.reset_in.is_none() && r.trailers.is_empty())
+        {
             // The headers ended the stream (`proxy_on_response_headers(ctx, n, true)`): no body call.
             return self.finish_continued(key);
         }
@@ -594,7 +694,7 @@ impl Host {
             }
             let mut data = std::mem::take(&mut run.buffered);
             data.extend_from_slice(&chunk);
-            let Some(result) = self.response_body_call(key, data, false) else { return };
+            let Some(result) = self.body_call(key, BodyView::Response, data, false) else { return };
             let data = self
                 .with_state(vm, |s| s.stream_by_id(ctx).map(|d| std::mem::take(&mut d.response_body)))
                 .flatten()
@@ -610,24 +710,80 @@ impl Host {
             // The upstream reset after its last chunk: still no end of stream.
             return self.upstream_reset(key);
         }
+        if self.streams.get(&key).is_some_and(|r| !r.trailers.is_empty()) {
+            // The trailers end the stream: no end-of-stream body call; what the filter holds stays held.
+            return self.response_trailers(key);
+        }
         let buffered = self.streams.get_mut(&key).map(|r| std::mem::take(&mut r.buffered)).unwrap_or_default();
-        let Some(result) = self.response_body_call(key, buffered, true) else { return };
+        let Some(result) = self.body_call(key, BodyView::Response, buffered, true) else { return };
         if !self.stopped(key, Some(result), Resume::ResponseBody) {
             self.finish_continued(key);
         }
     }
 
-    /// One `proxy_on_response_body(ctx, len, end_of_stream)` showing `data` (the buffer the guest may read
-    /// and change; it stays in the stream's response body): the guest's answer, or `None` if the stream took
-    /// another path (a trap, a reset, a local reply).
-    fn response_body_call(&mut self, key: (usize, u32), data: Vec<u8>, end_of_stream: bool) -> Option<u32> {
+    /// The response trailers (Envoy `Context::encodeTrailers`): `proxy_on_response_trailers(ctx, number)` if
+    /// the module exports it, with the trailers readable and writable (map 3) and the response data the
+    /// filter holds, if any, as the body buffer (Envoy's encoding buffer while the filter buffers). A
+    /// non-zero answer pauses the stream until `proxy_continue_stream(Response)`; then the held data and
+    /// the trailers go to the client.
+    fn response_trailers(&mut self, key: (usize, u32)) {
         let (vm, ctx) = key;
-        let f = self.vms.get(vm).and_then(|v| v.exports.on_response_body.clone())?;
+        let Some(run) = self.streams.get_mut(&key) else { return };
+        let trailers = std::mem::take(&mut run.trailers);
+        let held = std::mem::take(&mut run.buffered);
+        let n = count(trailers.len());
+        self.with_state(vm, |s| {
+            if let Some(d) = s.stream_by_id(ctx) {
+                d.response_trailers = trailers;
+                d.response_trailers_open = true;
+                d.response_body = held;
+            }
+        });
+        if let Some(f) = self.vms.get(vm).and_then(|v| v.exports.on_response_trailers.clone()) {
+            self.set_body_view(key, Some(BodyView::Response));
+            let called = self.call(vm, "proxy_on_response_trailers", ctx, Some(ctx), |s| f.call(s, (ctx, n)));
+            self.set_body_view(key, None);
+            if self.settle(key, called.trapped) {
+                return;
+            }
+            if self.stopped(key, called.value, Resume::ResponseTrailers) {
+                return;
+            }
+        }
+        self.end_with_trailers(key);
+    }
+
+    /// The response goes on past its trailers: the data the filter held, then the trailers, reach the client
+    /// (Envoy's `commonContinue`: `doData`, then `doTrailers`).
+    fn end_with_trailers(&mut self, key: (usize, u32)) {
+        let (vm, ctx) = key;
+        self.with_state(vm, |s| {
+            if let Some(d) = s.stream_by_id(ctx) {
+                d.response_trailers_open = false;
+            }
+        });
+        self.finish_continued(key);
+    }
+
+    /// One body callback (`proxy_on_request_body` or `proxy_on_response_body`, `view`) `(ctx, len,
+    /// end_of_stream)` showing `data` (the buffer the guest may read and change; it stays in the stream's
+    /// request or response body): the guest's answer, or `None` if the stream took another path (a trap, a
+    /// reset, a local reply).
+    fn body_call(&mut self, key: (usize, u32), view: BodyView, data: Vec<u8>, end_of_stream: bool) -> Option<u32> {
+        let (vm, ctx) = key;
+        let (f, name) = self.vms.get(vm).and_then(|v| match view {
+            BodyView::Request => v.exports.on_request_body.clone().map(|f| (f, "proxy_on_request_body")),
+            BodyView::Response => v.exports.on_response_body.clone().map(|f| (f, "proxy_on_response_body")),
+        })?;
         let len = count(data.len());
-        self.with_state(vm, |s| s.stream_by_id(ctx).map(|d| d.response_body = data));
-        self.set_body_view(key, Some(BodyView::Response));
-        let called = self
-            .call(vm, "proxy_on_response_body", ctx, Some(ctx), |s| f.call(s, (ctx, len, u32::from(end_of_stream))));
+        self.with_state(vm, |s| {
+            s.stream_by_id(ctx).map(|d| match view {
+                BodyView::Request => d.request_body = data,
+                BodyView::Response => d.response_body = data,
+            })
+        });
+        self.set_body_view(key, Some(view));
+        let called = self.call(vm, name, ctx, Some(ctx), |s| f.call(s, (ctx, len, u32::from(end_of_stream))));
         self.set_body_view(key, None);
         if self.settle(key, called.trapped) {
             return None;
@@ -650,9 +806,12 @@ impl Host {
     /// The end of a response that went through: upstream or local reply.
     fn finish_continued(&mut self, key: (usize, u32)) {
         let (vm, ctx) = key;
-        let (headers, mut body) = self
+        let (headers, mut body, trailers) = self
             .with_state(vm, |s| {
-                s.stream_by_id(ctx).map(|d| (pairs_to_headers(&d.response_headers), d.response_body.clone()))
+                s.stream_by_id(ctx).map(|d| {
+                    let trailers = pairs_to_headers(&d.response_trailers);
+                    (pairs_to_headers(&d.response_headers), d.response_body.clone(), trailers)
+                })
             })
             .flatten()
             .unwrap_or_default();
@@ -664,14 +823,17 @@ impl Host {
             body = delivered;
         }
         let request_headers = std::mem::take(&mut run.request_headers_after);
+        let request_body = std::mem::take(&mut run.request_sent);
         match run.local_reply_done() {
             Some((status, details)) => {
                 self.finish(key, move |cost| Outcome::LocalReply { status, headers, body, details, cost })
             }
             None => self.finish(key, move |cost| Outcome::Continued {
                 request_headers,
+                request_body,
                 response_headers: headers,
                 response_body: body,
+                response_trailers: trailers,
                 cost,
             }),
         }
@@ -721,14 +883,20 @@ impl Host {
         let cost = run.cost.clone();
         if fail_open {
             let upstream = self.setup.upstream.clone();
-            let (status, given, body) = match &run.response {
-                Some(r) => (r.status, r.headers.clone(), r.body_chunks.concat().into_bytes()),
-                None => (upstream.status, upstream.headers, upstream.body),
+            let (status, given, body, response_trailers) = match &run.response {
+                Some(r) => (r.status, r.headers.clone(), r.body_chunks.concat().into_bytes(), r.trailers.clone()),
+                None => (upstream.status, upstream.headers, upstream.body, Vec::new()),
             };
             let mut response_headers: Headers = vec![(":status".into(), status.to_string())];
             response_headers.extend(given);
-            run.outcome =
-                Some(Outcome::Continued { request_headers: Vec::new(), response_headers, response_body: body, cost });
+            run.outcome = Some(Outcome::Continued {
+                request_headers: Vec::new(),
+                request_body: Vec::new(),
+                response_headers,
+                response_body: body,
+                response_trailers,
+                cost,
+            });
         } else {
             run.outcome = Some(Outcome::VmFailed { message, status: Some(503), cost });
         }

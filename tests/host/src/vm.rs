@@ -13,7 +13,7 @@
 //! - HTTP calls belong to the root context (`http_call` uses `root_context()`), so their callback gets the
 //!   root context id, and the call response headers/body are readable only during that callback.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
@@ -198,6 +198,9 @@ pub struct StreamInfo {
 /// An HTTP stream's maps and buffers, and whether the guest may touch them now.
 #[derive(Clone, Debug, Default)]
 pub struct StreamData {
+    /// The root context the stream was created for (`proxy_on_context_create(ctx, root)`): its tick is the
+    /// one this stream's `proxy_set_tick_period_milliseconds` sets.
+    pub root: u32,
     /// Request headers.
     pub request_headers: Pairs,
     /// Request headers are readable and writable (from `proxy_on_request_headers` until the request
@@ -212,6 +215,11 @@ pub struct StreamData {
     pub response_headers_open: bool,
     /// The response body.
     pub response_body: Vec<u8>,
+    /// Response trailers (map type 3), once the upstream sent them.
+    pub response_trailers: Pairs,
+    /// Response trailers are readable and writable (from `proxy_on_response_trailers` until the response
+    /// continues; Envoy `encodeTrailers`).
+    pub response_trailers_open: bool,
     /// During `proxy_on_log`: both header maps readable (Envoy's access-log phase).
     pub access_log_phase: bool,
     /// The body chunk a body callback is looking at.
@@ -291,10 +299,12 @@ pub struct VmState {
     /// Redis call may share a token): which stream made each (fuel and call counts are charged to it) and
     /// what happens to its reply ([`crate::faults`]).
     pub calls: HashMap<(CallKind, u32), PendingCall>,
-    /// The tick period set by the root context (`None`: no ticks).
-    pub tick_period: Option<Duration>,
-    /// The tick period changed during the current call.
-    pub tick_changed: bool,
+    /// The tick period of each root context that has one, by root context id (Envoy: one timer per root
+    /// context, `Wasm::setTickPeriod(root_context_id, period)`); a root context without an entry has no tick.
+    pub ticks: BTreeMap<u32, Duration>,
+    /// The root contexts whose tick was set (or went with them) since the host last looked: the host
+    /// restarts their timers ([`VmState::take_tick_changes`]).
+    tick_changes: BTreeSet<u32>,
     /// Metric id -> name.
     pub metric_ids: HashMap<u32, String>,
     next_metric_index: u32,
@@ -331,8 +341,8 @@ impl VmState {
             redis_reply: None,
             tokens,
             calls: HashMap::new(),
-            tick_period: None,
-            tick_changed: false,
+            ticks: BTreeMap::new(),
+            tick_changes: BTreeSet::new(),
             metric_ids: HashMap::new(),
             next_metric_index: 0,
             redis: RedisClients::default(),
@@ -424,17 +434,22 @@ impl VmState {
         match map {
             MapType::RequestHeaders if stream.request_headers_open || log => Ok(&stream.request_headers),
             MapType::ResponseHeaders if stream.response_headers_open || log => Ok(&stream.response_headers),
+            MapType::ResponseTrailers if stream.response_trailers_open => Ok(&stream.response_trailers),
+            // Envoy's access-log phase shows the trailers the response had (none: no map, NotFound).
+            MapType::ResponseTrailers if log && !stream.response_trailers.is_empty() => Ok(&stream.response_trailers),
             _ if log => Err(Status::NotFound),
             _ => Err(Status::BadArgument),
         }
     }
 
-    /// The header map a hostcall may change now (Envoy `getMap`: request/response headers while open).
+    /// The header map a hostcall may change now (Envoy `getMap`: request/response headers and response
+    /// trailers while open).
     pub fn writable_map(&mut self, map: MapType) -> Option<&mut Pairs> {
         let stream = self.stream_mut()?;
         match map {
             MapType::RequestHeaders if stream.request_headers_open => Some(&mut stream.request_headers),
             MapType::ResponseHeaders if stream.response_headers_open => Some(&mut stream.response_headers),
+            MapType::ResponseTrailers if stream.response_trailers_open => Some(&mut stream.response_trailers),
             _ => None,
         }
     }
@@ -444,11 +459,45 @@ impl VmState {
         self.shared.log(Some(self.vm), level, self.context_id(), source, message);
     }
 
-    /// Removes a context (after `proxy_on_delete`).
+    /// Removes a context (after `proxy_on_delete`). A root context's tick goes with it (Envoy's timer of a
+    /// deleted root context finds no context and calls nothing).
     pub fn remove_context(&mut self, id: u32) {
         self.contexts.remove(&id);
         if self.effective == id {
             self.effective = 0;
         }
+        if self.ticks.remove(&id).is_some() {
+            self.tick_changes.insert(id);
+        }
+    }
+
+    /// The root context of a live context: itself for a root context, the one it was created for for an
+    /// HTTP context (cpp-host `ContextBase::root_context`).
+    pub fn root_of(&self, id: u32) -> Option<u32> {
+        match self.contexts.get(&id)? {
+            Context::Root => Some(id),
+            Context::Stream(data) => Some(data.root),
+        }
+    }
+
+    /// `proxy_set_tick_period_milliseconds`: sets (0: stops) the tick of the root context of the context
+    /// hostcalls act on now, the effective one included (cpp-host `ContextBase::setTimerPeriod` calls
+    /// `wasm()->setTimerPeriod(root_context()->id(), period)` on `contextOrEffectiveContext()`). The host
+    /// (re)starts that root's timer when the guest call returns, as Envoy's `Wasm::setTickPeriod` creates a
+    /// new timer whenever a period is set. Without a live context, nothing happens.
+    pub fn set_tick_period(&mut self, period: Duration) {
+        let Some(root) = self.root_of(self.context_id()) else { return };
+        if period.is_zero() {
+            self.ticks.remove(&root);
+        } else {
+            self.ticks.insert(root, period);
+        }
+        self.tick_changes.insert(root);
+    }
+
+    /// The root contexts whose tick changed since the last look, with their period now (`None`: no tick).
+    pub fn take_tick_changes(&mut self) -> Vec<(u32, Option<Duration>)> {
+        let changed = std::mem::take(&mut self.tick_changes);
+        changed.into_iter().map(|root| (root, self.ticks.get(&root).copied())).collect()
     }
 }

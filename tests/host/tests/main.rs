@@ -3,6 +3,7 @@
 
 mod common;
 
+mod bodies;
 mod cli;
 mod envoy_parity;
 mod faults;
@@ -11,3 +12,4 @@ mod guest_errors;
 mod host_redis_filter;
 mod redis_extension;
 mod stock_filter;
+mod ticks;

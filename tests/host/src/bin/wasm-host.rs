@@ -7,7 +7,9 @@
 //!
 //! `serve` reads JSON lines on stdin and answers one JSON line each:
 //! - a request: `{"headers": [["x-user-id","alice"]], "source_address": "10.0.0.1:1234",
-//!   "route_name": "r", "body": "...", "vm": 0}` (every field optional; without `vm`, VMs take turns)
+//!   "route_name": "r", "body": "...", "vm": 0}` (every field optional; without `vm`, VMs take turns;
+//!   `"body_chunks": ["...", ...]` instead of `body` sends the body in pieces, and `"response"` gives the
+//!   upstream's answer, `trailers` included: see the library's `RequestSpec` and `ResponseSpec`)
 //!   -> `{"kind": "local_reply", "status": 429, "headers": [...], "body": "...", "fuel": ...,
 //!   "redis_calls": 1, "http_calls": 0, "guest_calls": ..., "elapsed_ms": ..., "vm": 0}`;
 //! - `{"batch": [request, ...]}`: all in flight at once -> `{"batch": [result, ...]}`;
@@ -178,6 +180,8 @@ struct RequestLine {
     #[serde(default)]
     body: Option<String>,
     #[serde(default)]
+    body_chunks: Vec<String>,
+    #[serde(default)]
     response: Option<ResponseSpec>,
     #[serde(default)]
     vm: Option<usize>,
@@ -190,6 +194,7 @@ impl RequestLine {
             source_address: self.source_address,
             route_name: self.route_name,
             body: self.body,
+            body_chunks: self.body_chunks,
             response: self.response,
         };
         (self.vm, spec)
