@@ -148,6 +148,14 @@ pub trait Host {
     /// The host's status (BadArgument once the request headers are no longer readable).
     fn request_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostError>;
 
+    /// Every request header of the effective context (`proxy_get_header_map_pairs` of the request headers):
+    /// lowercase names and their values, in order. Envoy lets a filter read the request headers only until
+    /// they go on, so a request decided later (from its body) keeps this copy.
+    ///
+    /// # Errors
+    /// The host's status (BadArgument once the request headers are no longer readable).
+    fn request_headers(&self) -> Result<Vec<(String, Vec<u8>)>, HostError>;
+
     /// Sets (replaces) a request header of the effective context (`proxy_replace_header_map_value` of the
     /// request headers; lowercase name), or removes it (`value: None`, `proxy_remove_header_map_value`).
     /// Changes what goes upstream while the request is paused, before it goes on.
@@ -329,25 +337,34 @@ impl HeaderMap {
     /// The pairs back (lossy UTF-8); empty if the bytes are not a well-formed map. For hosts that look
     /// inside (the fake host) and tests.
     pub fn pairs(&self) -> Vec<(String, String)> {
-        let u32_at = |at: usize| {
-            self.bytes.get(at..at + 4).and_then(|b| b.try_into().ok()).map(|b| u32::from_le_bytes(b) as usize)
-        };
-        let Some(count) = u32_at(0) else { return Vec::new() };
-        let mut pairs = Vec::with_capacity(count);
-        let mut at = 4 + 8 * count;
-        for index in 0..count {
-            let (Some(name_len), Some(value_len)) = (u32_at(4 + 8 * index), u32_at(8 + 8 * index)) else {
-                return Vec::new();
-            };
-            let name = self.bytes.get(at..at + name_len);
-            at += name_len + 1;
-            let value = self.bytes.get(at..at + value_len);
-            at += value_len + 1;
-            let (Some(name), Some(value)) = (name, value) else { return Vec::new() };
-            pairs.push((String::from_utf8_lossy(name).into_owned(), String::from_utf8_lossy(value).into_owned()));
-        }
-        pairs
+        decode_pairs(&self.bytes)
+            .into_iter()
+            .map(|(name, value)| (name, String::from_utf8_lossy(&value).into_owned()))
+            .collect()
     }
+}
+
+/// The pairs of a header map in proxy-wasm's serialized form ([`HeaderMap`]; what
+/// `proxy_get_header_map_pairs` returns): names (lossy UTF-8) and values as bytes; empty if the bytes are
+/// not a well-formed map.
+pub fn decode_pairs(bytes: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let u32_at =
+        |at: usize| bytes.get(at..at + 4).and_then(|b| b.try_into().ok()).map(|b| u32::from_le_bytes(b) as usize);
+    let Some(count) = u32_at(0) else { return Vec::new() };
+    let mut pairs = Vec::with_capacity(count.min(256));
+    let mut at = 4usize.saturating_add(count.saturating_mul(8));
+    for index in 0..count {
+        let (Some(name_len), Some(value_len)) = (u32_at(4 + 8 * index), u32_at(8 + 8 * index)) else {
+            return Vec::new();
+        };
+        let name = bytes.get(at..at.saturating_add(name_len));
+        at = at.saturating_add(name_len).saturating_add(1);
+        let value = bytes.get(at..at.saturating_add(value_len));
+        at = at.saturating_add(value_len).saturating_add(1);
+        let (Some(name), Some(value)) = (name, value) else { return Vec::new() };
+        pairs.push((String::from_utf8_lossy(name).into_owned(), value.to_vec()));
+    }
+    pairs
 }
 
 #[cfg(test)]

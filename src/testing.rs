@@ -229,6 +229,14 @@ impl FakeHost {
         request.body.len()
     }
 
+    /// Request `context_id`'s headers went on (the filter answered Continue to them): as in Envoy, the
+    /// filter can no longer read or change them.
+    pub fn headers_went_on(&self, context_id: u32) {
+        if let Some(request) = self.state.borrow_mut().requests.get_mut(&context_id) {
+            request.headers_open = false;
+        }
+    }
+
     /// Request `context_id`'s headers and body as they would go upstream now.
     pub fn upstream_request(&self, context_id: u32) -> (Vec<(String, String)>, Vec<u8>) {
         let state = self.state.borrow();
@@ -475,6 +483,15 @@ impl Host for FakeHost {
                 return Err(HostError::BadArgument);
             }
             Ok(request.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+        })
+    }
+
+    fn request_headers(&self) -> Result<Vec<(String, Vec<u8>)>, HostError> {
+        self.with_request(|request| {
+            if !request.headers_open {
+                return Err(HostError::BadArgument);
+            }
+            Ok(request.headers.clone())
         })
     }
 

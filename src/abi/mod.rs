@@ -59,6 +59,7 @@ extern "C" {
         value: *const u8,
         value_size: usize,
     ) -> u32;
+    fn proxy_get_header_map_pairs(map: u32, data: *mut *mut u8, size: *mut usize) -> u32;
     fn proxy_replace_header_map_value(
         map: u32,
         key: *const u8,
@@ -228,6 +229,12 @@ impl Host for AbiHost {
         // SAFETY: the host writes a pointer it allocated and its size.
         let bytes = bytes_of(|data, written| unsafe { proxy_get_buffer_bytes(RESPONSE_BODY, 0, size, data, written) })?;
         Ok(bytes.unwrap_or_default())
+    }
+
+    fn request_headers(&self) -> Result<Vec<(String, Vec<u8>)>, HostError> {
+        // SAFETY: the host writes a pointer it allocated and its size.
+        let bytes = bytes_of(|data, size| unsafe { proxy_get_header_map_pairs(REQUEST_HEADERS, data, size) })?;
+        Ok(crate::host::decode_pairs(&bytes.unwrap_or_default()))
     }
 
     fn set_request_header(&self, name: &str, value: Option<&str>) -> Result<(), HostError> {

@@ -1,23 +1,56 @@
-//! Requests decided from their JSON body (docs/configuration.md, "Request fields"): a rule whose key
-//! (`limit_by`, `rates_by`) or reservation (`cost.reserve`) reads `{"body": ...}` holds its request until the
-//! body has arrived (Envoy buffers it meanwhile), reads at most [`MAX_REQUEST_BODY`] bytes of it once, and
-//! decides. A body that is not JSON, or larger, has no fields: the rule's default applies (a missing key
-//! follows `on_missing`, a reservation its `default`). Nothing here fails a request.
+//! Requests decided from their JSON body (docs/configuration.md, "Request fields"), and what a request of a
+//! token-budget route changes before it goes upstream.
 //!
-//! And `cost.settle.include_usage`: a streamed OpenAI chat request without `stream_options` gets
-//! `"stream_options": {"include_usage": true}` added when it goes upstream with a reservation of such a rule,
-//! so that its stream reports the usage.
+//! A rule whose key (`limit_by`, `rates_by`) or reservation (`cost.reserve`) reads `{"body": ...}` decides
+//! its request once the body has arrived: the headers go on at once (a proxy-wasm host turns a pause in the
+//! request headers into "stop all", which would keep the body from the filter too: proxy-wasm-cpp-host
+//! `convertVmCallResultToFilterHeadersStatus`), the body is held (Envoy buffers it) until its end, then at
+//! most [`MAX_REQUEST_BODY`] bytes of it are read once and the request is decided: it goes on, or is answered
+//! locally (Envoy then resets the upstream request, which never got its body). A body that is not JSON, or
+//! larger, has no fields: the rule's default applies (a missing key follows `on_missing`, a reservation its
+//! `default`). Nothing here fails a request.
+//!
+//! Before the headers go on: a route with a rule that settles to the usage in the response body asks the
+//! upstream for an uncompressed answer (`accept-encoding: identity`: the SDKs accept gzip, which would hide
+//! the usage); a route with `settle.include_usage` drops `content-length`, since the body it holds may grow
+//! (the upstream then gets it chunked). At the body's end, a streamed OpenAI chat request without
+//! `stream_options` gets `"stream_options": {"include_usage": true}` as its first member, so its stream
+//! reports the usage.
+
+use alloc::rc::Rc;
 
 use crate::prelude::*;
 
 use serde_json::Value;
 
-use crate::config::Settle;
 use crate::host::Host;
 use crate::key::MAX_REQUEST_BODY;
-use crate::usage::UsageFormat;
 
+use super::route::Route;
 use super::{Action, Filter};
+
+/// A request waiting for its body: its route, and its headers as they were before they went on (Envoy lets
+/// a filter read them only until then).
+#[derive(Debug)]
+pub(super) struct Awaiting {
+    pub(super) route: Rc<Route>,
+    pub(super) headers: Vec<(String, Vec<u8>)>,
+}
+
+/// The request headers of a route that reads or settles from bodies, before they go on.
+pub(super) fn before_headers_go<H: Host>(filter: &mut Filter<H>, route: &Route, body_follows: bool) {
+    if route.settles_from_body && filter.host.set_request_header("accept-encoding", Some("identity")).is_err() {
+        super::end::host_refused(filter, "proxy_replace_header_map_value");
+    }
+    if body_follows && asks_usage(route) && filter.host.set_request_header("content-length", None).is_err() {
+        super::end::host_refused(filter, "proxy_remove_header_map_value");
+    }
+}
+
+/// Whether a rule of `route` asks for `include_usage`.
+fn asks_usage(route: &Route) -> bool {
+    route.config.rules.iter().any(|rule| rule.cost.as_ref().is_some_and(|cost| cost.include_usage))
+}
 
 /// The request body of a waiting request: `size` bytes buffered so far (`None`: unknown, at its trailers),
 /// `end`: all of it. Decides it once the body is whole or too large to read; until then Envoy buffers.
@@ -34,23 +67,18 @@ pub(super) fn on_request_body<H: Host>(
     if !end && !too_large {
         return Action::Pause;
     }
-    let Some(route) = filter.awaiting_body.remove(&context_id) else { return Action::Continue };
-    let mut read = 0;
-    let body = if too_large {
-        None
-    } else {
+    let Some(Awaiting { route, headers }) = filter.awaiting_body.remove(&context_id) else { return Action::Continue };
+    let mut body = None;
+    if !too_large {
         let bytes = filter.host.request_body(size.unwrap_or(MAX_REQUEST_BODY + 1)).unwrap_or_default();
-        read = bytes.len();
-        (read <= MAX_REQUEST_BODY).then(|| serde_json::from_slice::<Value>(&bytes).ok()).flatten()
-    };
-    if let Some(body) = &body {
-        let asks_usage =
-            route.config.rules.iter().any(|rule| rule.cost.as_ref().is_some_and(|cost| cost.include_usage));
-        if asks_usage && lacks_usage_option(body) {
-            filter.body_rewrites.insert(context_id, read);
+        if bytes.len() <= MAX_REQUEST_BODY {
+            body = serde_json::from_slice::<Value>(&bytes).ok();
+            if body.as_ref().is_some_and(lacks_usage_option) && asks_usage(&route) {
+                add_usage_option(filter, &bytes);
+            }
         }
     }
-    filter.decide(context_id, route, body.as_ref())
+    filter.decide(context_id, route, body.as_ref(), Some(&headers))
 }
 
 /// A field of a JSON body by its path of member names: a string's bytes, or a whole number's decimal text
@@ -72,36 +100,21 @@ pub(super) fn field(body: &Value, path: &[String]) -> Option<Vec<u8>> {
     }
 }
 
-/// A streamed chat request (`"stream": true`) without `stream_options`: its stream would report no usage.
+/// A streamed chat completions request (`"stream": true`, `messages`) without `stream_options`: its stream
+/// would report no usage. (The Responses API, `input`, reports it in `response.completed` anyway.)
 fn lacks_usage_option(body: &Value) -> bool {
-    body.get("stream") == Some(&Value::Bool(true)) && body.get("stream_options").is_none()
+    body.get("stream") == Some(&Value::Bool(true))
+        && body.get("messages").is_some()
+        && body.get("stream_options").is_none()
 }
 
-/// Request `context_id` goes upstream: if its body was marked for `include_usage` and one of its
-/// reservations' rules asks for it (OpenAI usage), `"stream_options":{"include_usage":true}` is added as the
-/// body object's first member and `content-length` set to the new size.
-pub(super) fn before_upstream<H: Host>(filter: &mut Filter<H>, context_id: u32, rules_ask: bool) {
-    let Some(size) = filter.body_rewrites.remove(&context_id) else { return };
-    if !rules_ask {
-        return;
-    }
-    let Ok(body) = filter.host.request_body(size) else { return };
+/// Replaces the held body (`body`, all of it) by the same with `"stream_options":{"include_usage":true}` as
+/// the object's first member.
+fn add_usage_option<H: Host>(filter: &mut Filter<H>, body: &[u8]) {
     let Some(open) = body.iter().position(|&byte| byte == b'{') else { return };
     let (head, rest) = body.split_at(open + 1);
     let rewritten = [head, br#""stream_options":{"include_usage":true},"#, rest].concat();
-    if filter.host.set_request_body(size, &rewritten).is_err() {
+    if filter.host.set_request_body(body.len(), &rewritten).is_err() {
         super::end::host_refused(filter, "proxy_set_buffer_bytes");
-        return;
     }
-    if matches!(filter.host.request_header("content-length"), Ok(Some(_))) {
-        let length = rewritten.len().to_string();
-        if filter.host.set_request_header("content-length", Some(&length)).is_err() {
-            super::end::host_refused(filter, "proxy_replace_header_map_value");
-        }
-    }
-}
-
-/// Whether a rule settles with OpenAI's usage and asks for `include_usage`.
-pub(super) fn asks_usage(settle: &Settle, include_usage: bool) -> bool {
-    include_usage && matches!(settle, Settle::Usage(UsageFormat::OpenAi))
 }

@@ -90,9 +90,6 @@ pub(super) fn end<H: Host>(
             if report.shows(&route.plan.headers) {
                 filter.response_headers.insert(context_id, (Rc::clone(route), report));
             }
-            if !filter.settling.is_empty() {
-                super::settle::before_upstream(filter, context_id);
-            }
             if origin == Origin::Callback {
                 return Action::Continue;
             }

@@ -178,11 +178,8 @@ pub struct Filter<H: Host> {
     name_buffer: String,
     /// Reservations of allowed requests (rules with `cost`), by HTTP context id, until their response ends.
     settling: IdMap<settle::Settling>,
-    /// Requests waiting for their body before they are decided (a rule reads it), with their route.
-    awaiting_body: IdMap<Rc<Route>>,
-    /// Requests whose buffered body (of this many bytes) gets `stream_options.include_usage` when they go
-    /// upstream with a reservation of a rule that asks for it.
-    body_rewrites: IdMap<usize>,
+    /// Requests waiting for their body before they are decided (a rule reads it).
+    awaiting_body: IdMap<body::Awaiting>,
     /// Give-back calls for the next tick, sent from this root context: settles, and the lease settlements a
     /// configuration that went away left ([`Filter::adopt`]).
     outbox: Vec<GiveBackCall>,
@@ -274,7 +271,6 @@ impl<H: Host> Filter<H> {
             settling: IdMap::default(),
             outbox: Vec::new(),
             awaiting_body: IdMap::default(),
-            body_rewrites: IdMap::default(),
             routes,
             host,
         })
@@ -299,7 +295,9 @@ impl<H: Host> Filter<H> {
 
     /// `proxy_on_request_headers` with `body_follows` = not the end of the stream: decides (or sends the
     /// request's calls and pauses) now, or, when a rule of the request's route reads the request body and
-    /// a body follows, pauses until it has arrived ([`Filter::on_request_body`]).
+    /// a body follows, lets the headers go on and holds the body until it has arrived
+    /// ([`Filter::on_request_body`]; a host turns a pause in the headers into "stop all", which would hold
+    /// the body from the filter too: proxy-wasm-cpp-host `convertVmCallResultToFilterHeadersStatus`).
     pub fn on_request_start(&mut self, context_id: u32, body_follows: bool) -> Action {
         self.confirm_client_id();
         if !self.ticking && self.has_timed_work() {
@@ -308,11 +306,16 @@ impl<H: Host> Filter<H> {
             flow::start_tick(self);
         }
         let Some(route) = self.select() else { return Action::Continue };
-        if route.reads_body && body_follows {
-            self.awaiting_body.insert(context_id, route);
-            return Action::Pause;
+        if route.settles_from_body || route.reads_body {
+            body::before_headers_go(self, &route, body_follows);
         }
-        self.decide(context_id, route, None)
+        if route.reads_body && body_follows {
+            // The headers are readable only until they go on: the decision reads this copy of them.
+            let headers = self.host.request_headers().unwrap_or_default();
+            self.awaiting_body.insert(context_id, body::Awaiting { route, headers });
+            return Action::Continue;
+        }
+        self.decide(context_id, route, None, None)
     }
 
     /// `proxy_on_request_body`: a request waiting for its body (`size` bytes buffered so far; `end`: all of
@@ -334,14 +337,20 @@ impl<H: Host> Filter<H> {
         body::on_request_body(self, context_id, None, true)
     }
 
-    /// Decides request `context_id` of `route` (with its JSON request body, if one was read), or sends its
-    /// calls and pauses.
-    fn decide(&mut self, context_id: u32, route: Rc<Route>, body: Option<&serde_json::Value>) -> Action {
+    /// Decides request `context_id` of `route` (with its JSON request body, if one was read, and the copy
+    /// of its headers taken before they went on), or sends its calls and pauses.
+    fn decide(
+        &mut self,
+        context_id: u32,
+        route: Rc<Route>,
+        body: Option<&serde_json::Value>,
+        headers: Option<&[(String, Vec<u8>)]>,
+    ) -> Action {
         let now_ms = self.host.now_ms();
         let skip_redis = route.skips_redis(now_ms);
         let start = with_context!(self, route, now_ms, skip_redis, |ctx| {
             let random = &mut self.random;
-            let request = HostRequest(&self.host, body);
+            let request = HostRequest { host: &self.host, body, headers };
             limiter::start(&ctx, &request, &mut || ids::member_random(random), &mut self.name_buffer)
         });
         let action = match start {
@@ -419,9 +428,6 @@ impl<H: Host> Filter<H> {
         }
         if !self.awaiting_body.is_empty() {
             self.awaiting_body.remove(&context_id);
-        }
-        if !self.body_rewrites.is_empty() {
-            self.body_rewrites.remove(&context_id);
         }
     }
 
@@ -511,25 +517,32 @@ impl<H: Host> Filter<H> {
     }
 }
 
-/// The request as the host shows it (the effective context's headers and properties), and its JSON body
-/// when it was read.
-struct HostRequest<'a, H: Host>(&'a H, Option<&'a serde_json::Value>);
+/// The request as the host shows it (the effective context's headers and properties), its JSON body when
+/// it was read, and the copy of its headers when it is decided after they went on.
+struct HostRequest<'a, H: Host> {
+    host: &'a H,
+    body: Option<&'a serde_json::Value>,
+    headers: Option<&'a [(String, Vec<u8>)]>,
+}
 
 impl<H: Host> RequestView for HostRequest<'_, H> {
     fn header(&self, name: &str) -> Option<Vec<u8>> {
-        self.0.request_header(name).ok().flatten()
+        match self.headers {
+            Some(headers) => headers.iter().find(|(key, _)| key == name).map(|(_, value)| value.clone()),
+            None => self.host.request_header(name).ok().flatten(),
+        }
     }
 
     fn source_address(&self) -> Option<String> {
-        let bytes = self.0.property(&["source", "address"]).ok().flatten()?;
+        let bytes = self.host.property(&["source", "address"]).ok().flatten()?;
         String::from_utf8(bytes).ok()
     }
 
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
-        self.0.property(path).ok().flatten()
+        self.host.property(path).ok().flatten()
     }
 
     fn body_field(&self, path: &[String]) -> Option<Vec<u8>> {
-        body::field(self.1?, path)
+        body::field(self.body?, path)
     }
 }

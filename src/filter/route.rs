@@ -9,7 +9,7 @@ use core::cell::{Cell, RefCell};
 use crate::prelude::*;
 
 use crate::block::{fnv1a, Block, BlockTable, RecentBlocks};
-use crate::config::{PluginConfig, Reserve, TransportKind};
+use crate::config::{PluginConfig, Reserve, Settle, TransportKind};
 use crate::fallback::{Circuit, Local, WindowTable};
 use crate::host::{Host, LogLevel};
 use crate::host_redis::HostRedis;
@@ -36,9 +36,11 @@ pub(super) struct Route {
     pub(super) blocks: BlockTable,
     /// `failure_mode: "local"`: its local windows, and this VM's circuit breaker.
     pub(super) fallback: Option<Fallback>,
-    /// A rule reads the request body (`{"body": ...}` in `limit_by`, `rates_by` or `cost.reserve`): its
-    /// requests are decided once the body has arrived.
+    /// A rule reads the request body (`{"body": ...}` in `limit_by`, `rates_by` or `cost.reserve`, or
+    /// `settle.include_usage`, which may rewrite it): its requests are decided once the body has arrived.
     pub(super) reads_body: bool,
+    /// A rule settles to the usage in the response body: its requests ask the upstream for identity.
+    pub(super) settles_from_body: bool,
     /// `rule.<name>.<outcome>` of each rule entry.
     pub(super) counters: Vec<RuleCounters>,
 }
@@ -75,10 +77,16 @@ impl Route {
                 Reserve::From { source, .. } => Some(source),
                 Reserve::Fixed(_) => None,
             });
-            [Some(&rule.source), rule.rates_by.as_ref(), reserve].into_iter().flatten().any(KeySource::reads_body)
+            let sources = [Some(&rule.source), rule.rates_by.as_ref(), reserve];
+            sources.into_iter().flatten().any(KeySource::reads_body)
+                || rule.cost.as_ref().is_some_and(|cost| cost.include_usage)
         });
+        let settles_from_body = config
+            .rules
+            .iter()
+            .any(|rule| rule.cost.as_ref().is_some_and(|cost| matches!(cost.settle, Settle::Usage(_))));
         let plan = Plan::new(&config, client_id);
-        Route { index, plan, config, transport, blocks, fallback, counters, reads_body }
+        Route { index, plan, config, transport, blocks, fallback, counters, reads_body, settles_from_body }
     }
 
     /// Whether a request at `now_ms` skips Redis (the degraded mode's circuit is open and no probe is due).

@@ -55,28 +55,6 @@ pub(super) fn reserve<H: Host>(
     filter.settling.insert(context_id, Settling { route: Rc::clone(route), items });
 }
 
-/// The request goes upstream with reservations to settle: one whose cost is read from the response body
-/// asks the upstream for it uncompressed (`accept-encoding: identity`), so the usage can be read (the
-/// client, which may have accepted gzip, gets an identity-encoded response; docs/configuration.md,
-/// "Content codings").
-///
-/// A rule with `settle.include_usage` also gets a streamed OpenAI request's body asking for the usage
-/// ([`super::body::before_upstream`]).
-pub(super) fn before_upstream<H: Host>(filter: &mut Filter<H>, context_id: u32) {
-    let Some(settling) = filter.settling.get(&context_id) else { return };
-    let costs = || {
-        settling.items.iter().filter_map(|item| settling.route.config.rules.get(item.reservation.rule)?.cost.as_ref())
-    };
-    let reads_body = costs().any(|cost| matches!(cost.settle, Settle::Usage(_)));
-    let asks_usage = costs().any(|cost| super::body::asks_usage(&cost.settle, cost.include_usage));
-    if reads_body && filter.host.set_request_header("accept-encoding", Some("identity")).is_err() {
-        super::end::host_refused(filter, "proxy_replace_header_map_value");
-    }
-    if !filter.body_rewrites.is_empty() {
-        super::body::before_upstream(filter, context_id, asks_usage);
-    }
-}
-
 /// The response headers arrived: a cost in a header is read now; a usage in the body is read from the
 /// body on (a server-sent event stream if the `content-type` says `text/event-stream`).
 pub(super) fn on_response_headers<H: Host>(filter: &mut Filter<H>, context_id: u32) {
