@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Checks that the modules of a Rust crate import each other without a cycle, and the filter's modules
-only downwards through the floors of src/lib.rs's map.
+only downwards through the floors of src/lib.rs's map; inside src/filter/, that its modules import their
+siblings only downwards through the floors of src/filter/mod.rs (the tick and the outboxes below the
+request driver).
 
     scripts/check_imports.py src tools/admin/src
 
@@ -9,7 +11,9 @@ file of module A that names `crate::B` (in a `use` or a path) is an edge A -> B.
 cycle, module by module, if the graph has one. For the filter's crate (`src`), every module sits on a
 floor ([`FLOORS`], as src/lib.rs describes them) and may import only modules on its own floor or below
 (the test support module `testing` excepted): exit status 1 naming each import that goes up, or a module
-without a floor. Otherwise one line per crate with its edges (`make lint`).
+without a floor. The same for the submodules of a directory in [`SUBFLOORS`] (`super::x` and
+`crate::filter::x` name sibling `x`; test modules excepted). Otherwise one line per crate with its edges
+(`make lint`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,56 @@ FLOORS: dict[str, list[str]] = {
 }
 # Imported by tests only (cfg(test)): any floor may use it.
 TEST_SUPPORT = {"testing"}
+
+# The floors of the submodules of a module directory (src/filter/mod.rs, "Layout"), lowest first: a submodule
+# imports only siblings on its own floor or below. Its test modules (`tests`, `*_tests`, `interleavings`) may
+# import any sibling.
+SUBFLOORS: dict[str, list[str]] = {
+    "src/filter": [
+        "ids metrics route",          # 0 this process's ids, counters and logs, configurations compiled
+        "tick",                       # 1 the root context's tick
+        "give_back",                  # 2 give-back calls, one at a time
+        "outbox settle",              # 3 what leaves from the tick: the outbox, reservations and their settles
+        "body end flow coalesce",     # 4 the request driver
+        "handover",                   # 5 a configuration that goes away and the one that takes over
+    ],
+}
+SUPER_PATH = re.compile(r"\bsuper::(?:\{\s*)?([a-z_][a-z0-9_]*)")
+SUPER_GROUP = re.compile(r"\bsuper::\{([^}]*)\}")
+
+
+def is_test_module(name: str) -> bool:
+    return name == "tests" or name.endswith("_tests") or name == "interleavings"
+
+
+def subfloor_errors(directory: Path) -> tuple[list[str], int]:
+    """Sibling imports inside `directory` that go up its floors, and submodules without a floor; and the
+    number of sibling imports."""
+    floors = SUBFLOORS[str(directory)]
+    floor_of = {module: level for level, names in enumerate(floors) for module in names.split()}
+    siblings = {file.stem for file in directory.glob("*.rs") if file.stem != "mod"}
+    parent = directory.name
+    errors, count = [], 0
+    for file in sorted(directory.glob("*.rs")):
+        module = file.stem
+        if module == "mod" or is_test_module(module):
+            continue
+        if module not in floor_of:
+            errors.append(f"{directory}: submodule `{module}` has no floor: add it to SUBFLOORS in {__file__}")
+            continue
+        text = strip_comments(file.read_text())
+        targets = set(SUPER_PATH.findall(text))
+        targets.update(re.findall(rf"\bcrate::{parent}::([a-z_][a-z0-9_]*)", text))
+        for group in SUPER_GROUP.findall(text):
+            targets.update(name.strip().split("::")[0] for name in group.split(",") if name.strip())
+        for target in sorted((targets & siblings) - {module}):
+            count += 1
+            if is_test_module(target):
+                continue
+            if floor_of.get(target, len(floors)) > floor_of[module]:
+                errors.append(f"{directory}: `{module}` (floor {floor_of[module]}) imports `{target}` "
+                              f"(floor {floor_of.get(target, '?')}): imports go down the floors only")
+    return errors, count
 
 
 def floor_errors(src: Path, edges: dict[str, set[str]]) -> list[str]:
@@ -129,6 +183,15 @@ def main(argv: list[str]) -> int:
         elif not errors:
             count = sum(len(targets) for targets in edges.values())
             print(f"{src}: {len(edges)} modules, {count} imports, no cycle")
+    for directory in SUBFLOORS:
+        if not any(directory.startswith(argument.rstrip("/")) for argument in argv or ["src"]):
+            continue
+        errors, count = subfloor_errors(Path(directory))
+        for error in errors:
+            print(error, file=sys.stderr)
+            status = 1
+        if not errors:
+            print(f"{directory}: {count} sibling imports, each down its floors")
     return status
 
 

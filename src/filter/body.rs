@@ -40,10 +40,10 @@ pub(super) struct Awaiting {
 /// The request headers of a route that reads or settles from bodies, before they go on.
 pub(super) fn before_headers_go<H: Host>(filter: &mut Filter<H>, route: &Route, body_follows: bool) {
     if route.settles_from_body && filter.host.set_request_header("accept-encoding", Some("identity")).is_err() {
-        super::end::host_refused(filter, "proxy_replace_header_map_value");
+        super::metrics::host_refused(filter, "proxy_replace_header_map_value");
     }
     if body_follows && asks_usage(route) && filter.host.set_request_header("content-length", None).is_err() {
-        super::end::host_refused(filter, "proxy_remove_header_map_value");
+        super::metrics::host_refused(filter, "proxy_remove_header_map_value");
     }
 }
 
@@ -115,6 +115,27 @@ fn add_usage_option<H: Host>(filter: &mut Filter<H>, body: &[u8]) {
     let (head, rest) = body.split_at(open + 1);
     let rewritten = [head, br#""stream_options":{"include_usage":true},"#, rest].concat();
     if filter.host.set_request_body(body.len(), &rewritten).is_err() {
-        super::end::host_refused(filter, "proxy_set_buffer_bytes");
+        super::metrics::host_refused(filter, "proxy_set_buffer_bytes");
+    }
+}
+
+impl<H: Host> Filter<H> {
+    /// `proxy_on_request_body`: a request waiting for its body (`size` bytes buffered so far; `end`: all of
+    /// it) is decided once the body has arrived or passed [`crate::key::MAX_REQUEST_BODY`]; until then Envoy
+    /// buffers it. Other requests go on.
+    pub fn on_request_body(&mut self, context_id: u32, size: usize, end: bool) -> Action {
+        if self.awaiting_body.is_empty() {
+            return Action::Continue;
+        }
+        on_request_body(self, context_id, Some(size), end)
+    }
+
+    /// `proxy_on_request_trailers`: the request body ended (with trailers): a request waiting for it is
+    /// decided.
+    pub fn on_request_trailers(&mut self, context_id: u32) -> Action {
+        if self.awaiting_body.is_empty() {
+            return Action::Continue;
+        }
+        on_request_body(self, context_id, None, true)
     }
 }

@@ -9,7 +9,7 @@ use crate::prelude::*;
 
 use arrayvec::ArrayVec;
 
-use crate::host::{HeaderMap, Host, LogLevel};
+use crate::host::{HeaderMap, Host};
 use crate::limiter::{Decision, GiveBack, LeaseTicket, Leases, Outcome, Verdict};
 use crate::response::{grpc, MAX_HEADERS};
 
@@ -17,7 +17,7 @@ use super::flow::{Flow, Origin, Stage};
 use super::give_back::{GiveBackCall, GiveBackKind};
 use super::metrics::Metrics;
 use super::route::Route;
-use super::{log, Action, Filter, NAME, REJECTED_BY_PROPERTY, SHADOW_REJECTED_BY_PROPERTY};
+use super::{Action, Filter, REJECTED_BY_PROPERTY, SHADOW_REJECTED_BY_PROPERTY};
 
 /// Counts a decision, moves the circuit, settles what the request took (leases committed or put back,
 /// Redis members given back if it does not go on, reservations kept for its response if it does), and
@@ -78,7 +78,7 @@ pub(super) fn end<H: Host>(
     origin: Origin,
 ) -> Action {
     if origin != Origin::Callback && filter.host.set_effective_context(context_id).is_err() {
-        host_refused(filter, "proxy_set_effective_context");
+        super::metrics::host_refused(filter, "proxy_set_effective_context");
         let flow =
             Flow { route: Rc::clone(route), stage: Stage::Undelivered(next), tokens: Vec::new(), deadline_ms: 0 };
         super::flow::pause(filter, context_id, flow);
@@ -94,7 +94,7 @@ pub(super) fn end<H: Host>(
                 return Action::Continue;
             }
             if filter.host.resume_request().is_err() {
-                host_refused(filter, "proxy_continue_stream");
+                super::metrics::host_refused(filter, "proxy_continue_stream");
             }
         }
         Verdict::Respond { status, ref body, rate_limited, .. } => {
@@ -110,7 +110,7 @@ pub(super) fn end<H: Host>(
                 filter.host.send_local_reply(status, headers, body.as_bytes(), None)
             };
             if sent.is_err() {
-                host_refused(filter, "proxy_send_local_response");
+                super::metrics::host_refused(filter, "proxy_send_local_response");
             }
         }
     }
@@ -132,19 +132,6 @@ fn record_rule<H: Host>(filter: &mut Filter<H>, route: &Route, verdict: &Verdict
     };
     let Some(name) = rule.and_then(|rule| route.plan.rule_name(rule)) else { return };
     if filter.host.set_property(path, name.as_bytes()).is_err() {
-        host_refused(filter, "proxy_set_property");
-    }
-}
-
-/// Counts a hostcall the host refused on a request's path; the first one is logged.
-pub(super) fn host_refused<H: Host>(filter: &mut Filter<H>, call: &str) {
-    filter.metrics.host_error(&filter.host);
-    if !filter.host_error_logged {
-        filter.host_error_logged = true;
-        log(
-            &filter.host,
-            LogLevel::Warn,
-            &format!("the host refused {call} for a request; such refusals are counted in {NAME}.host_errors"),
-        );
+        super::metrics::host_refused(filter, "proxy_set_property");
     }
 }

@@ -1,8 +1,8 @@
 //! A paused request ([`Flow`]) and its one step: [`advance`] sends what the request's limiter asks
 //! for, follows the replies, and ends the request once it is decided, or pauses it. Every callback that
 //! moves a request (its headers, a reply, a lease acquire it was parked on, its deadline) ends in that
-//! step. Also the deadline guard's end of a request ([`end_flows`]) and the requests parked on
-//! a lease acquire ([`wake_parked`]).
+//! step. Also a request's start ([`Filter::decide`]: decided at once, or its calls sent), the deadline
+//! guard's end of a request ([`end_flows`]) and the requests parked on a lease acquire ([`wake_parked`]).
 
 use alloc::rc::Rc;
 
@@ -10,12 +10,13 @@ use crate::prelude::*;
 
 use crate::block::fnv1a;
 use crate::host::{Host, LogLevel};
-use crate::limiter::{Decision, Effects, LeaseEnd, LeaseTicket, PendingRequest, Progress, Verdict};
+use crate::key::RequestView;
+use crate::limiter::{self, Decision, Effects, LeaseEnd, LeaseTicket, PendingRequest, Progress, Start, Verdict};
 use crate::script::Invocation;
 use crate::transport::Failure;
 
 use super::route::Route;
-use super::{log, with_context, Action, Filter, DEADLINE_GRACE_MS, TICK_MS};
+use super::{log, with_context, Action, Filter, DEADLINE_GRACE_MS};
 
 /// Where a paused request stands.
 #[derive(Debug)]
@@ -222,17 +223,7 @@ fn learn<H: Host>(filter: &mut Filter<H>, route: &Route, effects: Effects, now_m
 /// Keeps a request paused until its replies or its deadline; the tick runs while any is paused.
 pub(super) fn pause<H: Host>(filter: &mut Filter<H>, context_id: u32, flow: Flow) {
     filter.flows.insert(context_id, flow);
-    start_tick(filter);
-}
-
-/// Turns the tick on (the deadline guard of paused requests and give-backs), if it is off.
-pub(super) fn start_tick<H: Host>(filter: &mut Filter<H>) {
-    if !filter.ticking {
-        match filter.host.set_tick_period_ms(TICK_MS) {
-            Ok(()) => filter.ticking = true,
-            Err(_) => super::end::host_refused(filter, "proxy_set_tick_period_milliseconds"),
-        }
-    }
+    super::tick::start(filter);
 }
 
 /// Ends these paused requests now: a decision the host refused before is delivered, a request still
@@ -298,5 +289,70 @@ pub(super) fn forget<H: Host>(filter: &mut Filter<H>, context_id: u32, flow: &Fl
             filter.leases.end(&name, None, settled.map(|random| (random, false)));
             filter.ended_leases.push(name);
         }
+    }
+}
+
+impl<H: Host> Filter<H> {
+    /// Decides request `context_id` of `route` (with its JSON request body, if one was read, and the copy
+    /// of its headers taken before they went on), or sends its calls and pauses.
+    pub(super) fn decide(
+        &mut self,
+        context_id: u32,
+        route: Rc<Route>,
+        body: Option<&serde_json::Value>,
+        headers: Option<&[(String, Vec<u8>)]>,
+    ) -> Action {
+        let now_ms = self.host.now_ms();
+        let skip_redis = route.skips_redis(now_ms);
+        let start = with_context!(self, route, now_ms, skip_redis, |ctx| {
+            let random = &mut self.random;
+            let request = HostRequest { host: &self.host, body, headers };
+            limiter::start(&ctx, &request, &mut || super::ids::member_random(random), &mut self.name_buffer)
+        });
+        let action = match start {
+            Start::Decided(decision) => {
+                let next = super::end::finish(self, context_id, &route, decision);
+                super::end::end(self, context_id, &route, next, Origin::Callback)
+            }
+            Start::Send(pending, sends) => {
+                // A request parked on a lease acquire waits as long as a call of its own would.
+                let deadline_ms =
+                    now_ms.saturating_add(route.config.redis.timeout_ms).saturating_add(DEADLINE_GRACE_MS);
+                let flow = Flow::waiting(route, pending, deadline_ms);
+                advance(self, context_id, flow, 0..sends, Progress::Waiting, Origin::Callback)
+            }
+        };
+        wake_parked(self);
+        action
+    }
+}
+
+/// The request as the host shows it (the effective context's headers and properties), its JSON body when
+/// it was read, and the copy of its headers when it is decided after they went on.
+struct HostRequest<'a, H: Host> {
+    host: &'a H,
+    body: Option<&'a serde_json::Value>,
+    headers: Option<&'a [(String, Vec<u8>)]>,
+}
+
+impl<H: Host> RequestView for HostRequest<'_, H> {
+    fn header(&self, name: &str) -> Option<Vec<u8>> {
+        match self.headers {
+            Some(headers) => headers.iter().find(|(key, _)| key == name).map(|(_, value)| value.clone()),
+            None => self.host.request_header(name).ok().flatten(),
+        }
+    }
+
+    fn source_address(&self) -> Option<String> {
+        let bytes = self.host.property(&["source", "address"]).ok().flatten()?;
+        String::from_utf8(bytes).ok()
+    }
+
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        self.host.property(path).ok().flatten()
+    }
+
+    fn body_field(&self, path: &[String]) -> Option<Vec<u8>> {
+        super::body::field(self.body?, path)
     }
 }

@@ -9,7 +9,7 @@ use crate::host::{Host, LogLevel};
 use crate::limiter::{LimiterError, Outcome, RuleOutcome};
 use crate::transport::Failure;
 
-use super::{log, NAME};
+use super::{log, Filter, NAME};
 
 /// Counter ids, by the names in docs/operating.md, "Metrics". A counter the host refused to define is skipped.
 #[derive(Debug, Default)]
@@ -256,6 +256,19 @@ impl LimiterErrorLog {
                 error.limiter,
                 crate::quote::escaped(&error.error)
             ),
+        );
+    }
+}
+
+/// Counts a hostcall the host refused on a request's path; the first one is logged.
+pub(super) fn host_refused<H: Host>(filter: &mut Filter<H>, call: &str) {
+    filter.metrics.host_error(&filter.host);
+    if !filter.host_error_logged {
+        filter.host_error_logged = true;
+        super::log(
+            &filter.host,
+            LogLevel::Warn,
+            &format!("the host refused {call} for a request; such refusals are counted in {NAME}.host_errors"),
         );
     }
 }

@@ -7,15 +7,25 @@
 //! bytes between the limiter, the transports and the host.
 //!
 //! - this file: the filter, its configuration and the host's callbacks, each "match, then one step";
-//! - `route`: a configuration compiled once at configure into a [`route::Route`]; the adapters through
-//!   which a request sees its route's blocks and local windows;
-//! - `flow`: a paused request ([`flow::Flow`]) and its one step, `advance`: send, follow the replies,
-//!   finish or pause; the deadline guard; requests parked on a lease acquire;
-//! - `end`: how a decided request ends: counted, leases committed or put back, resumed or answered;
-//! - `give_back`: give-back calls (a request's members, lease settlements), and a configuration that
-//!   goes away ([`Filter::retire`], [`Filter::adopt`]);
-//! - `ids`: this process's Redisson client id and the permit members' random bytes;
-//! - `metrics`: the counters and the once-per-cause logs.
+//!
+//! Its submodules sit on floors and import their siblings only downwards (`scripts/check_imports.py`,
+//! `SUBFLOORS`), so the tick and what leaves from it never depend on the request driver:
+//!
+//! 0. `ids` (this process's Redisson client id, the permit members' random bytes), `metrics` (the counters,
+//!    the once-per-cause logs, a refused hostcall), `route` (a configuration compiled once at configure
+//!    into a [`route::Route`]; the adapters through which a request sees its route's blocks and local
+//!    windows);
+//! 1. `tick`: the root context's tick, on while anything waits for it;
+//! 2. `give_back`: give-back calls one at a time (a request's members, lease settlements, settles) and
+//!    their replies;
+//! 3. `outbox` (what leaves from the tick: the settles of a tick batched per destination) and `settle`
+//!    (reservations kept until their response ends, and the usage read from it);
+//! 4. the request driver: `flow` (a request's start, a paused request ([`flow::Flow`]) and its one step,
+//!    `advance`; the deadline guard; requests parked on a lease acquire), `end` (how a decided request
+//!    ends: counted, leases committed or put back, resumed or answered), `coalesce` (batches of acquires),
+//!    `body` (requests decided from their JSON body);
+//! 5. `handover`: a configuration that goes away ([`Filter::retire`]) and the one that takes its place
+//!    ([`Filter::adopt`]).
 //!
 //! Replies flow one way: the host delivers a reply to the root context (`proxy_on_http_call_response`,
 //! `proxy_on_redis_call_response`); the `abi` module hands it to [`Filter::on_http_call_response`] or
@@ -41,9 +51,8 @@ use crate::host::{Host, LogLevel};
 use crate::host_redis;
 use crate::http_bridge;
 use crate::id_map::{CallMap, IdMap};
-use crate::key::RequestView;
 use crate::lease::LeaseTable;
-use crate::limiter::{self, Report, Start};
+use crate::limiter::Report;
 use crate::quote::quoted;
 use crate::response::cache::ReplyCache;
 use crate::response::Headers;
@@ -58,6 +67,7 @@ mod coalesce_tests;
 mod end;
 mod flow;
 mod give_back;
+mod handover;
 mod ids;
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod interleavings;
@@ -69,11 +79,12 @@ mod settle;
 mod settle_tests;
 #[cfg(test)]
 mod tests;
+mod tick;
 
-pub use give_back::Retirement;
+pub use handover::Retirement;
 pub use ids::CLIENT_ID_KEY;
 
-use flow::{Call, Flow, Origin};
+use flow::{Call, Flow};
 use give_back::GiveBackCall;
 use metrics::{FailureLog, LimiterErrorLog, Metrics};
 use route::Route;
@@ -300,10 +311,10 @@ impl<H: Host> Filter<H> {
     /// the body from the filter too: proxy-wasm-cpp-host `convertVmCallResultToFilterHeadersStatus`).
     pub fn on_request_start(&mut self, context_id: u32, body_follows: bool) -> Action {
         self.confirm_client_id();
-        if !self.ticking && self.has_timed_work() {
-            // Work handed over while this root's tick could not be set (flow::start_tick): set it now, from
+        if !self.ticking && tick::has_work(self) {
+            // Work handed over while this root's tick could not be set (tick::start): set it now, from
             // one of this root's own requests.
-            flow::start_tick(self);
+            tick::start(self);
         }
         let Some(route) = self.select() else { return Action::Continue };
         if route.settles_from_body || route.reads_body {
@@ -316,58 +327,6 @@ impl<H: Host> Filter<H> {
             return Action::Continue;
         }
         self.decide(context_id, route, None, None)
-    }
-
-    /// `proxy_on_request_body`: a request waiting for its body (`size` bytes buffered so far; `end`: all of
-    /// it) is decided once the body has arrived or passed [`crate::key::MAX_REQUEST_BODY`]; until then Envoy
-    /// buffers it. Other requests go on.
-    pub fn on_request_body(&mut self, context_id: u32, size: usize, end: bool) -> Action {
-        if self.awaiting_body.is_empty() {
-            return Action::Continue;
-        }
-        body::on_request_body(self, context_id, Some(size), end)
-    }
-
-    /// `proxy_on_request_trailers`: the request body ended (with trailers): a request waiting for it is
-    /// decided.
-    pub fn on_request_trailers(&mut self, context_id: u32) -> Action {
-        if self.awaiting_body.is_empty() {
-            return Action::Continue;
-        }
-        body::on_request_body(self, context_id, None, true)
-    }
-
-    /// Decides request `context_id` of `route` (with its JSON request body, if one was read, and the copy
-    /// of its headers taken before they went on), or sends its calls and pauses.
-    fn decide(
-        &mut self,
-        context_id: u32,
-        route: Rc<Route>,
-        body: Option<&serde_json::Value>,
-        headers: Option<&[(String, Vec<u8>)]>,
-    ) -> Action {
-        let now_ms = self.host.now_ms();
-        let skip_redis = route.skips_redis(now_ms);
-        let start = with_context!(self, route, now_ms, skip_redis, |ctx| {
-            let random = &mut self.random;
-            let request = HostRequest { host: &self.host, body, headers };
-            limiter::start(&ctx, &request, &mut || ids::member_random(random), &mut self.name_buffer)
-        });
-        let action = match start {
-            Start::Decided(decision) => {
-                let next = end::finish(self, context_id, &route, decision);
-                end::end(self, context_id, &route, next, Origin::Callback)
-            }
-            Start::Send(pending, sends) => {
-                // A request parked on a lease acquire waits as long as a call of its own would.
-                let deadline_ms =
-                    now_ms.saturating_add(route.config.redis.timeout_ms).saturating_add(DEADLINE_GRACE_MS);
-                let flow = Flow::waiting(route, pending, deadline_ms);
-                flow::advance(self, context_id, flow, 0..sends, limiter::Progress::Waiting, Origin::Callback)
-            }
-        };
-        flow::wake_parked(self);
-        action
     }
 
     /// `proxy_on_response_headers`: adds the rate limit headers of a request that was allowed.
@@ -383,7 +342,7 @@ impl<H: Host> Filter<H> {
         report.write_headers(&route.plan.headers, &mut headers);
         for (name, value) in headers {
             if self.host.add_response_header(name, &value).is_err() {
-                end::host_refused(self, "proxy_add_header_map_value");
+                metrics::host_refused(self, "proxy_add_header_map_value");
             }
         }
         Action::Continue
@@ -458,19 +417,7 @@ impl<H: Host> Filter<H> {
         outbox::send_queued(self);
         give_back::expire_give_backs(self, now_ms);
         outbox::expire_batches(self, now_ms);
-        if !self.has_timed_work() && self.ticking && self.host.set_tick_period_ms(0).is_ok() {
-            self.ticking = false;
-        }
-    }
-
-    /// Whether anything waits for the tick: paused requests (the deadline guard), batches and calls
-    /// waiting to be sent, give-backs waiting for their replies, settle calls queued.
-    fn has_timed_work(&self) -> bool {
-        !(self.flows.is_empty()
-            && self.coalescer.is_idle()
-            && self.give_backs.is_empty()
-            && self.give_back_batches.is_empty()
-            && self.outbox.is_empty())
+        tick::stop_when_idle(self);
     }
 
     /// A reply (or failure) for this call: a give-back's, or a request's (fed to its flow, one step).
@@ -514,35 +461,5 @@ impl<H: Host> Filter<H> {
         let authority =
             self.host.request_header(":authority").ok().flatten().and_then(|bytes| String::from_utf8(bytes).ok());
         self.routes.select(route.as_deref(), authority.as_deref()).map(|(_, route)| Rc::clone(route))
-    }
-}
-
-/// The request as the host shows it (the effective context's headers and properties), its JSON body when
-/// it was read, and the copy of its headers when it is decided after they went on.
-struct HostRequest<'a, H: Host> {
-    host: &'a H,
-    body: Option<&'a serde_json::Value>,
-    headers: Option<&'a [(String, Vec<u8>)]>,
-}
-
-impl<H: Host> RequestView for HostRequest<'_, H> {
-    fn header(&self, name: &str) -> Option<Vec<u8>> {
-        match self.headers {
-            Some(headers) => headers.iter().find(|(key, _)| key == name).map(|(_, value)| value.clone()),
-            None => self.host.request_header(name).ok().flatten(),
-        }
-    }
-
-    fn source_address(&self) -> Option<String> {
-        let bytes = self.host.property(&["source", "address"]).ok().flatten()?;
-        String::from_utf8(bytes).ok()
-    }
-
-    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
-        self.host.property(path).ok().flatten()
-    }
-
-    fn body_field(&self, path: &[String]) -> Option<Vec<u8>> {
-        body::field(self.body?, path)
     }
 }

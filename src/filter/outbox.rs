@@ -89,7 +89,7 @@ fn send_batch<H: Host>(filter: &mut Filter<H>, mut batch: GiveBackBatch) {
             let timeout_ms = route.config.redis.timeout_ms;
             batch.deadline_ms = filter.host.now_ms().saturating_add(timeout_ms).saturating_add(DEADLINE_GRACE_MS);
             filter.give_back_batches.insert(id.key(), batch);
-            super::flow::start_tick(filter);
+            super::tick::start(filter);
         }
         Err(failure) => batch_failed(filter, batch, &failure),
     }

@@ -156,7 +156,7 @@ fn settle<H: Host>(filter: &mut Filter<H>, settling: Settling) {
         filter.outbox.push(call);
     }
     if !filter.outbox.is_empty() {
-        super::flow::start_tick(filter);
+        super::tick::start(filter);
     }
 }
 

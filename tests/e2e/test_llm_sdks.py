@@ -702,7 +702,7 @@ def test_a_usage_settled_request_gets_an_uncompressed_answer(start_gateway, stac
     """The SDK accepts gzip, deflate and br; for a request a rule settles by usage, the filter asks the
     upstream for `identity` so that it can read the usage: the call succeeds uncompressed and settles. The
     route asks it for every request before its headers go on, so an API key exempt from the token budget
-    gets an uncompressed answer too (docs/configuration.md, "Content codings")."""
+    gets an uncompressed answer too (docs/configuration.md, "Costs known after the response")."""
     gateway = start_gateway(
         h.rule("requests", limit_by={"header": "authorization"}, rate=1000, interval="1m"),
         token_rule("tokens", settle={"usage": sdk}, exempt={"headers": {"authorization": ["Bearer sk-plain"]}}))

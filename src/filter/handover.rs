@@ -1,0 +1,115 @@
+//! A filter that goes away (its root context is deleted, or a new configuration replaces it):
+//! [`Filter::retire`] ends its paused requests and settles its leases as they stand, [`Filter::adopt`]
+//! queues what it left in the outbox of the filter that takes its place, to leave from that filter's own
+//! tick.
+
+use alloc::rc::Rc;
+
+use crate::prelude::*;
+
+use crate::config::RedisConfig;
+use crate::host::Host;
+use crate::script::Settlement;
+
+use super::give_back::{GiveBackCall, GiveBackKind};
+use super::settle::Settling;
+use super::Filter;
+
+/// What a filter that goes away leaves to the one that replaces it in the VM ([`Filter::retire`],
+/// [`Filter::adopt`]): the settlements its leases still owe Redis, and where they go.
+#[derive(Debug, Default)]
+pub struct Retirement {
+    /// The Redis its configurations reached (one entry per distinct `redis` section).
+    redis: Vec<RedisConfig>,
+    /// Per limiter name, the settlement to send.
+    settlements: Vec<(String, Settlement)>,
+    /// Reservations of requests whose responses still run (rules with `cost`), by HTTP context id: their
+    /// callbacks reach the filter that takes this one's place.
+    settling: Vec<(u32, Settling)>,
+    /// Settle calls waiting for the tick.
+    settle_calls: Vec<GiveBackCall>,
+}
+
+impl Retirement {
+    /// Permits the settlements would return (lost if nobody sends them).
+    pub fn unsettled_permits(&self) -> u64 {
+        self.settlements.iter().map(|(_, s)| s.granted.saturating_sub(s.used)).sum()
+    }
+}
+
+impl<H: Host> Filter<H> {
+    /// This filter goes away (its root context is deleted, or a new configuration replaces it): its paused
+    /// requests end now (as at their deadline: the failure mode), and its leases are settled as they stand,
+    /// to be sent by the filter that takes its place ([`Filter::adopt`]).
+    pub fn retire(&mut self) -> Retirement {
+        let paused: Vec<u32> = self.flows.keys().copied().collect();
+        super::flow::end_flows(self, paused);
+        let mut redis: Vec<RedisConfig> = Vec::new();
+        for (_, route) in self.routes.configs() {
+            if !redis.contains(&route.config.redis) {
+                redis.push(route.config.redis.clone());
+            }
+        }
+        Retirement {
+            redis,
+            settlements: self.leases.retire_all(),
+            settling: self.settling.drain().collect(),
+            settle_calls: core::mem::take(&mut self.outbox),
+        }
+    }
+
+    /// Sends the settlements a filter that went away left ([`Filter::retire`]) through a configuration of
+    /// this filter that reaches the same Redis (the same `redis` section); when none does, or the old
+    /// filter reached several, their permits are counted as lost (`lease_permits_lost`): they return when
+    /// their members leave the window.
+    ///
+    /// Nothing is sent from here: it may run during the old root context's `proxy_on_delete`, where the old
+    /// root is the effective context, and a host sets the tick of the effective context's root (the old
+    /// root's, which goes away with it) and sends calls from it. The work is queued in the outbox, this
+    /// filter's own root context ([`Filter::own_root_context`]) is made effective, and its own tick sends
+    /// it; if the host refuses that switch, the tick starts with this root's next request.
+    pub fn adopt(&mut self, mut retirement: Retirement) {
+        // Reservations settle through the filter their responses' callbacks now reach, each call through the
+        // route (and transport) of the configuration that made it.
+        self.settling.extend(retirement.settling.drain(..));
+        self.outbox.append(&mut retirement.settle_calls);
+        let route = match retirement.redis.as_slice() {
+            [only] => self.routes.configs().find(|(_, route)| route.config.redis == *only).map(|(_, r)| Rc::clone(r)),
+            _ => None,
+        };
+        match route {
+            Some(route) => {
+                for (name, settlement) in retirement.settlements {
+                    self.outbox.push(GiveBackCall::new(&route, name, settlement, GiveBackKind::Handed));
+                }
+            }
+            None => self.metrics.lease_permits_lost(&self.host, retirement.unsettled_permits()),
+        }
+        if self.outbox.is_empty() || self.ticking {
+            return;
+        }
+        let own_root = match self.root_context {
+            Some(root) => self.host.set_effective_context(root).is_ok(),
+            None => true,
+        };
+        if own_root {
+            super::tick::start(self);
+        }
+    }
+
+    /// Counts a retirement nobody adopts (no other configuration in the VM): its leases' permits as lost
+    /// (`lease_permits_lost`), its queued settle calls, which knew their cost, in `settlements_lost`, and
+    /// the reservations of responses still running, which stay as reserved, in `settled_without_usage`.
+    pub fn drop_retirement(&self, retirement: &Retirement) {
+        self.metrics.lease_permits_lost(&self.host, retirement.unsettled_permits());
+        let (settles, handed): (Vec<&GiveBackCall>, Vec<&GiveBackCall>) =
+            retirement.settle_calls.iter().partition(|call| call.kind == GiveBackKind::Settle);
+        self.metrics.settlements_lost(&self.host, settles.len());
+        let handed: u64 = handed.iter().map(|call| call.settlement.granted.saturating_sub(call.settlement.used)).sum();
+        self.metrics.lease_permits_lost(&self.host, handed);
+        let reservations = retirement.settling.iter().map(|(_, settling)| settling.reservations()).sum::<usize>();
+        for _ in 0..reservations {
+            self.metrics.settled_without_usage(&self.host);
+        }
+    }
+}
