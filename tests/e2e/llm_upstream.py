@@ -1099,11 +1099,13 @@ class Load(NamedTuple):
 
 def run_load(port: int, key: dict[str, str], redis: h.Redis, limiter: str, interval_ms: float, *,
              clients: int = 16, seconds: float = 4.0, reserve: tuple[int, int] = (500, 2000),
-             fmt: str = "openai-sse", delay_ms: int = 5, backoff_s: float = 0.05, seed: int = 0) -> Load:
+             fmt: str = "openai-sse", delay_ms: int = 5, backoff_s: float = 0.05, seed: int = 0,
+             usage: tuple[int, int] | None = None) -> Load:
     """`clients` threads sending POSTs with the `key` headers back to back for `seconds` through the gateway
     at `port`, each reserving `x-max-tokens` (uniform in `reserve`) and costing at most that (input 20 to
     200 tokens, output 1 to the rest), answered in `fmt` with `delay_ms` between events; a client pauses
-    `backoff_s` after a rejection. The members of `limiter` are read all along."""
+    `backoff_s` after a rejection. `usage`: each request costs input + output uniform in this range instead
+    (at least 2; not bounded by its reservation). The members of `limiter` are read all along."""
     stop = time.monotonic() + seconds
     tallies = {"admitted": 0, "rejected": 0, "tokens": 0, "other": 0}
     lock = threading.Lock()
@@ -1113,8 +1115,13 @@ def run_load(port: int, key: dict[str, str], redis: h.Redis, limiter: str, inter
         rng = random.Random(seed * 1000 + index)
         while time.monotonic() < stop:
             most = rng.randint(*reserve)
-            inp = rng.randint(20, 200)
-            out = rng.randint(1, most - inp)
+            if usage is None:
+                inp = rng.randint(20, 200)
+                out = rng.randint(1, most - inp)
+            else:
+                cost = rng.randint(*usage)
+                inp = rng.randint(1, cost - 1)
+                out = cost - inp
             sent = {**key, "x-max-tokens": str(most), "content-type": "application/json",
                     **headers(fmt, inp, out, delay_ms=delay_ms)}
             try:
