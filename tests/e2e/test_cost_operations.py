@@ -94,7 +94,7 @@ def test_reservations_settle_after_configuration_pushes_replaced_one_that_held_l
     envoy = stack.envoy(configs[0], reloadable=True, upstream_port=llm_server.port)
     gateway = LlmGateway("envoy", envoy, stack)
 
-    before = gateway.on_every_vm({"x-api-key": "before"})
+    before = gateway.on_every_vm({"x-api-key": "before", **llm.headers()})
     assert {r.status for r in before} == {200}, before
     served = len(before)
     h.wait_until(lambda: [(m.random[:2], m.permits) for m in members(stack, "erl:tokens:before")]
