@@ -450,3 +450,16 @@ fn a_batch_of_settles_answered_noscript_is_sent_again_by_source_once() {
     assert_eq!([host.counter(&format!("{NAME}.settlements")), host.counter(&format!("{NAME}.batches"))], [2, 1]);
     assert!(filter.give_back_batches.is_empty());
 }
+
+#[test]
+fn settle_calls_a_configuration_leaves_with_no_one_to_send_them_count_as_lost_not_as_without_usage() {
+    let (host, mut filter) = configure(r#"{"reserve":400,"settle":{"response_header":"x-cost"}}"#);
+    allowed(&host, &mut filter, 2, "alice");
+    allowed(&host, &mut filter, 4, "bob");
+    // Request 2's response ended (its settle call waits for the tick); request 4's still runs.
+    respond(&host, &mut filter, 2, &[(":status", "200"), ("x-cost", "90")], &[]);
+    let retirement = filter.retire();
+    filter.drop_retirement(&retirement);
+    assert_eq!(host.counter(&format!("{NAME}.settlements_lost")), 1, "a settle that knew its cost");
+    assert_eq!(host.counter(&format!("{NAME}.settled_without_usage")), 1, "a response still running");
+}
