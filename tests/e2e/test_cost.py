@@ -49,19 +49,20 @@ class LlmGateway(Gateway):
 
     def ask(self, key: dict[str, str], fmt: str = "openai-json", input_tokens: int = 10, output_tokens: int = 20,
             *, events: int = 3, reset_after: int | None = None, cost: int | None = None,
-            headers: dict[str, str] | None = None) -> h.Response:
-        """One POST of `key` headers (and `headers`) answered in `fmt` with this usage; `reset_after`: the
-        upstream resets the stream after that many pieces (the response the client got so far, status 200)."""
+            headers: dict[str, str] | None = None, body: str = REQUEST_BODY) -> h.Response:
+        """One POST of `key` headers (and `headers`) with JSON `body`, answered in `fmt` with this usage;
+        `reset_after`: the upstream resets the stream after that many pieces (the response the client got so
+        far, status 200)."""
         self._count(1)
         asked = {**key, **(headers or {}), "content-type": "application/json"}
         if isinstance(self.process, h.Emulator):
-            return self.process.send("/v1/chat", asked, method="POST", body=REQUEST_BODY,
+            return self.process.send("/v1/chat", asked, method="POST", body=body,
                                      response=llm.response_spec(fmt, input_tokens, output_tokens, events=events,
                                                                 reset_after=reset_after, cost=cost))
         asked.update(llm.headers(fmt, input_tokens, output_tokens, events=events, reset_after=reset_after,
                                  cost=cost))
         if reset_after is None:
-            return self.process.send("/v1/chat", asked, method="POST", body=REQUEST_BODY.encode())
+            return self.process.send("/v1/chat", asked, method="POST", body=body.encode())
         status, body = raw_exchange(self.process.port, asked)
         return h.Response(status, {}, body.decode(errors="replace"))
 
@@ -293,6 +294,27 @@ def test_the_reservation_comes_from_a_request_header(start_gateway, stack):
     assert gateway.ask({"x-api-key": "e"}, "no-usage", cost=42, headers={"x-max-tokens": "900"}).status == 200
     settled(stack, gateway, "erl:tokens:e", [42])
     assert value(stack, "erl:tokens:e") == 5000 - 42
+
+
+def test_the_reservation_and_the_key_come_from_the_json_request_body(start_gateway, stack):
+    """`limit_by: {"body": "model"}` and `reserve: {"body": "openai", "default": 700}`: one budget per model
+    named in the JSON body, each request reserving its `max_completion_tokens` (else `max_tokens`), the
+    default when the body has neither or is not JSON, in both builds (the request headers go on before the
+    body is read: the decision reads a copy of them)."""
+    gateway = start_gateway(h.rule("per-model", limit_by={"body": "model"}, rate=5000, interval="1m",
+                                   cost={"reserve": {"body": "openai", "default": 700},
+                                         "settle": {"usage": "openai"}}))
+    cases = [("gpt-a", {"max_tokens": 300}, 300), ("gpt-b", {"max_completion_tokens": 400, "max_tokens": 9}, 400),
+             ("gpt-c", {}, 700), ("gpt-d", {"max_tokens": 999999}, 5000)]
+    for model, fields, reserved in cases:
+        body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], **fields})
+        assert gateway.ask({}, "no-usage", body=body).status == 200
+        assert [m.permits for m in members(stack, f"erl:per-model:{model}")] == [reserved], model
+    # A usage settles as usual; a body that is not JSON has no model: the key is missing, nothing is charged.
+    assert gateway.ask({}, input_tokens=5, output_tokens=37, body=json.dumps({"model": "gpt-e"})).status == 200
+    settled(stack, gateway, "erl:per-model:gpt-e", [42])
+    assert gateway.ask({}, body="not json").status == 200
+    assert members(stack, "erl:per-model:") == []
 
 
 def test_rates_by_picks_the_rate_from_a_plan_header(start_gateway, stack):
