@@ -12,15 +12,31 @@ the same run.
     from Redis all along) per whole 2-s window and in the fullest sliding 2-s window against the budget
     (overshoot), requests admitted and rejected, tokens per admitted request.
 (b) What settling costs the gateway: one Envoy at a time answering itself (direct_response) with a chat
-    completion body, wrk as in section 1 (x-user-id over 64 users, bench/users.lua), BENCH_ROUNDS
-    interleaved runs of BENCH_DURATION s: Envoy without the filter, the rule with `permits: 1000` and no
-    cost (the baseline: one acquire per request), and the same rule reserving 1000 and settled by its usage
-    (OpenAI JSON, 0.3 KB; OpenAI event stream, 1.5 KB; Anthropic event stream): req/s, Redis script calls and
-    CPU microseconds per request by process.
+    completion body, wrk as in section 1 (x-user-id over 64 users, bench/users.lua) at each of
+    BENCH_COST_CONNECTIONS [8,32] connections, BENCH_ROUNDS interleaved runs of BENCH_DURATION s: Envoy without
+    the filter, the rule with `permits: 1000` and no cost (the baseline: one acquire per request), and the same
+    rule reserving 1000 and settled by a response header or by its usage (OpenAI JSON, 0.3 KB; OpenAI event
+    stream, 1.5 KB; Anthropic event stream): req/s, Redis script calls and CPU microseconds per request by
+    process, against the target of at most +60 us per request for settling at -c8.
 (c) Guest cost: the Higress build in the host emulator (`wasm-host replay --function-profile`, 2 VMs,
     2,000 requests, 16 at once), each request answered with the body in its pieces (one
     `proxy_on_response_body` each): fixed permits vs settled by usage, per format: all guest fuel per
     request and Redis calls per request.
+(d) The real SDKs on one budget: BENCH_COST_SDK_CLIENTS [16] clients at once, the last
+    BENCH_COST_SDK_ANTHROPIC [4] of them the `anthropic` SDK and the others the `openai` SDK, one client per
+    thread of a child process (this file run with --sdk-clients: its own interpreter lock), at the SDKs'
+    defaults but base_url, api_key, max_retries=0 and timeout, half of the calls streamed, each asking
+    max_tokens 500 to 2,000 and using less, for BENCH_COST_SDK_SECONDS [10] per configuration, through one
+    Envoy with the filter, webdis and Redis to the LLM upstream answering as the APIs do (it compresses JSON
+    when asked). The configuration a user writes: `reserve: {"body": "openai", ...}`, `settle: {"usage":
+    "openai", "include_usage": true}`, and on the route of /v1/messages (`_rules_`) the Anthropic readers,
+    one limiter for both; charge-after (`reserve: 1`) as the baseline. Every admitted call settled to the
+    usage its response reported (the members against the upstream's record, none left `-r`), the fullest
+    sliding window by acquire time against the budget, the tokens of every whole window (target >= 95%).
+(e) The degraded mode with costs: 2 Envoys with `failure_mode: "local"`, `local_fallback: {"gateways": 2}`,
+    the budget and clients of (d) for BENCH_COST_DEGRADED_SECONDS [8], Redis up (the baseline) then Redis
+    stopped: what each gateway admitted per window (from the upstream's record of every request) against
+    floor(rate / gateways).
 
 Every process comes from tests/e2e/harness.py (Envoy, redis-server, webdis, wrk; wasm-host as in section 5)
 on 127.0.0.1 with free ports, stopped by PID when the section ends.
@@ -28,10 +44,20 @@ on 127.0.0.1 with free ports, stopped by PID when the section ends.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import json
+import os
+import random
 import re
+import resource
+import sys
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import yaml
 
 import bench as b  # bench/bench.py: settings, wrk, tables, CPU readers
 import coalescing_bench as cb  # section 10: its rows of wrk runs, module lines, the profile's total
@@ -55,6 +81,43 @@ INPUT_TOKENS, OUTPUT_TOKENS = 120, 345
 # (c)
 REPLAY_REQUESTS = 2_000
 REPLAY_CONCURRENCY = 16
+
+
+def _env_counts(name: str, default: str) -> list[int]:
+    """A comma-separated list of whole numbers >= 1 (e.g. BENCH_COST_CONNECTIONS=8,32)."""
+    text = os.environ.get(name, "").strip() or default
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        sys.exit(f"bench: {name}={text!r} is not a list of whole numbers")
+    if not values or min(values) < 1:
+        sys.exit(f"bench: {name} must list whole numbers >= 1")
+    return values
+
+
+# (b): wrk connections, one pass of every row per value.
+CPU_CONNECTIONS = _env_counts("BENCH_COST_CONNECTIONS", "8,32")
+SETTLE_CPU_TARGET_US = 60.0  # settling's CPU per request over fixed permits, at wrk -c8
+
+# (d) and (e): the real SDKs.
+SDK_CLIENTS = b._env_int("BENCH_COST_SDK_CLIENTS", 16)
+SDK_ANTHROPIC = min(int(os.environ.get("BENCH_COST_SDK_ANTHROPIC", "").strip() or 4), SDK_CLIENTS)
+SDK_SECONDS = b._env_int("BENCH_COST_SDK_SECONDS", 10)
+DEGRADED_SECONDS = b._env_int("BENCH_COST_DEGRADED_SECONDS", 8)
+SDK_TIMEOUT_S = 20.0  # the clients' `timeout` (the SDKs' default is 10 minutes)
+SDK_BACKOFF_S = 0.05  # a client's pause after a 429 (max_retries=0: the SDK raises it at once)
+SDK_INPUT = (20, 200)  # input tokens of a call (its prompt's words): the output is 1 to max_tokens - input
+SDK_STREAMED = 0.5  # the share of streamed calls
+SDK_DELAY_MS = 5  # the upstream's pause between events (streams) or pieces (JSON)
+API_KEY = "sk-bench"
+# The models the clients of each gateway ask for (one gateway in (d), two in (e)): the upstream's record of
+# each request (its JSON body) tells which gateway it came through. The budget is one limiter whatever the model.
+OPENAI_MODELS = ("gpt-4o-mini", "gpt-4.1-mini")
+ANTHROPIC_MODELS = ("claude-sonnet-4-5", "claude-haiku-4-5")
+ANTHROPIC_ROUTE = "anthropic-messages"  # the Envoy route of /v1/messages, named in `_rules_`
+WHOLE_TARGET = 0.95  # of the budget, in every whole window, reserving then settling
+NARROW_MS = 5  # acquires stamped by the gateway's clock reach Redis a few ms out of order (section 6)
+GATEWAYS = 2  # (e): `local_fallback.gateways`, and the Envoys started
 
 
 @dataclass(frozen=True)
@@ -180,8 +243,10 @@ def llm_envoy_yaml(rendered: str, settle: Settle) -> str:
     return text.replace(b.DIRECT_RESPONSE, answer)
 
 
-def run_cpu(stack: h.Stack) -> list[cb.AllowedRow]:
-    rows = []
+def run_cpu(stack: h.Stack) -> dict[int, list[cb.AllowedRow]]:
+    """Every row's Envoy started once; per wrk connection count (CPU_CONNECTIONS), a warm-up of each, then
+    BENCH_ROUNDS interleaved runs of each."""
+    envoys = []
     for settle in [NONE, FIXED, *SETTLED]:
         fields: dict[str, Any] = {"cost": settle.cost} if settle.cost else {"permits": FIXED_PERMITS}
         plugin = h.plugin_config(h.rule("cost-allowed", rate=ALLOWED_RATE, interval="1s", **fields), timeout=TIMEOUT)
@@ -190,57 +255,87 @@ def run_cpu(stack: h.Stack) -> list[cb.AllowedRow]:
         envoy.yaml_path.write_text(llm_envoy_yaml(envoy.yaml_path.read_text(), settle))
         stack.envoys.append(envoy)
         envoy.start(wait_ready=False)
-        config = cb.Config(settle.key, settle.title, None if settle.filters == "none" else {})
-        rows.append(cb.AllowedRow(config, b.Scenario(settle.key, settle.title, "2xx", envoy=envoy,
-                                                      filters=settle.filters)))
+        envoys.append((settle, envoy))
+    by_connections: dict[int, list[cb.AllowedRow]] = {}
     try:
-        for row in rows:
-            row.scenario.envoy.wait_ready()  # type: ignore[union-attr]
+        for _, envoy in envoys:
+            envoy.wait_ready()
         with cb.wrk_users(USERS):
-            for row in rows:
-                b.run_wrk(row.scenario.envoy.port, b.WARM_UP_S, stack.workdir,  # type: ignore[union-attr]
-                          f"warm-cost-{row.config.key}")
-            for round_index in range(b.ROUNDS):
+            for connections in CPU_CONNECTIONS:
+                rows = []
+                for settle, envoy in envoys:
+                    config = cb.Config(settle.key, settle.title, None if settle.filters == "none" else {})
+                    rows.append(cb.AllowedRow(config, b.Scenario(settle.key, settle.title, "2xx", envoy=envoy,
+                                                                  filters=settle.filters)))
+                by_connections[connections] = rows
+                threads = min(b.THREADS, connections)
                 for row in rows:
-                    progress(f"(11b) {row.config.title}: round {round_index + 1}/{b.ROUNDS}, {b.DURATION} s")
-                    row.runs.append(b.measured_run(row.scenario.envoy, stack,  # type: ignore[arg-type]
-                                                   f"cost-{row.config.key}-{round_index}"))
+                    b.run_wrk(row.scenario.envoy.port, b.WARM_UP_S, stack.workdir,  # type: ignore[union-attr]
+                              f"warm-cost-{row.config.key}-c{connections}", connections, threads)
+                for round_index in range(b.ROUNDS):
+                    for row in rows:
+                        progress(f"(11b) {row.config.title}, -c{connections}: round {round_index + 1}/{b.ROUNDS}, "
+                                 f"{b.DURATION} s")
+                        row.runs.append(b.measured_run(row.scenario.envoy, stack,  # type: ignore[arg-type]
+                                                       f"cost-{row.config.key}-c{connections}-{round_index}",
+                                                       connections=connections, threads=threads))
     finally:
         stack.stop_envoys()
-    return rows
+    return by_connections
 
 
-def print_cpu(rows: list[cb.AllowedRow]) -> None:
+def print_cpu(by_connections: dict[int, list[cb.AllowedRow]]) -> None:
     out()
     out(f"(b) What settling costs: one Envoy at a time, --concurrency {b.CONCURRENCY}, the route answering itself "
         f"(direct_response 200 with the body of the format named, reporting {INPUT_TOKENS} + {OUTPUT_TOKENS} "
         f"tokens), rule per-user {num(ALLOWED_RATE)} per 1 s over {USERS} users (never reached); wrk "
-        f"-t{b.THREADS} -c{b.CONNECTIONS} -d{b.DURATION}s, medians of {b.ROUNDS} interleaved runs. Scripts/req: "
-        "EVALSHA+EVAL in Redis / requests answered; CPU: microseconds per answered request by process; "
-        "settlements/req: the filter's counter.")
-    base = rows[0]
-    rows_out = []
-    for row in rows:
-        cpu = row.cpu_per_request()
-        requests = row.requests()
-        rows_out.append([
-            row.config.title, num(row.rps()), b.spread([run.wrk.rps for run in row.runs]),
-            f"{row.rps() / base.rps():.2f}", f"{row.scripts_per_request():.3f}",
-            f"{row.stat('settlements') / requests:.3f}" if requests else "-",
-            *(f"{cpu.get(name, 0.0):.0f}" for name in cb.CPU_NAMES), f"{cpu.get('total', 0.0):.0f}",
-            num(b.median(run.wrk.p50 for run in row.runs)), b._answers_cell(row.scenario, row.runs),
-        ])
-    out(table(["gateway", "req/s", "req/s spread", "vs no filter", "scripts/req", "settlements/req"]
-              + [f"{name} us" for name in cb.CPU_NAMES] + ["total us", "p50 us", "answers"], rows_out))
-    fixed, header = rows[1].cpu_per_request(), rows[2].cpu_per_request()
+        f"-t{b.THREADS} -d{b.DURATION}s at -c{' and -c'.join(map(str, by_connections))}, medians of {b.ROUNDS} "
+        "interleaved runs. Scripts/req: EVALSHA+EVAL in Redis / requests answered; CPU: microseconds per answered "
+        "request by process; settlements/req: the filter's counter; mean batch: batched_calls / batches (acquires "
+        "and settles together).")
+    summary = []
+    for connections, rows in by_connections.items():
+        base = rows[0]
+        rows_out = []
+        for row in rows:
+            cpu = row.cpu_per_request()
+            requests = row.requests()
+            rows_out.append([
+                row.config.title, num(row.rps()), b.spread([run.wrk.rps for run in row.runs]),
+                f"{row.rps() / base.rps():.2f}", f"{row.scripts_per_request():.3f}",
+                f"{row.stat('settlements') / requests:.3f}" if requests else "-",
+                cb.batch_size(row.stat("batches"), row.stat("batched_calls")) if row.config.redis is not None else "-",
+                *(f"{cpu.get(name, 0.0):.0f}" for name in cb.CPU_NAMES), f"{cpu.get('total', 0.0):.0f}",
+                num(b.median(run.wrk.p50 for run in row.runs)), b._answers_cell(row.scenario, row.runs),
+            ])
+        out()
+        out(f"wrk -c{connections}:")
+        out(table(["gateway", "req/s", "req/s spread", "vs no filter", "scripts/req", "settlements/req",
+                   "mean batch"] + [f"{name} us" for name in cb.CPU_NAMES] + ["total us", "p50 us", "answers"],
+                  rows_out))
+        fixed, header = rows[1].cpu_per_request(), rows[2].cpu_per_request()
 
-    def more(cpu: dict[str, float], than: dict[str, float]) -> str:
-        return f"{cpu.get('total', 0) - than.get('total', 0):+.0f} us (Envoy {cpu.get('Envoy', 0) - than.get('Envoy', 0):+.0f})"
+        def more(cpu: dict[str, float], than: dict[str, float]) -> str:
+            return (f"{cpu.get('total', 0) - than.get('total', 0):+.0f} us "
+                    f"(Envoy {cpu.get('Envoy', 0) - than.get('Envoy', 0):+.0f})")
 
-    reads = "; ".join(f"{row.config.key.removeprefix('settle-')} {more(row.cpu_per_request(), header)}" for row in rows[3:])
-    out(f"Reading: over the fixed-permits baseline, the settle call (a cost header, the body not read) costs "
-        f"{more(header, fixed)} per request: a second script call per request, through webdis, not coalesced. "
-        f"Reading the usage from the body, over the cost header: {reads}.")
+        reads = "; ".join(f"{row.config.key.removeprefix('settle-')} {more(row.cpu_per_request(), header)}"
+                          for row in rows[3:])
+        out(f"Reading (-c{connections}): over the fixed-permits baseline, the settle call (a cost header, the body "
+            f"not read) costs {more(header, fixed)} per request ({rows[1].scripts_per_request():.3f} -> "
+            f"{rows[2].scripts_per_request():.3f} script calls per request: the settles of a tick go out in one "
+            f"batch per destination). Reading the usage from the body, over the cost header: {reads}.")
+        added = header.get("total", 0) - fixed.get("total", 0)
+        by_usage = [row.cpu_per_request().get("total", 0) - fixed.get("total", 0) for row in rows[3:]]
+        worst = max(row.scripts_per_request() for row in rows[2:])
+        summary.append([f"-c{connections}", f"{added:+.0f} us", f"{min(by_usage):+.0f} to {max(by_usage):+.0f} us",
+                        f"{rows[1].scripts_per_request():.3f}", f"{worst:.3f}",
+                        f"<= +{SETTLE_CPU_TARGET_US:.0f} us" if connections == 8 else "(reported)",
+                        _met(added <= SETTLE_CPU_TARGET_US) if connections == 8 else "-"])
+    out()
+    out(table(["target (b)", "settling's CPU per request over fixed permits (cost header row)",
+               "settled by usage over fixed permits", "script calls per request: fixed permits",
+               "settled rows (most)", "target", "met"], summary))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -319,17 +414,524 @@ def print_fuel(rows: list[FuelRow]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# (d) the real SDKs, 16 at once on one budget; (e) the degraded mode with costs
+
+
+def sdk_rule(name: str, api: str, reserve_body: bool) -> dict:
+    """A rule of the token budget `erl:<name>` as a user writes it for `api`'s clients: reserving the
+    request body's max tokens (or 1: charge-after, the baseline), settled to the usage `api` reports. Every
+    rule of the budget names the same limiter (`limit_by: "global"`, `limiter`): one budget for every call."""
+    settle: dict[str, Any] = {"usage": api}
+    if api == "openai":
+        settle["include_usage"] = True
+    reserve: Any = {"body": api, "default": RESERVE_RANGE[1]} if reserve_body else 1
+    return h.rule(f"{name}-{api}", limit_by="global", limiter=f"erl:{name}", rate=BUDGET, interval=WINDOW_MS,
+                  cost={"reserve": reserve, "settle": settle})
+
+
+def sdk_plugin(name: str, reserve_body: bool, **fields: Any) -> dict:
+    """The gateway's configuration: the OpenAI rule on every route, the Anthropic rule (Anthropic's body and
+    usage, the same limiter) on the route of /v1/messages (`_rules_`); the local block at its default."""
+    return h.plugin_config(sdk_rule(name, "openai", reserve_body), timeout=TIMEOUT,
+                           _rules_=[{"_match_route_": [ANTHROPIC_ROUTE],
+                                     "rules": [sdk_rule(name, "anthropic", reserve_body)]}], **fields)
+
+
+def llm_gateway(stack: h.Stack, upstream: llm.LlmUpstream, plugin: dict, name: str) -> h.Envoy:
+    """An Envoy (--concurrency BENCH_CONCURRENCY) with the filter in front of the LLM upstream, its route of
+    /v1/messages named ANTHROPIC_ROUTE; started without waiting."""
+    envoy = h.Envoy(stack.workdir, plugin, webdis_port=stack.webdis.port, upstream_port=upstream.port,
+                    concurrency=b.CONCURRENCY, name=name)
+    bootstrap = yaml.safe_load(envoy.yaml_path.read_text())
+    [listener] = bootstrap["static_resources"]["listeners"]
+    [host] = listener["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]["virtual_hosts"]
+    host["routes"] = [
+        {"name": ANTHROPIC_ROUTE, "match": {"prefix": "/v1/messages"}, "route": {"cluster": "upstream"}},
+        {"name": "openai", "match": {"prefix": "/"}, "route": {"cluster": "upstream"}},
+    ]
+    envoy.yaml_path.write_text(json.dumps(bootstrap))
+    stack.envoys.append(envoy)  # stopped by Stack.close(), whatever happens
+    envoy.start(wait_ready=False)
+    return envoy
+
+
+def _openai_call(client: Any, model: str, prompt: str, stream: bool, limit: dict[str, int]) -> int | None:
+    """`chat.completions.create` as a user calls it; the usage the SDK parsed (total tokens)."""
+    messages = [{"role": "user", "content": prompt}]
+    if not stream:
+        answer = client.chat.completions.create(model=model, messages=messages, **limit)
+        return answer.usage.total_tokens if answer.usage is not None else None
+    usage = None
+    with client.chat.completions.create(model=model, messages=messages, stream=True, **limit) as chunks:
+        for chunk in chunks:
+            if chunk.usage is not None:
+                usage = chunk.usage.total_tokens
+    return usage
+
+
+def _anthropic_call(client: Any, model: str, prompt: str, stream: bool, most: int) -> int | None:
+    """`messages.create` as a user calls it; the usage the SDK parsed (input + output tokens)."""
+    messages = [{"role": "user", "content": prompt}]
+    if not stream:
+        answer = client.messages.create(model=model, max_tokens=most, messages=messages)
+        return answer.usage.input_tokens + answer.usage.output_tokens
+    started = delta = None
+    with client.messages.create(model=model, max_tokens=most, messages=messages, stream=True) as events:
+        for event in events:
+            if event.type == "message_start":
+                started = event.message.usage.input_tokens
+            elif event.type == "message_delta":
+                delta = event.usage.output_tokens
+    return started + delta if started is not None and delta is not None else None
+
+
+def _cpu_self() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def sdk_clients_main() -> int:
+    """The SDK clients in a child process of their own (`cost_bench.py --sdk-clients`: its own interpreter
+    lock, apart from the upstream's threads in the bench's process): one JSON line of parameters on stdin;
+    builds one client per thread, prints `ready`, starts at the line `go`, and prints every call (JSON)."""
+    import threading
+
+    import anthropic
+    import openai
+
+    params = json.loads(sys.stdin.readline())
+    urls, clients, share = params["urls"], params["clients"], params["anthropic"]
+
+    def make(index: int) -> tuple[str, int, Any]:
+        gateway = index % len(urls)
+        if index >= clients - share:
+            return "anthropic", gateway, anthropic.Anthropic(base_url=urls[gateway], api_key=API_KEY, max_retries=0,
+                                                             timeout=SDK_TIMEOUT_S)
+        return "openai", gateway, openai.OpenAI(base_url=f"{urls[gateway]}/v1", api_key=API_KEY, max_retries=0,
+                                                timeout=SDK_TIMEOUT_S)
+
+    made = [make(index) for index in range(clients)]
+    limited = (openai.RateLimitError, anthropic.RateLimitError)
+    calls: list[dict] = []
+    lock = threading.Lock()
+    print("ready", flush=True)
+    sys.stdin.readline()
+    started, cpu_before = time.time(), _cpu_self()
+    stop = time.monotonic() + params["seconds"]
+
+    def run(index: int) -> None:
+        sdk, gateway, client = made[index]
+        rng = random.Random(params["seed"] * 1000 + index)
+        # Half the OpenAI clients send `max_completion_tokens` (the current field), half `max_tokens`.
+        field_name = "max_completion_tokens" if sdk == "openai" and index % 2 else "max_tokens"
+        while time.monotonic() < stop:
+            most = rng.randint(*RESERVE_RANGE)
+            inp = rng.randint(*SDK_INPUT)
+            out_tokens = rng.randint(1, most - inp)
+            # The upstream counts each word of the prompt and 1 more as input (llm.usage_of): `inp` in all.
+            prompt = " ".join([f"say {out_tokens} tokens"] + ["word"] * (inp - 4))
+            stream = rng.random() < SDK_STREAMED
+            call: dict[str, Any] = {"client": index, "sdk": sdk, "gateway": gateway, "stream": stream,
+                                    "max_tokens": most, "expected": inp + out_tokens, "start_ms": time.time() * 1000}
+            try:
+                if sdk == "openai":
+                    call["usage"] = _openai_call(client, OPENAI_MODELS[gateway], prompt, stream, {field_name: most})
+                else:
+                    call["usage"] = _anthropic_call(client, ANTHROPIC_MODELS[gateway], prompt, stream, most)
+                call["outcome"] = "admitted"
+            except limited as error:
+                call.update(outcome="rejected", retry_after=error.response.headers.get("retry-after"))
+            except Exception as error:  # noqa: BLE001 - any other failure is counted and shown, not raised
+                call.update(outcome="other", error=f"{type(error).__name__}: {error}"[:300])
+            call["end_ms"] = time.time() * 1000
+            with lock:
+                calls.append(call)
+            if call["outcome"] != "admitted":
+                time.sleep(SDK_BACKOFF_S)
+
+    threads = [threading.Thread(target=run, args=(index,), name=f"sdk-{index}", daemon=True)
+               for index in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(params["seconds"] + SDK_TIMEOUT_S + 10)
+    for _, _, client in made:
+        client.close()
+    print(json.dumps({"calls": calls, "start_ms": started * 1000, "stop_ms": (started + params["seconds"]) * 1000,
+                      "cpu_s": _cpu_self() - cpu_before, "wall_s": time.time() - started}), flush=True)
+    return 0
+
+
+@dataclass
+class SdkRun:
+    """What one run of the SDK clients got and left."""
+    title: str
+    calls: list[dict]  # every call the clients made (sdk_clients_main)
+    served: list[llm.Served]  # the upstream's answers during the run
+    start_ms: float
+    stop_ms: float  # when the clients stopped starting calls
+    cpu_s: float  # the client process's CPU time during the run
+    wall_s: float
+    metrics: dict[str, int]  # the filter's counters during the run, every gateway together
+    found: list[llm.Member] | None  # the limiter's members all along (None: not read, Redis down)
+    reserved_at_end: int | None  # members still reserved (`-r`) in Redis at the end
+
+    def count(self, outcome: str, **match: Any) -> int:
+        return sum(1 for call in self.calls
+                   if call["outcome"] == outcome and all(call[k] == v for k, v in match.items()))
+
+    def answered(self) -> list[llm.Served]:
+        """The upstream's whole answers (a rejected call's upstream request is reset before its body)."""
+        return [s for s in self.served if s.status == 200 and not s.reset and s.request is not None]
+
+    def reported(self) -> list[int]:
+        return [s.usage for s in self.answered() if s.usage is not None]
+
+    def window(self, width: int = WINDOW_MS) -> llm.Window:
+        return llm.fullest_window(self.found or [], width)
+
+    def whole(self) -> list[int]:
+        return llm.fixed_windows(self.found or [], WINDOW_MS, self.start_ms, self.stop_ms)
+
+    def left_reserved(self) -> int:
+        """Members never seen settled: their last state in the member log was a reservation (`-r`)."""
+        return sum(1 for m in self.found or [] if m.random[:2] == b"-r")
+
+
+def drive_sdks(stack: h.Stack, upstream: llm.LlmUpstream, envoys: list[h.Envoy], title: str, seconds: int,
+               limiter: str | None, seed: int = 0) -> SdkRun:
+    """SDK_CLIENTS clients (the last SDK_ANTHROPIC of them Anthropic's), client i through envoys[i % n], for
+    `seconds`; the members of `limiter` read all along (None: Redis is down)."""
+    params = {"urls": [f"http://{h.HOST}:{envoy.port}" for envoy in envoys], "clients": SDK_CLIENTS,
+              "anthropic": SDK_ANTHROPIC, "seconds": seconds, "seed": seed}
+    child = h.Process("sdk-clients", [sys.executable, str(Path(__file__).resolve()), "--sdk-clients"],
+                      stack.workdir / "sdk-clients.log", pipes=True)
+    try:
+        assert child.popen.stdin is not None and child.popen.stdout is not None
+        child.popen.stdin.write(json.dumps(params).encode() + b"\n")
+        child.popen.stdin.flush()
+        if child.popen.stdout.readline().strip() != b"ready":
+            raise h.HarnessError(f"the SDK clients did not start:\n{h.tail(child.output)}")
+        before = [envoy.metrics() for envoy in envoys]
+        served_before = len(upstream.served)
+        log = llm.MemberLog(stack.redis, limiter, WINDOW_MS) if limiter else None
+        with log or contextlib.nullcontext():
+            child.popen.stdin.write(b"go\n")
+            child.popen.stdin.flush()
+            text = child.popen.stdout.read()
+            time.sleep(0.5)  # the last responses' settle calls, from the next tick
+        if child.wait(10) != 0 or not text.strip():
+            raise h.HarnessError(f"the SDK clients failed:\n{h.tail(child.output)}")
+    finally:
+        child.stop()
+    result = json.loads(text)
+    metrics: collections.Counter[str] = collections.Counter()
+    for envoy, was in zip(envoys, before):
+        metrics.update(h.delta(was, envoy.metrics()))
+    reserved_at_end = None
+    if limiter:
+        reserved_at_end = sum(1 for m in llm.members(stack.redis.client, limiter) if m.random[:2] == b"-r")
+    return SdkRun(title, result["calls"], upstream.served[served_before:], result["start_ms"], result["stop_ms"],
+                  result["cpu_s"], result["wall_s"], dict(metrics), log.members() if log else None, reserved_at_end)
+
+
+def run_sdks(stack: h.Stack, upstream: llm.LlmUpstream) -> list[SdkRun]:
+    configs = [("sdk-after", "charge-after: reserve 1 (baseline)", False),
+               ("sdk-settle", "reserve the body's max tokens, then settle", True)]
+    envoys = [llm_gateway(stack, upstream, sdk_plugin(name, reserve_body), f"envoy-{name}")
+              for name, _, reserve_body in configs]
+    runs = []
+    try:
+        for envoy in envoys:
+            envoy.wait_ready()
+        for (name, title, _), envoy in zip(configs, envoys):
+            progress(f"(11d) {title}: {SDK_CLIENTS} SDK clients ({SDK_ANTHROPIC} Anthropic), {SDK_SECONDS} s")
+            runs.append(drive_sdks(stack, upstream, [envoy], title, SDK_SECONDS, f"erl:{name}"))
+    finally:
+        stack.stop_envoys()
+    return runs
+
+
+def _spread(values: list[int], of: int) -> str:
+    if not values:
+        return "-"
+    return f"{num(min(values))}-{num(max(values))} ({min(values) / of:.1%}-{max(values) / of:.1%})"
+
+
+def _met(ok: bool) -> str:
+    return "yes" if ok else "NO"
+
+
+def _latency(run: SdkRun, outcome: str) -> str:
+    spans = sorted(call["end_ms"] - call["start_ms"] for call in run.calls if call["outcome"] == outcome)
+    return f"{b.percentile(spans, 50):.0f} / {b.percentile(spans, 99):.0f}" if spans else "-"
+
+
+def print_sdks(runs: list[SdkRun]) -> None:
+    out()
+    out(f"(d) The real SDKs: {SDK_CLIENTS} clients at once (threads of one child process, a client each: "
+        f"{SDK_CLIENTS - SDK_ANTHROPIC} `openai`, {SDK_ANTHROPIC} `anthropic`), at their defaults but base_url, "
+        f"api_key, max_retries=0 (a 429 raises at once; the client pauses {SDK_BACKOFF_S * 1000:.0f} ms) and "
+        f"timeout={SDK_TIMEOUT_S:.0f}s, for {SDK_SECONDS} s per configuration; {SDK_STREAMED:.0%} of the calls "
+        f"streamed; each asks max_tokens (max_completion_tokens for half the OpenAI clients) "
+        f"{num(RESERVE_RANGE[0])}-{num(RESERVE_RANGE[1])} and uses {SDK_INPUT[0]}-{SDK_INPUT[1]} input tokens "
+        "plus 1 to the rest in output. One Envoy (--concurrency "
+        f"{b.CONCURRENCY}) with the filter, webdis, Redis, tests/e2e/llm_upstream.py answering as the APIs do "
+        f"({SDK_DELAY_MS} ms between events or pieces; JSON compressed when asked). One budget of {num(BUDGET)} "
+        f"tokens per {WINDOW_MS // 1000} s: the OpenAI rule (reserve {{\"body\": \"openai\"}}, settle "
+        "{\"usage\": \"openai\", \"include_usage\": true}) and, on the route of /v1/messages, the Anthropic rule "
+        "({\"body\": \"anthropic\"}, {\"usage\": \"anthropic\"}), both naming one limiter; the local block at its "
+        "default. Tokens: the limiter's members read from Redis every 50 ms.")
+    rows = []
+
+    def row(label: str, cell: Any) -> None:
+        rows.append([label, *(cell(run) for run in runs)])
+
+    row("calls admitted / rejected (429) / other", lambda r: f"{num(r.count('admitted'))} / "
+        f"{num(r.count('rejected'))} / {num(r.count('other'))}")
+    row("admitted: OpenAI JSON / streamed, Anthropic JSON / streamed", lambda r: " / ".join(
+        num(r.count("admitted", sdk=sdk, stream=stream)) for sdk in ("openai", "anthropic") for stream in (False, True)))
+    row("calls per second (all), client CPU per call", lambda r: f"{len(r.calls) / r.wall_s:.0f}/s, "
+        f"{1e3 * r.cpu_s / max(1, len(r.calls)):.1f} ms ({r.cpu_s / r.wall_s:.0%} of a core)")
+    row("latency admitted / rejected, p50 / p99 (ms)", lambda r: f"{_latency(r, 'admitted')}; {_latency(r, 'rejected')}")
+    row("tokens the upstream reported (per admitted call)", lambda r: f"{num(sum(r.reported()))} "
+        f"({num(sum(r.reported()) / max(1, len(r.reported())))})")
+    row("usage the SDKs parsed = the upstream's", lambda r: _met(
+        sum(c.get("usage") or 0 for c in r.calls if c["outcome"] == "admitted") == sum(r.reported())
+        and all(c.get("usage") == c["expected"] for c in r.calls if c["outcome"] == "admitted")))
+    row("members' permits = the upstream's usages (one member each)", lambda r: _members_match(r))
+    row("members left reserved (-r): never settled / in Redis at the end", lambda r: f"{r.left_reserved()} / "
+        f"{r.reserved_at_end}")
+    row("settlements / settled_without_usage", lambda r: f"{num(r.metrics.get('settlements', 0))} / "
+        f"{num(r.metrics.get('settled_without_usage', 0))}")
+    row("upstream asked Accept-Encoding / answered", lambda r: ", ".join(
+        f"{n} {k}" for k, n in sorted(collections.Counter(f"{s.accept_encoding} / {s.encoding}"
+                                                         for s in r.answered()).items())))
+    row(f"tokens per whole {WINDOW_MS // 1000}-s window (of the budget)", lambda r: _spread(r.whole(), BUDGET))
+    row(f"fullest sliding {WINDOW_MS // 1000}-s window vs the budget", lambda r: f"{num(r.window().tokens)} "
+        f"({r.window().tokens / BUDGET - 1:+.1%}, {r.window().requests} calls)")
+    row(f"the same narrowed by {NARROW_MS} ms", lambda r: f"{num(r.window(WINDOW_MS - NARROW_MS).tokens)}")
+    row("Redis calls per admitted call (batches)", lambda r: f"{r.metrics.get('redis_calls', 0) / max(1, r.count('admitted')):.2f} "
+        f"({num(r.metrics.get('batches', 0))})")
+    row("rejected by the local block / by Redis", lambda r: f"{num(r.metrics.get('local_rejected', 0))} / "
+        f"{num(r.metrics.get('rejected', 0) - r.metrics.get('local_rejected', 0))}")
+    out(table(["measure"] + [run.title for run in runs], rows))
+    others = [call["error"] for run in runs for call in run.calls if call["outcome"] == "other"]
+    if others:
+        out(f"Other outcomes ({len(others)}), first: {others[0]}")
+    after, settle = runs
+    whole = settle.whole()
+    settled = _members_match(settle) == "equal" and settle.left_reserved() == 0 and settle.reserved_at_end == 0
+    out()
+    out(table(["target (d)", "charge-after (baseline)", "reserve, then settle", "target", "met"], [
+        ["every admitted call settled to its usage (members = upstream, none left -r)",
+         _members_match(after), _members_match(settle), "equal, 0 left", _met(settled)],
+        ["fullest sliding window vs the budget", f"{after.window().tokens / BUDGET:.1%}",
+         f"{settle.window().tokens / BUDGET:.1%}", "<= 100%", _met(settle.window().tokens <= BUDGET)],
+        ["usage of every whole window", _spread(after.whole(), BUDGET), _spread(whole, BUDGET),
+         f">= {WHOLE_TARGET:.0%}", _met(bool(whole) and min(whole) >= WHOLE_TARGET * BUDGET)],
+    ]))
+    busy = max(run.cpu_s / run.wall_s for run in runs)
+    out(f"Reading: the SDK clients made {len(settle.calls) / settle.wall_s:.0f} calls/s using {busy:.0%} of a core at "
+        f"most (one interpreter lock for the {SDK_CLIENTS} threads)" + (": they were CPU-bound, the calls/s is what they could drive"
+                                                            if busy >= 0.85 else "") + ".")
+
+
+def _members_match(run: SdkRun) -> str:
+    if run.found is None:
+        return "-"
+    permits, usages = sorted(m.permits for m in run.found), sorted(run.reported())
+    if permits == usages:
+        return "equal"
+    return f"DIFFER: {len(permits)} members, {num(sum(permits))} permits; {len(usages)} answers, {num(sum(usages))} tokens"
+
+
+# (e)
+
+
+class Admission(NamedTuple):
+    """An admitted request as the upstream saw it: when it started and ended (epoch ms), what it reserved
+    (the max tokens of its body) and what it cost (the usage it reported)."""
+    at_ms: float
+    end_ms: float
+    reserved: int
+    usage: int
+
+
+def gateway_of(served: llm.Served) -> int:
+    model = served.request.get("model") if isinstance(served.request, dict) else None
+    for models in (OPENAI_MODELS, ANTHROPIC_MODELS):
+        if model in models:
+            return models.index(model)
+    return -1
+
+
+# Where body_times() writes, in the upstream's record of a JSON request, when its body had arrived.
+BODY_MS = "_bench_body_ms"
+
+
+@contextlib.contextmanager
+def body_times() -> Any:
+    """While in the block, the upstream's record of each JSON request (`Served.request`) also holds when its
+    body had arrived (BODY_MS, epoch ms). A rule reading the body decides once the body is at the gateway,
+    and Envoy sends the body upstream only then (the headers went on before, so `Served.start_ms` is before
+    the decision by the decision's wait): the body's arrival is the decision, a moment later."""
+    plain = llm.answer
+
+    def timed(modes: llm.Modes, path: str, got: dict[str, str], body: bytes) -> llm.Answer:
+        reply = plain(modes, path, got, body)
+        if isinstance(reply.request, dict):
+            reply = reply._replace(request={**reply.request, BODY_MS: time.time() * 1000})
+        return reply
+
+    llm.answer = timed  # the upstream's handlers call llm_upstream.answer by its module name
+    try:
+        yield
+    finally:
+        llm.answer = plain
+
+
+def admissions(run: SdkRun, gateway: int | None) -> list[Admission]:
+    """The admitted requests of one gateway (None: all), by the time their body reached the upstream."""
+    found = [Admission(s.request.get(BODY_MS, s.start_ms), s.end_ms, llm.max_tokens_of(s.request) or 0, s.usage or 0)
+             for s in run.answered() if gateway is None or gateway_of(s) == gateway]
+    return sorted(found)
+
+
+def held_at_admission(found: list[Admission], width_ms: float = WINDOW_MS) -> int:
+    """The most a window held just after an admission: each request admitted in the `width_ms` before it
+    (itself included) counts its usage if its response had ended by then, else its reservation."""
+    most = 0
+    for a in found:
+        held = sum(x.usage if x.end_ms <= a.at_ms and x is not a else x.reserved for x in found
+                   if a.at_ms - width_ms < x.at_ms <= a.at_ms)
+        most = max(most, held)
+    return most
+
+
+def as_members(found: list[Admission], reserved: bool = False) -> list[llm.Member]:
+    return [llm.Member(b"", x.reserved if reserved else x.usage, x.at_ms) for x in found]
+
+
+@dataclass
+class DegradedRun:
+    run: SdkRun
+    redis_up: bool
+    calls_to_redis: int  # the filter's Redis calls (while Redis is down: the probes)
+
+    def part(self, gateway: int | None) -> dict[str, Any]:
+        found = admissions(self.run, gateway)
+        members = as_members(found)
+        return {"admitted": len(found), "whole": llm.fixed_windows(members, WINDOW_MS, self.run.start_ms, self.run.stop_ms),
+                "fullest": llm.fullest_window(members, WINDOW_MS),
+                "narrowed": llm.fullest_window(members, WINDOW_MS - NARROW_MS),
+                "held": held_at_admission(found),
+                "reserved": llm.fullest_window(as_members(found, reserved=True), WINDOW_MS).tokens}
+
+
+def run_degraded(stack: h.Stack, upstream: llm.LlmUpstream) -> list[DegradedRun]:
+    degraded = {"failure_mode": "local", "local_fallback": {"gateways": GATEWAYS, "probe_interval": "1s"}}
+    envoys = [llm_gateway(stack, upstream, sdk_plugin("degraded", True, **degraded), f"envoy-degraded-{i}")
+              for i in range(GATEWAYS)]
+    runs = []
+    try:
+        for envoy in envoys:
+            envoy.wait_ready()
+        for redis_up in (True, False):
+            title = "Redis up (baseline)" if redis_up else "Redis stopped: the degraded mode"
+            if not redis_up:
+                stack.redis.stop()
+            progress(f"(11e) {title}: {SDK_CLIENTS} SDK clients over {GATEWAYS} Envoys, {DEGRADED_SECONDS} s")
+            with body_times():
+                run = drive_sdks(stack, upstream, envoys, title, DEGRADED_SECONDS,
+                                 "erl:degraded" if redis_up else None, seed=1)
+            runs.append(DegradedRun(run, redis_up, run.metrics.get("redis_calls", 0)))
+    finally:
+        stack.stop_envoys()
+        stack.redis.start()  # empty again
+    return runs
+
+
+def print_degraded(runs: list[DegradedRun]) -> None:
+    local = BUDGET // GATEWAYS
+    out()
+    out(f"(e) The degraded mode with costs: {GATEWAYS} Envoys (--concurrency {b.CONCURRENCY} each) with "
+        f"failure_mode \"local\", local_fallback {{\"gateways\": {GATEWAYS}, \"probe_interval\": \"1s\"}}, the budget "
+        f"and clients of (d) ({SDK_CLIENTS} SDK clients, client i through gateway i mod {GATEWAYS}) for "
+        f"{DEGRADED_SECONDS} s: Redis up (the baseline), then Redis stopped (webdis up, answering errors). With "
+        "Redis up, the limiter's members are the account (acquire times, settled sizes); per gateway, and with "
+        "Redis down, the upstream's record of each admitted request: when its body reached the upstream (the "
+        "gateway sends it on once it decided), when its answer ended (the local window settles it then), the max "
+        f"tokens its body reserved and the usage it reported. The local budget is floor(rate / gateways) = "
+        f"{num(local)} tokens per gateway per window. Held at admission: the most a gateway's window held just "
+        "after an admission, each request admitted in the window before it counted at its usage if its answer had "
+        "ended, else at its reservation (the local window's own account).")
+    rows = []
+    for degraded in runs:
+        run = degraded.run
+        for gateway in [*range(GATEWAYS), None]:
+            bound = BUDGET if gateway is None else local
+            label = degraded.run.title if gateway == 0 else ""
+            if gateway is None and run.found is not None:
+                rows.append([label, "together (Redis's members)", num(len(run.found)), _spread(run.whole(), BUDGET),
+                             f"{num(run.window().tokens)} ({run.window().tokens / BUDGET:.1%})",
+                             num(run.window(WINDOW_MS - NARROW_MS).tokens), "-", "-"])
+                continue
+            part = degraded.part(gateway)
+            held = "-" if degraded.redis_up else f"{num(part['held'])} ({part['held'] / bound:.1%})"
+            rows.append([
+                label, "together" if gateway is None else f"gateway {gateway}", num(part["admitted"]),
+                _spread(part["whole"], bound), f"{num(part['fullest'].tokens)} ({part['fullest'].tokens / bound:.1%})",
+                num(part["narrowed"].tokens), held, num(part["reserved"]),
+            ])
+    out(table(["run", "gateway", "admitted", "tokens per whole window (of the bound)", "fullest sliding window",
+               f"narrowed {NARROW_MS} ms", "held at admission", "reservations in the fullest window"], rows, left=2))
+    for degraded in runs:
+        m = degraded.run.metrics
+        out(f"{degraded.run.title}: calls admitted {num(degraded.run.count('admitted'))}, rejected "
+            f"{num(degraded.run.count('rejected'))}, other {num(degraded.run.count('other'))}; filter counters: "
+            f"allowed {num(m.get('allowed', 0))}, fallback_allowed {num(m.get('fallback_allowed', 0))}, "
+            f"fallback_rejected {num(m.get('fallback_rejected', 0))}, settlements {num(m.get('settlements', 0))}, "
+            f"redis_calls {num(m.get('redis_calls', 0))}, redis_errors {num(m.get('redis_errors', 0))}")
+    up = next(d for d in runs if d.redis_up).run
+    down = next(d for d in runs if not d.redis_up)
+    parts = [down.part(gateway) for gateway in range(GATEWAYS)]
+    worst = max(max(p["held"], p["fullest"].tokens) for p in parts)
+    together = down.part(None)
+    out()
+    out(table(["target (e)", "Redis up (baseline: Redis's members)", "Redis down", "target", "met"], [
+        ["each gateway's fullest window (usage; held at admission)", "(one budget for both)",
+         " / ".join(f"{num(p['fullest'].tokens)}; {num(p['held'])}" for p in parts), f"<= {num(local)}",
+         _met(worst <= local)],
+        ["both gateways, fullest sliding window", num(up.window().tokens), num(together["fullest"].tokens),
+         f"<= {num(BUDGET)}", _met(together["fullest"].tokens <= BUDGET)],
+        ["both gateways, tokens per whole window", _spread(up.whole(), BUDGET), _spread(together["whole"], BUDGET),
+         "(reported)", "-"],
+    ]))
+    reserved = max(p["reserved"] for p in parts)
+    out(f"Reading: with Redis down each gateway admitted at most {num(max(p['fullest'].tokens for p in parts))} "
+        f"tokens of usage in any sliding window and held at most {num(max(p['held'] for p in parts))} at an "
+        f"admission, against its {num(local)}; the reservations it admitted in a window add up to more (up to "
+        f"{num(reserved)}), since each settled to its usage when its answer ended and gave the rest back to the "
+        f"local window. Redis, up, admitted {_spread(up.whole(), BUDGET)} per whole window for the two together.")
+
+
+# ---------------------------------------------------------------------------------------------------------
 
 
 def run_cost() -> None:
     """Section 11: token budgets, reserve then settle, against charge-after (the baseline)."""
+    started = time.monotonic()
     b.heading("11. Token budgets: reserve, then settle to the usage vs charge-after (reserve 1, baseline)")
     modules = "; ".join(cb.module_line(path) for path in (h.WASM, h.WASM_HIGRESS))
     out(f"modules   {modules}")
-    with h.Stack() as stack, llm.LlmUpstream() as upstream:
+    # SDK requests (no x-test-* headers) get SDK_DELAY_MS between pieces; (a) asks its own per request.
+    with h.Stack() as stack, llm.LlmUpstream(delay_ms=SDK_DELAY_MS) as upstream:
         stack.start()
         exactness = run_exactness(stack, upstream)
+        sdks = run_sdks(stack, upstream)
         cpu = run_cpu(stack)
+        degraded = run_degraded(stack, upstream)  # stops Redis, then starts it again, empty
         stack.webdis.stop()
         missing = [path for path in (h.WASM_HOST_BIN, h.WASM_HIGRESS) if not path.is_file()]
         fuel = run_fuel(stack) if not missing else []
@@ -340,5 +942,15 @@ def run_cost() -> None:
     else:
         out()
         out(f"(c) Skipped: no {' and no '.join(str(path) for path in missing)} (make bench builds both).")
+    print_sdks(sdks)
+    print_degraded(degraded)
     if "; ".join(cb.module_line(path) for path in (h.WASM, h.WASM_HIGRESS)) != modules:
         out("WARNING: the modules changed during the section: rows measured after the change ran the new build.")
+    out()
+    out(f"Section 11 ran {time.monotonic() - started:.0f} s.")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--sdk-clients"]:
+        sys.exit(sdk_clients_main())
+    sys.exit("bench/cost_bench.py is section 11 of bench/bench.py (BENCH_ONLY=11 make bench)")
