@@ -142,6 +142,11 @@ impl Metrics {
         Self::add(host, self.settlements, 1);
     }
 
+    /// `calls` settle calls sent together in one batch.
+    pub(super) fn settlements(&self, host: &impl Host, calls: usize) {
+        Self::add(host, self.settlements, calls);
+    }
+
     /// One reservation kept as it was: its response ended (or stopped) without a cost to read.
     pub(super) fn settled_without_usage(&self, host: &impl Host) {
         Self::add(host, self.settled_without_usage, 1);

@@ -12,10 +12,10 @@ use crate::prelude::*;
 
 use crate::host::Host;
 use crate::key::hash_slot;
-use crate::script::{encode_batch, split_batch_reply, Invocation, Segment};
+use crate::script::{encode_batch, split_batch_reply, Invocation, Layout, Segment};
 use crate::transport::Failure;
 
-use super::give_back::{count_sent, give_back_failed, on_give_back_reply, send_give_back, GiveBackCall, GiveBackKind};
+use super::give_back::{give_back_failed, on_give_back_reply, send_give_back, GiveBackCall, GiveBackKind};
 use super::route::Route;
 use super::{Filter, DEADLINE_GRACE_MS};
 
@@ -62,12 +62,13 @@ fn send_batch<H: Host>(filter: &mut Filter<H>, mut batch: GiveBackBatch) {
     let Some(route) = batch.calls.first().map(|call| Rc::clone(&call.route)) else { return };
     let Some(template) = route.plan.rules.first().map(|rule| &rule.template) else { return };
     let encoding = route.transport.encoding();
-    let commands: Vec<Vec<u8>> = batch
+    let commands: Vec<(Vec<u8>, Layout)> = batch
         .calls
         .iter()
-        .map(|call| call.settlement.encode(&call.name, template, Invocation::BySha, encoding))
+        .map(|call| call.settlement.encode_laid_out(&call.name, template, Invocation::BySha, encoding))
         .collect();
-    let segments: Option<Vec<Segment<'_>>> = commands.iter().map(|command| Segment::of(command, encoding)).collect();
+    let segments: Option<Vec<Segment<'_>>> =
+        commands.iter().map(|(command, layout)| Segment::laid_out(command, layout, encoding)).collect();
     let Some(segments) = segments else {
         // Not give-backs by sha (cannot happen: encoded just above): each goes alone.
         for call in batch.calls {
@@ -81,10 +82,9 @@ fn send_batch<H: Host>(filter: &mut Filter<H>, mut batch: GiveBackBatch) {
         Ok(id) => {
             filter.metrics.redis_call(&filter.host);
             if !batch.by_source {
+                // Every call of a batch is a settle: counted together, one hostcall.
                 filter.metrics.batch(&filter.host, batch.calls.len());
-                for call in &batch.calls {
-                    count_sent(filter, call.kind);
-                }
+                filter.metrics.settlements(&filter.host, batch.calls.len());
             }
             let timeout_ms = route.config.redis.timeout_ms;
             batch.deadline_ms = filter.host.now_ms().saturating_add(timeout_ms).saturating_add(DEADLINE_GRACE_MS);

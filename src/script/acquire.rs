@@ -354,16 +354,32 @@ impl Settlement {
         invocation: Invocation,
         encoding: Encoding,
     ) -> Vec<u8> {
+        self.encode_laid_out(name, template, invocation, encoding).0
+    }
+
+    /// [`Settlement::encode`], with where its keys and arguments are: what a batch of settles
+    /// ([`super::ACQUIRE_BATCH`], segment script 3) needs of it without reading it again.
+    pub fn encode_laid_out(
+        &self,
+        name: &str,
+        template: &AcquireTemplate,
+        invocation: Invocation,
+        encoding: Encoding,
+    ) -> (Vec<u8>, Layout) {
         let args = self.give_back_args();
         let mut out = Vec::with_capacity(256);
         let mut writer = ArgWriter::new(&mut out, encoding, 2 + 1 + 5 + args.len());
         writer.script(&GIVE_BACK, invocation, 1);
+        let keys_start = writer.position();
         writer.keys(name, template);
+        let keys_end = writer.position();
         for arg in &args {
             writer.arg(arg);
         }
         writer.finish();
-        out
+        let layout =
+            Layout { script: SegmentScript::GiveBack, keys: keys_start..keys_end, key_count: 5, arg_count: args.len() };
+        (out, layout)
     }
 }
 

@@ -388,10 +388,18 @@ mod tests {
                 AcquirePart { template: &template, name: "erl:a", random: &random, lease: Some(&lease) },
                 AcquirePart { template: &template, name: "{t}b%/", random: &random, lease: None },
             ];
+            let settlement = crate::script::Settlement {
+                random,
+                granted: 1000,
+                used: 42,
+                early_ms: 0,
+                renamed: Some([b'-'; MEMBER_RANDOM_LEN]),
+            };
             let commands = [
                 template.encode_laid_out("erl:a", Clock::Gateway(7), &random, None, Invocation::BySha, encoding),
                 template.encode_laid_out("{x}y", Clock::Redis, &random, Some(&lease), Invocation::BySha, encoding),
                 encode_acquire_all_laid_out(&parts, Clock::Gateway(8), false, Invocation::BySha, encoding),
+                settlement.encode_laid_out("erl:a%/", &template, Invocation::BySha, encoding),
             ];
             for (command, layout) in &commands {
                 assert_eq!(
