@@ -463,3 +463,19 @@ fn settle_calls_a_configuration_leaves_with_no_one_to_send_them_count_as_lost_no
     assert_eq!(host.counter(&format!("{NAME}.settlements_lost")), 1, "a settle that knew its cost");
     assert_eq!(host.counter(&format!("{NAME}.settled_without_usage")), 1, "a response still running");
 }
+
+#[test]
+fn a_body_that_ends_with_trailers_is_read_and_decided_at_the_trailers() {
+    let (host, mut filter) = configure(r#"{"reserve":{"body":"openai","default":500},"settle":{"usage":"openai"}}"#);
+    host.request(2, &[(":path", "/v1/chat/completions"), ("x-key", "alice")]);
+    assert_eq!(filter.on_request_start(2, true), Action::Continue);
+    host.headers_went_on(2);
+    for chunk in [r#"{"max_tokens":"#, "321}"] {
+        let size = host.request_body_chunk(2, chunk.as_bytes());
+        assert_eq!(filter.on_request_body(2, size, false), Action::Pause, "held: the stream has not ended");
+    }
+    assert!(host.http_calls().is_empty());
+    // Trailers follow the body (a gRPC client stream): its end.
+    assert_eq!(filter.on_request_trailers(2), Action::Pause, "sent to Redis");
+    assert_eq!(acquired_permits(&host), "321");
+}
