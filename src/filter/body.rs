@@ -42,14 +42,9 @@ pub(super) fn before_headers_go<H: Host>(filter: &mut Filter<H>, route: &Route, 
     if route.settles_from_body && filter.host.set_request_header("accept-encoding", Some("identity")).is_err() {
         super::metrics::host_refused(filter, "proxy_replace_header_map_value");
     }
-    if body_follows && asks_usage(route) && filter.host.set_request_header("content-length", None).is_err() {
+    if body_follows && route.asks_usage && filter.host.set_request_header("content-length", None).is_err() {
         super::metrics::host_refused(filter, "proxy_remove_header_map_value");
     }
-}
-
-/// Whether a rule of `route` asks for `include_usage`.
-fn asks_usage(route: &Route) -> bool {
-    route.config.rules.iter().any(|rule| rule.cost.as_ref().is_some_and(|cost| cost.include_usage))
 }
 
 /// The request body of a waiting request: `size` bytes buffered so far (`None`: unknown, at its trailers),
@@ -73,7 +68,7 @@ pub(super) fn on_request_body<H: Host>(
         let bytes = filter.host.request_body(size.unwrap_or(MAX_REQUEST_BODY + 1)).unwrap_or_default();
         if bytes.len() <= MAX_REQUEST_BODY {
             body = serde_json::from_slice::<Value>(&bytes).ok();
-            if body.as_ref().is_some_and(lacks_usage_option) && asks_usage(&route) {
+            if body.as_ref().is_some_and(lacks_usage_option) && route.asks_usage {
                 add_usage_option(filter, &bytes);
             }
         }

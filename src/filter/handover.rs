@@ -11,6 +11,7 @@ use crate::config::RedisConfig;
 use crate::host::Host;
 use crate::script::Settlement;
 
+use super::body::Awaiting;
 use super::give_back::{GiveBackCall, GiveBackKind};
 use super::settle::Settling;
 use super::Filter;
@@ -26,8 +27,11 @@ pub struct Retirement {
     /// Reservations of requests whose responses still run (rules with `cost`), by HTTP context id: their
     /// callbacks reach the filter that takes this one's place.
     settling: Vec<(u32, Settling)>,
-    /// Settle calls waiting for the tick.
+    /// Its outbox: give-back calls waiting for the tick (settles, handed lease settlements).
     settle_calls: Vec<GiveBackCall>,
+    /// Requests waiting for their body before they are decided: their body callbacks reach the filter that
+    /// takes this one's place, which decides them with the route (and headers) they started with.
+    awaiting_body: Vec<(u32, Awaiting)>,
 }
 
 impl Retirement {
@@ -55,6 +59,7 @@ impl<H: Host> Filter<H> {
             settlements: self.leases.retire_all(),
             settling: self.settling.drain().collect(),
             settle_calls: core::mem::take(&mut self.outbox),
+            awaiting_body: self.awaiting_body.drain().collect(),
         }
     }
 
@@ -73,6 +78,7 @@ impl<H: Host> Filter<H> {
         // route (and transport) of the configuration that made it.
         self.settling.extend(retirement.settling.drain(..));
         self.outbox.append(&mut retirement.settle_calls);
+        self.awaiting_body.extend(retirement.awaiting_body.drain(..));
         let route = match retirement.redis.as_slice() {
             [only] => self.routes.configs().find(|(_, route)| route.config.redis == *only).map(|(_, r)| Rc::clone(r)),
             _ => None,

@@ -41,6 +41,8 @@ pub(super) struct Route {
     pub(super) reads_body: bool,
     /// A rule settles to the usage in the response body: its requests ask the upstream for identity.
     pub(super) settles_from_body: bool,
+    /// A rule asks for `settle.include_usage`: a streamed OpenAI chat request's body may be rewritten.
+    pub(super) asks_usage: bool,
     /// `rule.<name>.<outcome>` of each rule entry.
     pub(super) counters: Vec<RuleCounters>,
 }
@@ -72,6 +74,7 @@ impl Route {
             windows.create_slots(host);
             Fallback { windows, probe_interval_ms: settings.probe_interval_ms, circuit: Cell::default() }
         });
+        let asks_usage = config.rules.iter().any(|rule| rule.cost.as_ref().is_some_and(|cost| cost.include_usage));
         let reads_body = config.rules.iter().any(|rule| {
             let reserve = rule.cost.as_ref().and_then(|cost| match &cost.reserve {
                 Reserve::From { source, .. } => Some(source),
@@ -79,14 +82,13 @@ impl Route {
             });
             let sources = [Some(&rule.source), rule.rates_by.as_ref(), reserve];
             sources.into_iter().flatten().any(KeySource::reads_body)
-                || rule.cost.as_ref().is_some_and(|cost| cost.include_usage)
-        });
+        }) || asks_usage;
         let settles_from_body = config
             .rules
             .iter()
             .any(|rule| rule.cost.as_ref().is_some_and(|cost| matches!(cost.settle, Settle::Usage(_))));
         let plan = Plan::new(&config, client_id);
-        Route { index, plan, config, transport, blocks, fallback, counters, reads_body, settles_from_body }
+        Route { index, plan, config, transport, blocks, fallback, counters, reads_body, settles_from_body, asks_usage }
     }
 
     /// Whether a request at `now_ms` skips Redis (the degraded mode's circuit is open and no probe is due).

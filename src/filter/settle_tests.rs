@@ -479,3 +479,22 @@ fn a_body_that_ends_with_trailers_is_read_and_decided_at_the_trailers() {
     assert_eq!(filter.on_request_trailers(2), Action::Pause, "sent to Redis");
     assert_eq!(acquired_permits(&host), "321");
 }
+
+#[test]
+fn a_request_waiting_for_its_body_when_its_configuration_is_replaced_is_decided_by_the_new_filter() {
+    let cost = r#"{"reserve":{"body":"openai","default":500},"settle":{"usage":"openai"}}"#;
+    let (host, mut old) = configure(cost);
+    host.request(2, &[(":path", "/v1/chat/completions"), ("x-key", "alice")]);
+    assert_eq!(old.on_request_start(2, true), Action::Continue);
+    host.headers_went_on(2);
+    // A configuration push for the same root context: the body's callbacks now reach the new filter.
+    let rule =
+        format!(r#"{{"name":"tokens","limit_by":{{"header":"x-key"}},"rate":10000,"interval":"1m","cost":{cost}}}"#);
+    let mut new =
+        Filter::configure(host.clone(), format!(r#"{{{BRIDGE},"rules":[{rule}]}}"#).as_bytes(), true).unwrap();
+    new.adopt(old.retire());
+    let size = host.request_body_chunk(2, br#"{"max_tokens":321}"#);
+    assert_eq!(new.on_request_body(2, size, true), Action::Pause, "decided, not let through unlimited");
+    assert_eq!(acquired_permits(&host), "321");
+    assert!(String::from_utf8(host.http_calls().pop().unwrap().body).unwrap().contains("alice"), "its own key");
+}
