@@ -498,3 +498,20 @@ fn a_request_waiting_for_its_body_when_its_configuration_is_replaced_is_decided_
     assert_eq!(acquired_permits(&host), "321");
     assert!(String::from_utf8(host.http_calls().pop().unwrap().body).unwrap().contains("alice"), "its own key");
 }
+
+#[test]
+fn a_batch_of_settles_never_answered_fails_once_at_its_deadline_and_its_reservations_stay() {
+    let (host, mut filter) = configure(r#"{"reserve":400,"settle":{"response_header":"x-cost"}}"#);
+    allowed(&host, &mut filter, 2, "alice");
+    allowed(&host, &mut filter, 4, "bob");
+    respond(&host, &mut filter, 2, &[(":status", "200"), ("x-cost", "1")], &[]);
+    respond(&host, &mut filter, 4, &[(":status", "200"), ("x-cost", "2")], &[]);
+    tick(&host, &mut filter);
+    assert_eq!(filter.give_back_batches.len(), 1);
+    // Redis never answers: past redis.timeout (200 ms) and the grace, the tick gives up on the batch.
+    host.advance(200 + DEADLINE_GRACE_MS);
+    tick(&host, &mut filter);
+    assert!(filter.give_back_batches.is_empty());
+    assert_eq!(host.counter(&format!("{NAME}.redis_errors")), 1, "one call failed, counted once");
+    assert_eq!(host.tick_period(), 0, "nothing waits any more: the tick stops");
+}
