@@ -48,7 +48,9 @@ pub(super) fn before_headers_go<H: Host>(filter: &mut Filter<H>, route: &Route, 
 }
 
 /// The request body of a waiting request: `size` bytes buffered so far (`None`: unknown, at its trailers),
-/// `end`: all of it. Decides it once the body is whole or too large to read; until then Envoy buffers.
+/// `end`: all of it. Decides it once the body is whole or too large to read; until then Envoy buffers. A
+/// request decided before its body ended (past [`MAX_REQUEST_BODY`]) whose decision still waits for Redis
+/// keeps its body held: the rest of it must not go upstream before the decision.
 pub(super) fn on_request_body<H: Host>(
     filter: &mut Filter<H>,
     context_id: u32,
@@ -56,7 +58,7 @@ pub(super) fn on_request_body<H: Host>(
     end: bool,
 ) -> Action {
     if !filter.awaiting_body.contains_key(&context_id) {
-        return Action::Continue;
+        return if filter.flows.contains_key(&context_id) { Action::Pause } else { Action::Continue };
     }
     let too_large = size.is_some_and(|size| size > MAX_REQUEST_BODY);
     if !end && !too_large {
@@ -117,9 +119,10 @@ fn add_usage_option<H: Host>(filter: &mut Filter<H>, body: &[u8]) {
 impl<H: Host> Filter<H> {
     /// `proxy_on_request_body`: a request waiting for its body (`size` bytes buffered so far; `end`: all of
     /// it) is decided once the body has arrived or passed [`crate::key::MAX_REQUEST_BODY`]; until then Envoy
-    /// buffers it. Other requests go on.
+    /// buffers it; a request decided past that limit stays held while its decision waits for Redis. Other
+    /// requests go on.
     pub fn on_request_body(&mut self, context_id: u32, size: usize, end: bool) -> Action {
-        if self.awaiting_body.is_empty() {
+        if self.awaiting_body.is_empty() && self.flows.is_empty() {
             return Action::Continue;
         }
         on_request_body(self, context_id, Some(size), end)
@@ -128,7 +131,7 @@ impl<H: Host> Filter<H> {
     /// `proxy_on_request_trailers`: the request body ended (with trailers): a request waiting for it is
     /// decided.
     pub fn on_request_trailers(&mut self, context_id: u32) -> Action {
-        if self.awaiting_body.is_empty() {
+        if self.awaiting_body.is_empty() && self.flows.is_empty() {
             return Action::Continue;
         }
         on_request_body(self, context_id, None, true)

@@ -337,9 +337,18 @@ fn a_body_larger_than_the_limit_is_decided_with_the_default_without_waiting_for_
         configure(r#"{"reserve":{"body":"anthropic","default":500},"settle":{"usage":"anthropic"}}"#);
     let big =
         format!(r#"{{"max_tokens":3000,"messages":[{{"content":"{}"}}"#, "x".repeat(crate::key::MAX_REQUEST_BODY));
-    let actions = with_body(&host, &mut filter, 2, "alice", &[&big, "]}"]);
-    assert_eq!(actions[..2], [Action::Continue, Action::Pause], "decided (and waiting for Redis) at 64 KiB");
+    let actions = with_body(&host, &mut filter, 2, "alice", &[&big, "]"]);
+    // The rest of the body stays held while the decision waits (it went upstream undecided before).
+    assert_eq!(actions, [Action::Continue, Action::Pause, Action::Pause], "decided (and waiting for Redis) at 64 KiB");
     assert_eq!(acquired_permits(&host), "500", "past 64 KiB the body is not read");
+    assert_eq!(host.end(2), None, "undecided");
+    answer(&host, &mut filter, host.last_token().unwrap(), &acquired(100));
+    assert_eq!(host.end(2), Some(crate::testing::End::Resumed));
+    let size = host.request_body_chunk(2, b"}");
+    assert_eq!(filter.on_request_body(2, size, true), Action::Continue, "decided: the rest goes on");
+    // Ending with trailers while the decision waits: held as well.
+    with_body(&host, &mut filter, 4, "alice", &[&big]);
+    assert_eq!(filter.on_request_trailers(4), Action::Pause);
 }
 
 #[test]
