@@ -12,7 +12,7 @@ use crate::prelude::*;
 
 use crate::host::Host;
 use crate::key::hash_slot;
-use crate::script::{encode_batch, split_batch_reply, Invocation, Layout, Segment};
+use crate::script::{encode_batch, split_batch_reply, Invocation, Segment};
 use crate::transport::Failure;
 
 use super::give_back::{give_back_failed, on_give_back_reply, send_give_back, GiveBackCall, GiveBackKind};
@@ -62,20 +62,8 @@ fn send_batch<H: Host>(filter: &mut Filter<H>, mut batch: GiveBackBatch) {
     let Some(route) = batch.calls.first().map(|call| Rc::clone(&call.route)) else { return };
     let Some(template) = route.plan.rules.first().map(|rule| &rule.template) else { return };
     let encoding = route.transport.encoding();
-    let commands: Vec<(Vec<u8>, Layout)> = batch
-        .calls
-        .iter()
-        .map(|call| call.settlement.encode_laid_out(&call.name, template, Invocation::BySha, encoding))
-        .collect();
-    let segments: Option<Vec<Segment<'_>>> =
-        commands.iter().map(|(command, layout)| Segment::laid_out(command, layout, encoding)).collect();
-    let Some(segments) = segments else {
-        // Not give-backs by sha (cannot happen: encoded just above): each goes alone.
-        for call in batch.calls {
-            send_give_back(filter, call);
-        }
-        return;
-    };
+    let segments: Vec<Segment<'_>> =
+        batch.calls.iter().map(|call| Segment::give_back(&call.name, template, &call.settlement)).collect();
     let invocation = if batch.by_source { Invocation::BySource } else { Invocation::BySha };
     let bytes = encode_batch(&segments, invocation, encoding);
     match route.transport.send(&filter.host, &bytes) {

@@ -337,11 +337,22 @@ impl Settlement {
         ]
     }
 
-    /// [`super::GIVE_BACK`]'s arguments: [`Settlement::args`], then `renamed` if any (`ARGV[5]`).
-    fn give_back_args(&self) -> Vec<Vec<u8>> {
-        let mut args = self.args().to_vec();
-        args.extend(self.renamed.map(|renamed| renamed.to_vec()));
-        args
+    /// How many arguments [`super::GIVE_BACK`] takes for it: [`Settlement::args`], and `renamed` if any.
+    pub(super) fn give_back_arg_count(&self) -> usize {
+        4 + usize::from(self.renamed.is_some())
+    }
+
+    /// [`super::GIVE_BACK`]'s arguments in the wire form, written in place: random, granted, used,
+    /// early (ms), then `renamed` if any (`ARGV[5]`).
+    pub(super) fn push_give_back_args(&self, out: &mut Vec<u8>, encoding: Encoding) {
+        let mut digits = itoa::Buffer::new();
+        push_arg(out, encoding, &self.random);
+        push_arg(out, encoding, digits.format(self.granted).as_bytes());
+        push_arg(out, encoding, digits.format(self.used).as_bytes());
+        push_arg(out, encoding, digits.format(self.early_ms).as_bytes());
+        if let Some(renamed) = &self.renamed {
+            push_arg(out, encoding, renamed);
+        }
     }
 
     /// The bytes of the [`super::GIVE_BACK`] command for limiter `name` (with this gateway's Redisson
@@ -366,19 +377,16 @@ impl Settlement {
         invocation: Invocation,
         encoding: Encoding,
     ) -> (Vec<u8>, Layout) {
-        let args = self.give_back_args();
+        let arg_count = self.give_back_arg_count();
         let mut out = Vec::with_capacity(256);
-        let mut writer = ArgWriter::new(&mut out, encoding, 2 + 1 + 5 + args.len());
+        let mut writer = ArgWriter::new(&mut out, encoding, 2 + 1 + 5 + arg_count);
         writer.script(&GIVE_BACK, invocation, 1);
         let keys_start = writer.position();
         writer.keys(name, template);
         let keys_end = writer.position();
-        for arg in &args {
-            writer.arg(arg);
-        }
+        self.push_give_back_args(writer.out(), encoding);
         writer.finish();
-        let layout =
-            Layout { script: SegmentScript::GiveBack, keys: keys_start..keys_end, key_count: 5, arg_count: args.len() };
+        let layout = Layout { script: SegmentScript::GiveBack, keys: keys_start..keys_end, key_count: 5, arg_count };
         (out, layout)
     }
 }

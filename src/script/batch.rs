@@ -9,8 +9,8 @@ use crate::prelude::*;
 
 use crate::resp::array_elements;
 
-use super::acquire::Encoding;
-use super::wire::{push_arg, push_arg_parts, push_length};
+use super::acquire::{AcquireTemplate, Encoding, Settlement};
+use super::wire::{push_arg, push_arg_parts, push_keys, push_length};
 use super::{Invocation, ACQUIRE, ACQUIRE_ALL, ACQUIRE_BATCH, GIVE_BACK};
 
 /// Which script a batched call runs.
@@ -39,18 +39,79 @@ pub struct Layout {
     pub arg_count: usize,
 }
 
-/// One call's part of a batch: its script, and its keys and arguments as they are in the wire form of
-/// its own command (RESP bulk strings, or webdis's `/`-separated percent-encoded words).
+/// One call's part of a batch: its script, and its keys and arguments, either as they are in the wire
+/// form of its own command (RESP bulk strings, or webdis's `/`-separated percent-encoded words), or a
+/// settlement written straight into the batch ([`Segment::give_back`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Segment<'a> {
     pub script: SegmentScript,
-    keys: &'a [u8],
+    words: Words<'a>,
     key_count: usize,
-    args: &'a [u8],
     arg_count: usize,
 }
 
+/// Where a segment's keys and arguments come from.
+#[derive(Debug, Clone, Copy)]
+enum Words<'a> {
+    /// Already in the wire form: copied.
+    Encoded { keys: &'a [u8], args: &'a [u8] },
+    /// A [`super::GIVE_BACK`] of `settlement` on limiter `name` (with `template`'s client id): written
+    /// in place, with no command of its own encoded first.
+    GiveBack { name: &'a str, template: &'a AcquireTemplate, settlement: &'a Settlement },
+}
+
+/// The same words: equal bytes, or the same settlement of the same limiter with the same template.
+impl PartialEq for Words<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Words::Encoded { keys, args }, Words::Encoded { keys: k, args: a }) => keys == k && args == a,
+            (
+                Words::GiveBack { name, template, settlement },
+                Words::GiveBack { name: n, template: t, settlement: s },
+            ) => name == n && core::ptr::eq(*template, *t) && settlement == s,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Words<'_> {}
+
 impl<'a> Segment<'a> {
+    /// The [`super::GIVE_BACK`] of `settlement` on limiter `name` (with `template`'s client id): the same
+    /// segment as [`Segment::laid_out`] of [`Settlement::encode_laid_out`]'s command, without encoding that
+    /// command (a batch of a tick's settles is written in one pass).
+    pub fn give_back(name: &'a str, template: &'a AcquireTemplate, settlement: &'a Settlement) -> Self {
+        Segment {
+            script: SegmentScript::GiveBack,
+            words: Words::GiveBack { name, template, settlement },
+            key_count: 5,
+            arg_count: settlement.give_back_arg_count(),
+        }
+    }
+
+    /// About how many bytes its keys and arguments take in the wire form.
+    fn size_hint(&self) -> usize {
+        match self.words {
+            Words::Encoded { keys, args } => keys.len() + args.len(),
+            // Five keys of the name (percent-encoded at worst three bytes a byte), five arguments.
+            Words::GiveBack { name, .. } => 15 * name.len() + 256,
+        }
+    }
+
+    fn write_keys(&self, out: &mut Vec<u8>, encoding: Encoding) {
+        match self.words {
+            Words::Encoded { keys, .. } => out.extend_from_slice(keys),
+            Words::GiveBack { name, template, .. } => push_keys(out, encoding, name, template),
+        }
+    }
+
+    fn write_args(&self, out: &mut Vec<u8>, encoding: Encoding) {
+        match self.words {
+            Words::Encoded { args, .. } => out.extend_from_slice(args),
+            Words::GiveBack { settlement, .. } => settlement.push_give_back_args(out, encoding),
+        }
+    }
+
     /// The segment of `command` (an acquire by sha in `encoding`) laid out as `layout` says; `None` if the
     /// layout does not fit the command.
     pub fn laid_out(command: &'a [u8], layout: &Layout, encoding: Encoding) -> Option<Self> {
@@ -60,9 +121,8 @@ impl<'a> Segment<'a> {
         };
         Some(Segment {
             script: layout.script,
-            keys: body.get(layout.keys.clone())?,
+            words: Words::Encoded { keys: body.get(layout.keys.clone())?, args: body.get(layout.keys.end..)? },
             key_count: layout.key_count,
-            args: body.get(layout.keys.end..)?,
             arg_count: layout.arg_count,
         })
     }
@@ -98,7 +158,7 @@ impl<'a> Segment<'a> {
         let arg_count = words.checked_sub(3 + key_count)?;
         let keys = command.get(keys_start..at)?;
         let args = command.get(at..)?;
-        Some(Segment { script, keys, key_count, args, arg_count })
+        Some(Segment { script, words: Words::Encoded { keys, args }, key_count, arg_count })
     }
 
     fn of_webdis(command: &'a [u8]) -> Option<Self> {
@@ -117,7 +177,7 @@ impl<'a> Segment<'a> {
         let keys_end = *ends.get(2 + key_count)?;
         let keys = body.get(third..keys_end)?;
         let args = body.get(keys_end..)?;
-        Some(Segment { script, keys, key_count, args, arg_count })
+        Some(Segment { script, words: Words::Encoded { keys, args }, key_count, arg_count })
     }
 }
 
@@ -170,7 +230,7 @@ fn leading_number(bytes: &[u8]) -> Option<(usize, usize)> {
 /// (the encoding the segments were read in).
 pub fn encode_batch(segments: &[Segment<'_>], invocation: Invocation, encoding: Encoding) -> Vec<u8> {
     let key_count: usize = segments.iter().map(|s| s.key_count).sum();
-    let size: usize = segments.iter().map(|s| s.keys.len() + s.args.len() + 24).sum();
+    let size: usize = segments.iter().map(|s| s.size_hint() + 24).sum();
     let mut out = Vec::with_capacity(size + 96);
     let mut number = itoa::Buffer::new();
     if encoding == Encoding::Resp {
@@ -192,7 +252,7 @@ pub fn encode_batch(segments: &[Segment<'_>], invocation: Invocation, encoding: 
     }
     push_arg(&mut out, encoding, number.format(key_count).as_bytes());
     for segment in segments {
-        out.extend_from_slice(segment.keys);
+        segment.write_keys(&mut out, encoding);
     }
     push_arg(&mut out, encoding, number.format(segments.len()).as_bytes());
     for segment in segments {
@@ -204,7 +264,7 @@ pub fn encode_batch(segments: &[Segment<'_>], invocation: Invocation, encoding: 
         push_arg(&mut out, encoding, script);
         push_arg(&mut out, encoding, number.format(segment.key_count).as_bytes());
         push_arg(&mut out, encoding, number.format(segment.arg_count).as_bytes());
-        out.extend_from_slice(segment.args);
+        segment.write_args(&mut out, encoding);
     }
     if encoding == Encoding::WebdisPath {
         out.extend_from_slice(b".raw");
@@ -374,6 +434,39 @@ mod tests {
             expected.extend(args.iter().cloned());
         }
         assert_eq!(&resp[3..], &expected[..]);
+    }
+
+    /// A settlement written straight into a batch ([`Segment::give_back`]) makes the same batch, byte for
+    /// byte, as its own GIVE_BACK command encoded and then read back, in both wire forms: with and without
+    /// renamed bytes, on names with and without a hash tag and with bytes webdis must percent-encode.
+    #[test]
+    fn a_give_back_written_in_place_is_the_batch_of_its_own_command() {
+        let template = template();
+        let settlement = |random: u8, renamed| crate::script::Settlement {
+            random: [random; MEMBER_RANDOM_LEN],
+            granted: 1000,
+            used: 42,
+            early_ms: 17,
+            renamed,
+        };
+        let settlements =
+            [("erl:a", settlement(1, Some([b'-'; MEMBER_RANDOM_LEN]))), ("{t}b%/ x", settlement(b'/', None))];
+        for encoding in [Encoding::Resp, Encoding::WebdisPath] {
+            for invocation in [Invocation::BySha, Invocation::BySource] {
+                let commands: Vec<Vec<u8>> = settlements
+                    .iter()
+                    .map(|(name, s)| s.encode(name, &template, Invocation::BySha, encoding))
+                    .collect();
+                let read_back: Vec<Segment<'_>> = commands.iter().map(|c| Segment::of(c, encoding).unwrap()).collect();
+                let in_place: Vec<Segment<'_>> =
+                    settlements.iter().map(|(name, s)| Segment::give_back(name, &template, s)).collect();
+                assert_eq!(
+                    encode_batch(&in_place, invocation, encoding),
+                    encode_batch(&read_back, invocation, encoding),
+                    "{encoding:?} {invocation:?}"
+                );
+            }
+        }
     }
 
     /// The layout an encoder records is the one read back from its bytes, for every kind of acquire.
