@@ -219,6 +219,10 @@ class JavaLimiter:
         """`remainTimeToLive()`: the config hash's PTTL (-1 none, -2 no hash)."""
         return self._call("remainTimeToLive").result
 
+    def release(self, permits: int) -> None:
+        """`release(permits)` (4.x): the value key rises by `permits`, at most to the rate; no member goes."""
+        self._call("release", permits=permits)
+
     def hammer(self, threads: int, ms: int, pause_ms: int = 0, permits: int = 1) -> list[tuple[int, int, int]]:
         """`threads` threads of this instance calling `tryAcquire(permits)` for `ms`, each pausing `pause_ms`
         after each call: (start ms, end ms, 1 acquired / 0 refused / -1 threw) of every call."""
