@@ -178,8 +178,9 @@ fi
 # --- Redisson's Java client for the interop tests (tests/interop/redisson) ------------------------
 # `mvn compile` and the dependency classpath (target/classes, target/classpath.txt, read by
 # tests/e2e/redisson_java.py), Maven's repository in .tools/m2. Skipped while target/.built is newer than
-# the pom and every source, and every jar of the classpath is there. Cold (empty .tools/m2) ~40 s, warm
-# ~10 s on 2 cores, nothing to do ~0.01 s.
+# the pom and every source, and every jar of the classpath is there. Measured on 2 busy cores: 32 s with an
+# empty .tools/m2 (downloads ~49 MB), 12-20 s with it filled; nothing to do: a few ms. In the background,
+# beside the cargo installs.
 JAVA_DRIVER=$ROOT/tests/interop/redisson
 java_driver_stale() {
     local built=$JAVA_DRIVER/target/.built jar

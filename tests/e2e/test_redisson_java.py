@@ -21,13 +21,14 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator, NamedTuple
+from typing import Iterator
 
 import pytest
 
 import harness
 import llm_upstream as llm
 from harness import decode_permit, epoch_ms, erl_admin, limiter_key, plugin_config, rule, wait_until, worst_window
+from llm_upstream import Member
 from redisson_java import OVERALL, PER_CLIENT, RedissonError, RedissonJava
 from slowbridge import SlowBridge, webdis_form
 
@@ -46,21 +47,14 @@ def java(processes: harness.Stack) -> Iterator[RedissonJava]:
 # --- Redisson's window, and what the tests read off Redis and erl-admin ------------------------------------
 
 
-class Member(NamedTuple):
-    """A permit member: its bytes, score (acquire time, epoch ms) and permits."""
-
-    raw: bytes
-    score_ms: float
-    permits: int
-
-
 class RedissonWindow:
     """Redisson's sliding window as its scripts compute it (Redisson 4.7.0 `RedissonRateLimiter`,
     `tryAcquireAsync` and `availablePermitsAsync`): at time t the members whose score is above t - interval
     are in the window (the release step removes those at or below it), and `rate` minus their permits are
     free; an acquire of p permits is granted iff at least p are free, and a refusal takes nothing.
 
-    The members are every member seen in Redis so far (`observe()`), kept after Redis released them."""
+    The members (`llm_upstream.Member`, by their random bytes) are every member seen in Redis so far
+    (`observe()`), kept after Redis released them."""
 
     def __init__(self, rate: int, interval_ms: int):
         self.rate = rate
@@ -68,13 +62,14 @@ class RedissonWindow:
         self.members: dict[bytes, Member] = {}
 
     def observe(self, redis, key: str) -> list[Member]:
-        """Reads the permits key; returns the members not seen before (and keeps them)."""
+        """Reads the permits key; returns the members not seen before (and keeps them). Each must be
+        Redisson 4.x's 21 bytes."""
         new = []
         for raw, score in redis.zrange(key, 0, -1, withscores=True):
-            if raw not in self.members:
-                decode_permit(raw, score)  # Redisson 4.x's 21 bytes, or ValueError
-                member = Member(raw, score, int.from_bytes(raw[17:21], "little"))
-                self.members[raw] = member
+            permit = decode_permit(raw, score)  # ValueError unless 21 bytes of Redisson 4.x
+            if permit.random not in self.members:
+                member = Member(permit.random, permit.permits, score)
+                self.members[permit.random] = member
                 new.append(member)
         return new
 
@@ -118,7 +113,7 @@ class Sampler:
                 for key in self.keys:
                     for raw, score in client.zrange(key, 0, -1, withscores=True):
                         permit = decode_permit(raw, score)
-                        self.seen[key].setdefault(raw, Member(raw, score, permit.permits))
+                        self.seen[key].setdefault(permit.random, Member(permit.random, permit.permits, score))
                 if self._stop.is_set():
                     return
                 time.sleep(0.05)
@@ -165,10 +160,6 @@ def assert_available_agree(stack: harness.Stack, limiter, window: RedissonWindow
     if window.free_at(java.start_ms) == window.free_at(admin_ms):
         assert java.result == admin
     return java.result
-
-
-def remaining_quota(response: harness.Response) -> str:
-    return response.headers.get("ratelimit-policy", "")
 
 
 # --- Shared limiters ----------------------------------------------------------------------------------------
@@ -289,6 +280,7 @@ def refused_with_room(calls: list[tuple[float, float, bool]], window: RedissonWi
 
 
 def spans(calls: list[tuple[float, float, bool]]) -> list[tuple[float, float]]:
+    """The (start, end) of the admitted calls."""
     return [(start, end) for start, end, granted in calls if granted]
 
 
@@ -498,7 +490,8 @@ def test_a_value_key_left_without_ttl_by_javas_available_permits_does_not_skew_t
 # --- What the gateway writes, as Java reads it ---------------------------------------------------------------
 
 
-def members_of(stack: harness.Stack, name: str) -> list[llm.Member]:
+def members_of(stack: harness.Stack, name: str) -> list[Member]:
+    """The overall permit members of limiter `name` now."""
     return llm.members(stack.redis.client, name)
 
 
