@@ -444,8 +444,10 @@ def test_rates_java_sets_after_the_rule_stand_with_rate_source_config(stack, jav
 def test_limiters_the_gateway_created_are_read_and_taken_by_java(stack, java):
     """What a Java service finds on a limiter the gateway created: the rule's config and keep-alive, the
     permits left (agreeing with erl-admin), and permits it can take until the window is full; a PER_CLIENT
-    one gives Java a window of its own."""
-    team_rule = rule("team", limit_by={"header": "x-team"}, rate=2, interval="1m", type="per_client")
+    one gives Java a window of its own, and Java's delete of it leaves the gateway's window, which the
+    gateway drops when it creates the limiter again."""
+    team_rule = rule("team", limit_by={"header": "x-team"}, rate=2, interval="1m", type="per_client",
+                     local_block_max=0)  # the delete below must reach its next request
     envoy = stack.envoy(plugin_config(rule(rate=5, interval="1m"), team_rule))
     assert decisions(envoy, 3) == [(200, 5)] * 3
     limiter = java.limiter(ALICE)
@@ -465,6 +467,12 @@ def test_limiters_the_gateway_created_are_read_and_taken_by_java(stack, java):
     assert [team.try_acquire() for _ in range(3)] == [True, True, False]
     assert admin_show(stack, "erl:team:red", java.client_id)[0] == 0
     assert decisions(envoy, 1, red) == [(429, 2)]
+    # Java's delete removes the config and its own client keys, not the gateway's: the gateway creating the
+    # limiter again drops its old window (a Redisson client's trySetRate would keep it: 0 free).
+    assert team.delete()
+    gateway_value = [k for k in stack.redis.client.keys("{erl:team:red}:value:*")]
+    assert len(gateway_value) == 1 and stack.redis.client.get(gateway_value[0]) == b"0"
+    assert decisions(envoy, 3, red) == [(200, 2)] * 2 + [(429, 2)]
 
 
 def test_a_value_key_left_without_ttl_by_javas_available_permits_does_not_skew_the_gateways_new_limiter(stack, java):
