@@ -85,13 +85,13 @@ dist/edge-rate-limiter-%.wasm: $(WASM_INPUTS) | setup
 test:
 	@MAKE="$(MAKE)" scripts/phases.sh setup build lint-source test-unit test-wasm test-parity test-host test-e2e
 
-# The hostcall-free core (without and with the regex feature; the interleavings model of the request path,
-# src/filter/interleavings.rs, against a real redis-server, once) and the operator tool, natively; then the
-# fuzz smoke (tests/fuzz: the property tests of make fuzz, bounded) and the key-safety properties
-# (tests/key_safety.rs).
+# The hostcall-free core with the regex feature (the interleavings model of the request path,
+# src/filter/interleavings.rs, against a real redis-server) and the operator tool, natively; then the fuzz
+# smoke (tests/fuzz: the property tests of make fuzz, bounded) and the key-safety properties
+# (tests/key_safety.rs). The core without the regex feature is tested by test-wasm (the same tests but the
+# native-only ones, on wasm32): one native build of the tests less (make lint lints both).
 test-unit: setup
-	$(LINTED) $(CARGO) test -q --lib --no-default-features
-	$(LINTED) $(CARGO) test -q --lib --no-default-features --features regex -- --skip interleavings
+	$(LINTED) $(CARGO) test -q --lib --no-default-features --features regex
 	$(LINTED) $(CARGO) test -q -p erl-admin
 	$(LINTED) $(CARGO) test -q --no-default-features --test fuzz --test key_safety
 
