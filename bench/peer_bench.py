@@ -358,6 +358,7 @@ def stat_deltas(envoys: list[h.Envoy], before: list[dict[str, int]], pattern: st
 
 
 def redis_pid(stack: h.Stack) -> int:
+    """The stack's redis-server PID (0 if it is not running)."""
     return stack.redis.process.pid if stack.redis.running and stack.redis.process is not None else 0
 
 
@@ -450,6 +451,8 @@ CPU_TARGET = 0.75  # issue 29: our CPU per allowed request, at most this times t
 
 
 def print_allowed(rows: list[AllowedRow], connections: int) -> None:
+    """(a)'s tables at `connections`: req/s, latency (us), CPU per request by process (us), Redis calls and
+    CPU per decision; the reading and issue 29's CPU target."""
     threads = min(b.THREADS, connections)
     rps = {row.peer.key: b.median(run.wrk.rps for run in row.runs) for row in rows}
     cost = {row.peer.key: per_request(row) for row in rows}
@@ -604,6 +607,8 @@ def run_saturated(stack: h.Stack, setup: Setup, peers: list[Peer], connections: 
 
 
 def print_saturated(rows: list[SaturatedRow], connections: int) -> None:
+    """(b)'s table at `connections`: admitted per fixed and sliding 1-s window against the rate, Redis calls
+    and Redis CPU (us) per decision, failed open; the admitted counts window by window, and the reading."""
     out()
     out(f"(b) Saturation, wrk -c{connections} per gateway: {GATEWAYS} Envoys x {b.SATURATION_VMS} workers, one "
         f"global limit of {num(RATE)} per {INTERVAL_MS} ms, both gateways loaded at once by their own wrk -t1 "
