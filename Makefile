@@ -154,13 +154,14 @@ lint-source: setup
 # Gateway overhead (Envoy with and without the filter, under wrk), Redis cost per decision (ACQUIRE vs
 # Redisson's tryAcquire), Redis round trips per request, module sizes: bench/bench.py, which also lists its
 # BENCH_* settings (e.g. make bench BENCH_DURATION=10 BENCH_ONLY=1,3).
-# Section 9's peer rate limit service (bench/rls, not in the workspace) is built when 9 runs; if it does not
-# build, section 9 says why and the others run.
+# Section 9's peer rate limit services (bench/rls, not in the workspace, and envoyproxy/ratelimit by
+# bench/ratelimit/build.sh) are built when 9 runs; if one does not build, section 9 says why and skips its rows.
 bench: export SETUP_BENCH := 1
 bench: build
 	$(WASM_HOST)
 	@only="$${BENCH_ONLY:-9}"; if [[ ",$${only// /}," == *,9,* ]]; then \
-		bench/rls/build.sh || echo "bench: bench/rls/build.sh failed; section 9 is skipped" >&2; fi
+		bench/rls/build.sh || echo "bench: bench/rls/build.sh failed; section 9 skips the limitador rows" >&2; \
+		bench/ratelimit/build.sh || echo "bench: bench/ratelimit/build.sh failed; section 9 skips the ratelimit rows" >&2; fi
 	$(PYTHON) bench/bench.py
 
 # Long runs, not in CI: memory over time (bench/soak.py) and fuzzing (scripts/fuzz.sh).

@@ -36,11 +36,13 @@
    Redis stopped, paused, out of memory, asking for a password, SCRIPT FLUSH) under load in both builds, as
    tests/e2e/test_faults.py runs them but longer: worst added latency against a no-fault baseline, recovery
    after Redis is healthy again, failure mode held, requests counted, traps.
-9. Peers (bench/peer_bench.py): Envoy's native global rate limit filter with a rate limit service on
-   Kuadrant's limitador crate (bench/rls, its Redis storage and its cached Redis storage) on the same Redis,
-   Envoy's local_ratelimit (the in-process floor) and Envoy without a limit, each next to our stock build:
-   (a) every request allowed, req/s, latency, CPU per request by process, Redis calls per request; (b) 2
-   gateways saturating one global limit (6's rate and length): admitted per window against the rate.
+9. Peers (bench/peer_bench.py): Envoy's native global rate limit filter with envoyproxy/ratelimit
+   (bench/ratelimit, at its defaults and at its README's recommended settings) and with a rate limit service
+   on Kuadrant's limitador crate (bench/rls, its Redis storage and its cached Redis storage) on the same Redis,
+   Envoy's local_ratelimit (the in-process floor) and Envoy without a limit, each next to our stock build, at
+   each load of BENCH_PEER_CONNECTIONS with its own baseline: (a) every request allowed, req/s, latency, CPU
+   per request by process, Redis calls per request, Redis CPU per decision; (b) 2 gateways saturating one
+   global limit (6's rate and length): admitted per window against the rate, Redis CPU per decision.
 10. Request coalescing (bench/coalescing_bench.py): the filter's defaults (a VM's waiting acquire calls go out
    together in one ACQUIRE_BATCH call) against `redis: {max_batch: 1}` (coalescing off, the baseline) and
    Envoy without the filter: (a) every request allowed, BENCH_COALESCING_CONNECTIONS connections, 512
@@ -66,7 +68,7 @@ BENCH_THREADS wrk threads [2], BENCH_CONCURRENCY Envoy workers [2], BENCH_USERS 
 values [64], BENCH_N script calls per script and case [20000], BENCH_LEASE_RATE the saturated limiter's
 permits per second in 6 [1000], BENCH_LEASE_SECONDS its load [7], BENCH_CLUSTER_USERS the users of 7 [10000],
 BENCH_FAULT_SECONDS each fault of 8 and the load after it [3], BENCH_COALESCING_CONNECTIONS wrk connections
-per gateway in 10 [32], BENCH_COST_CLIENTS, BENCH_COST_SECONDS and BENCH_COST_BUDGET of 11 (a) [16, 8, 10000],
+per gateway in 10 [32], BENCH_PEER_CONNECTIONS the wrk connections of each load of 9 [8,32], BENCH_COST_CLIENTS, BENCH_COST_SECONDS and BENCH_COST_BUDGET of 11 (a) [16, 8, 10000],
 BENCH_ONLY sections to run, e.g. "2,4" [1,2,3,4,5,6,7,8,9,10,11; 3 needs 1].
 """
 
