@@ -25,29 +25,26 @@ import harness
 from timing import EmulatorClock, GatewayClock, RealClock
 
 
-def uses_emulator(item: pytest.Item) -> bool:
-    """Whether a test's module runs any test in the host emulator (its source names it, or the Higress build,
-    which only the emulator runs)."""
-    path = getattr(item, "path", None)
-    if path is None:
-        return False
-    text = _module_texts.get(path)
-    if text is None:
-        text = _module_texts[path] = path.read_text()
-    return "emulator" in text.lower() or "higress" in text.lower()
+# Modules whose tests run in the host emulator (their ids need not say so).
+EMULATOR_MODULES = {"test_higress_plugins", "test_fidelity", "test_host_redis", "test_host_faults", "test_harness",
+                    "test_call_tokens", "test_oci"}
 
 
-_module_texts: dict[Any, str] = {}
+def runs_in_emulator(item: pytest.Item) -> bool:
+    """Whether a test runs in the host emulator: its parameters say so (`emulator-envoy`, `emulator-higress`,
+    the `higress` build), or its module runs there."""
+    module = getattr(item, "module", None)
+    return ("emulator" in item.nodeid or "higress" in item.nodeid
+            or getattr(module, "__name__", "").rsplit(".", 1)[-1] in EMULATOR_MODULES)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """While make test builds the emulator beside these tests (`ERL_WASM_HOST_BUILDING`), the modules that run
-    none of their tests in it go first: they run meanwhile. Whole modules move, each in its own order (some
-    tests rely on what an earlier test of their module left in its Redis, such as a script loaded). A test
-    that starts an emulator waits for the build (harness.wasm_host_bin)."""
+    """While make test builds the emulator beside these tests (`ERL_WASM_HOST_BUILDING`), the tests that run in
+    it go last, each module's in their order: the others run meanwhile. (Another test that starts an emulator
+    waits for the build: harness.wasm_host_bin.)"""
     if harness.WASM_HOST_BUILDING:
-        items[:] = [item for item in items if not uses_emulator(item)] + [item for item in items
-                                                                          if uses_emulator(item)]
+        items[:] = [item for item in items if not runs_in_emulator(item)] + [item for item in items
+                                                                             if runs_in_emulator(item)]
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
