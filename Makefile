@@ -64,8 +64,7 @@ CARGO_FLAGS_higress-regex := --no-default-features --features host-redis,regex
 
 DIST := $(ARTIFACTS:%=dist/edge-rate-limiter-%.wasm)
 
-.PHONY: build setup test test-unit test-wasm test-parity test-host host-emulator test-e2e test-e2e-beside-host run lint \
-	lint-source bench soak fuzz \
+.PHONY: build setup test test-unit test-wasm test-parity test-host host-emulator test-e2e run lint lint-source bench soak fuzz \
 	clean \
 	distclean oci push
 
@@ -84,14 +83,13 @@ dist/edge-rate-limiter-%.wasm: $(WASM_INPUTS) | setup
 	@$(POSTBUILD) --profile $* $(WASM_BUILT) $@
 
 # The phases one after the other, each timed; the times are printed at the end (scripts/phases.sh).
-# The emulator (wasmtime and Cranelift: the longest build, ~480 s of CPU) builds in the background while the
-# end-to-end tests run (they keep about one core of two busy), with the CPU only they leave idle (SCHED_IDLE),
-# in its own target directory (cargo locks a target directory while it builds). The tests that run in the
-# emulator come last, and wait for its build (ERL_WASM_HOST_BUILDING); test-host runs after.
+# The emulator (wasmtime and Cranelift: the longest build, ~480 s of CPU) builds in the background from
+# setup on, niced, in its own target directory (cargo locks a target directory while it builds): the wasm
+# builds are one LTO link each and the unit tests' runs use one core, so it takes the other; test-host
+# waits for it.
 test:
-	@mkdir -p $(HOST_TARGET) && touch $(HOST_BUILDING)
-	@MAKE="$(MAKE)" scripts/phases.sh setup build lint-source test-unit test-wasm test-parity bg:host-emulator \
-		test-e2e-beside-host wait:host-emulator test-host
+	@MAKE="$(MAKE)" scripts/phases.sh setup bg:host-emulator build lint-source test-unit test-wasm test-parity \
+		wait:host-emulator test-host test-e2e
 
 # The hostcall-free core with the regex feature (the interleavings model of the request path,
 # src/filter/interleavings.rs, against a real redis-server) and the operator tool, natively; then the fuzz
@@ -133,12 +131,9 @@ HOST_TARGET := $(CURDIR)/target/host
 WASM_HOST := CARGO_TARGET_DIR=$(HOST_TARGET) $(LINTED) $(CARGO) test -q --no-run -p proxy-wasm-host-emulator \
 	-p erl-test-support
 
-# make test's background build of the emulator (scripts/phases.sh `bg:host-emulator`): while it runs,
-# $(HOST_BUILDING) exists, and the end-to-end tests wait for it to go before they start the emulator.
-HOST_BUILDING := $(HOST_TARGET)/building
+# make test's background build of the emulator (scripts/phases.sh `bg:host-emulator`).
 host-emulator: setup
-	@mkdir -p $(HOST_TARGET) && touch $(HOST_BUILDING)
-	chrt --idle 0 nice -n 19 env $(WASM_HOST); status=$$?; rm -f $(HOST_BUILDING); exit $$status
+	nice -n 19 env $(WASM_HOST)
 
 # Real redis-server, webdis and Envoy with dist/edge-rate-limiter-envoy.wasm, the emulator and the operator
 # tool (built on its own, for the same reason).
@@ -146,11 +141,6 @@ test-e2e: build
 	$(WASM_HOST)
 	$(LINTED) $(CARGO) build -q -p erl-admin
 	$(PYTHON) -m pytest -q tests/e2e $(PYTEST_ARGS)
-
-# make test's end-to-end phase: the same tests while host-emulator builds the emulator beside them.
-test-e2e-beside-host: build
-	$(LINTED) $(CARGO) build -q -p erl-admin
-	ERL_WASM_HOST_BUILDING=$(HOST_BUILDING) $(PYTHON) -m pytest -q tests/e2e $(PYTEST_ARGS)
 
 # RUN_ONCE=1 on the command line reaches scripts/run.py through the environment (make exports
 # command-line variables).

@@ -25,28 +25,6 @@ import harness
 from timing import EmulatorClock, GatewayClock, RealClock
 
 
-# Modules whose tests run in the host emulator (their ids need not say so).
-EMULATOR_MODULES = {"test_higress_plugins", "test_fidelity", "test_host_redis", "test_host_faults", "test_harness",
-                    "test_call_tokens", "test_oci"}
-
-
-def runs_in_emulator(item: pytest.Item) -> bool:
-    """Whether a test runs in the host emulator: its parameters say so (`emulator-envoy`, `emulator-higress`,
-    the `higress` build), or its module runs there."""
-    module = getattr(item, "module", None)
-    return ("emulator" in item.nodeid or "higress" in item.nodeid
-            or getattr(module, "__name__", "").rsplit(".", 1)[-1] in EMULATOR_MODULES)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """While make test builds the emulator beside these tests (`ERL_WASM_HOST_BUILDING`), the tests that run in
-    it go last, each module's in their order: the others run meanwhile. (Another test that starts an emulator
-    waits for the build: harness.wasm_host_bin.)"""
-    if harness.WASM_HOST_BUILDING:
-        items[:] = [item for item in items if not runs_in_emulator(item)] + [item for item in items
-                                                                             if runs_in_emulator(item)]
-
-
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
     outcome = yield

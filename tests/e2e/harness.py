@@ -62,22 +62,6 @@ WEBDIS_BIN = os.environ.get("WEBDIS_BIN", "webdis")
 ADMIN_BIN = Path(os.environ.get("ERL_ADMIN_BIN", REPO / "target" / "debug" / "erl-admin"))
 WASM_HIGRESS = Path(os.environ.get("ERL_WASM_HIGRESS", REPO / "dist" / "edge-rate-limiter-higress.wasm"))
 WASM_HOST_BIN = Path(os.environ.get("ERL_WASM_HOST_BIN", REPO / "target" / "host" / "debug" / "wasm-host"))
-# make test builds the emulator beside the end-to-end tests: this file exists until that build ends.
-WASM_HOST_BUILDING = os.environ.get("ERL_WASM_HOST_BUILDING")
-WASM_HOST_BUILD_WAIT_S = 1200
-
-
-def wasm_host_bin() -> Path:
-    """The emulator's binary ([`WASM_HOST_BIN`]), once make's background build of it has ended
-    (`ERL_WASM_HOST_BUILDING`, waited for at most WASM_HOST_BUILD_WAIT_S): `HarnessError` if it is not there."""
-    if WASM_HOST_BUILDING:
-        deadline = time.monotonic() + WASM_HOST_BUILD_WAIT_S
-        while Path(WASM_HOST_BUILDING).exists() and time.monotonic() < deadline:
-            time.sleep(0.5)
-    if not WASM_HOST_BIN.is_file():
-        raise HarnessError(f"no wasm-host at {WASM_HOST_BIN}: build it (make test-e2e builds it: CARGO_TARGET_DIR="
-                           "target/host cargo test --no-run -p proxy-wasm-host-emulator) or set ERL_WASM_HOST_BIN")
-    return WASM_HOST_BIN
 # Where every emulator keeps the modules it compiled (wasm-host --compile-cache): a module is compiled once
 # per content and wasmtime build, then loaded in milliseconds. Under target/: nobody else writes there.
 WASM_HOST_CACHE = Path(os.environ.get("ERL_WASM_HOST_CACHE", REPO / "target" / "wasm-host-cache"))
@@ -952,7 +936,10 @@ class Emulator:
     def start(self, wait_ready: bool = True, timeout: float = READY_TIMEOUT) -> "Emulator":
         if not self.wasm.is_file():
             raise HarnessError(f"the filter module {self.wasm} does not exist: build it (make build)")
-        argv = [str(wasm_host_bin()), "serve", "--module", str(self.wasm), "--config", str(self.config_path),
+        if not WASM_HOST_BIN.is_file():
+            raise HarnessError(f"no wasm-host at {WASM_HOST_BIN}: build it (make test-e2e builds it: CARGO_TARGET_DIR="
+                               "target/host cargo test --no-run -p proxy-wasm-host-emulator) or set ERL_WASM_HOST_BIN")
+        argv = [str(WASM_HOST_BIN), "serve", "--module", str(self.wasm), "--config", str(self.config_path),
                 "--vms", str(self.vms), "--pause-deadline-ms", str(self.pause_deadline_ms)]
         for cluster, port in self.clusters.items():
             argv += ["--cluster", f"{cluster}={HOST}:{port}"]
