@@ -64,8 +64,7 @@ CARGO_FLAGS_higress-regex := --no-default-features --features host-redis,regex
 
 DIST := $(ARTIFACTS:%=dist/edge-rate-limiter-%.wasm)
 
-.PHONY: build setup test test-unit test-wasm test-parity test-host host-emulator test-e2e run lint lint-source bench soak fuzz \
-	clean \
+.PHONY: build setup test test-unit test-wasm test-parity test-host test-e2e run lint lint-source bench soak fuzz clean \
 	distclean oci push
 
 build: setup $(DIST)
@@ -83,13 +82,8 @@ dist/edge-rate-limiter-%.wasm: $(WASM_INPUTS) | setup
 	@$(POSTBUILD) --profile $* $(WASM_BUILT) $@
 
 # The phases one after the other, each timed; the times are printed at the end (scripts/phases.sh).
-# The emulator (wasmtime and Cranelift: the longest build, ~480 s of CPU) builds in the background from
-# setup on, niced, in its own target directory (cargo locks a target directory while it builds): the wasm
-# builds are one LTO link each and the unit tests' runs use one core, so it takes the other; test-host
-# waits for it.
 test:
-	@MAKE="$(MAKE)" scripts/phases.sh setup bg:host-emulator build lint-source test-unit test-wasm test-parity \
-		wait:host-emulator test-host test-e2e
+	@MAKE="$(MAKE)" scripts/phases.sh setup build lint-source test-unit test-wasm test-parity test-host test-e2e
 
 # The hostcall-free core with the regex feature (the interleavings model of the request path,
 # src/filter/interleavings.rs, against a real redis-server) and the operator tool, natively; then the fuzz
@@ -119,21 +113,13 @@ test-parity: setup
 # artifacts (dist/), and checked against Envoy 1.40 observations; and the test support crate's own tests.
 test-host: build
 	ERL_WASM=$(CURDIR)/dist/edge-rate-limiter-envoy.wasm ERL_WASM_HOST_REDIS=$(CURDIR)/dist/edge-rate-limiter-higress.wasm \
-		CARGO_TARGET_DIR=$(HOST_TARGET) $(LINTED) $(CARGO) test -q -p proxy-wasm-host-emulator -p erl-test-support
+		$(LINTED) $(CARGO) test -q -p proxy-wasm-host-emulator -p erl-test-support
 
-# The emulator and its tests build in a target directory of their own (target/host: the harness runs
-# target/host/debug/wasm-host), so that their build can run beside the others (make test's background
-# phase). target/host/debug/wasm-host is built as its own tests build it: `cargo build -p
-# proxy-wasm-host-emulator` (without the dev-dependencies' features) would unify the dependencies' features
-# differently and compile wasmtime and Cranelift a second time (~330 s on 2 cores); built this way, after
-# test-host it costs nothing.
-HOST_TARGET := $(CURDIR)/target/host
-WASM_HOST := CARGO_TARGET_DIR=$(HOST_TARGET) $(LINTED) $(CARGO) test -q --no-run -p proxy-wasm-host-emulator \
-	-p erl-test-support
-
-# make test's background build of the emulator (scripts/phases.sh `bg:host-emulator`).
-host-emulator: setup
-	nice -n 19 env $(WASM_HOST)
+# target/debug/wasm-host, built as its own tests build it: `cargo build -p proxy-wasm-host-emulator` (without
+# the dev-dependencies' features) or together with erl-admin (the Redis client's features) would unify the
+# dependencies' features differently and compile wasmtime and Cranelift a second and a third time
+# (~330 s on 2 cores); built this way, after test-host it costs nothing.
+WASM_HOST := $(LINTED) $(CARGO) test -q --no-run -p proxy-wasm-host-emulator -p erl-test-support
 
 # Real redis-server, webdis and Envoy with dist/edge-rate-limiter-envoy.wasm, the emulator and the operator
 # tool (built on its own, for the same reason).

@@ -87,8 +87,7 @@ if ! skipped module; then
     mkdir -p target/fuzz-logs
     log=target/fuzz-logs/module.log
     status=0
-    # The emulator's own target directory (the Makefile's HOST_TARGET): its build is shared with make test.
-    env ERL_FUZZ_ITERATIONS="$MODULE_ITERATIONS" ${FUZZ_SEED:+ERL_FUZZ_SEED=$FUZZ_SEED} CARGO_TARGET_DIR="$root/target/host" \
+    env ERL_FUZZ_ITERATIONS="$MODULE_ITERATIONS" ${FUZZ_SEED:+ERL_FUZZ_SEED=$FUZZ_SEED} \
         cargo test -q -p proxy-wasm-host-emulator --test host fuzz_module:: -- --nocapture >"$log" 2>&1 || status=$?
     grep '^fuzz_module' "$log" || true
     if [[ $status -ne 0 ]]; then

@@ -8,8 +8,8 @@ One place starts everything the filter needs, on 127.0.0.1 with free ports, and 
 - `Upstream`: the protected service, a Python HTTP server in a thread answering 200 `upstream ok\\n`.
 - `Envoy`: stock Envoy 1.40 (`.venv/bin/envoy` or `$ENVOY_BIN`) loading the filter (`$ERL_WASM`, default
   `dist/edge-rate-limiter-envoy.wasm`) from `envoy/envoy.yaml`, the same template users read as the example.
-- `Emulator`: the project's proxy-wasm host emulator (`wasm-host serve`, tests/host; `target/host/debug/wasm-host`
-  or `$ERL_WASM_HOST_BIN`, built by make (its own target directory, see the Makefile), never by the tests) running
+- `Emulator`: the project's proxy-wasm host emulator (`wasm-host serve`, tests/host; `target/debug/wasm-host`
+  or `$ERL_WASM_HOST_BIN`, built by `cargo build -p proxy-wasm-host-emulator`, never by the tests) running
   either build of the filter (`dist/edge-rate-limiter-envoy.wasm`, or `-higress.wasm`, `$ERL_WASM_HIGRESS`)
   with its clusters pointed at the stack's webdis or redis-server; it answers `send()` as `Envoy` does.
 - `Stack`: all of the above as a context manager; leaving it stops every process, also when a test fails.
@@ -61,7 +61,7 @@ REDIS_BIN = os.environ.get("REDIS_SERVER_BIN", "redis-server")
 WEBDIS_BIN = os.environ.get("WEBDIS_BIN", "webdis")
 ADMIN_BIN = Path(os.environ.get("ERL_ADMIN_BIN", REPO / "target" / "debug" / "erl-admin"))
 WASM_HIGRESS = Path(os.environ.get("ERL_WASM_HIGRESS", REPO / "dist" / "edge-rate-limiter-higress.wasm"))
-WASM_HOST_BIN = Path(os.environ.get("ERL_WASM_HOST_BIN", REPO / "target" / "host" / "debug" / "wasm-host"))
+WASM_HOST_BIN = Path(os.environ.get("ERL_WASM_HOST_BIN", REPO / "target" / "debug" / "wasm-host"))
 # Where every emulator keeps the modules it compiled (wasm-host --compile-cache): a module is compiled once
 # per content and wasmtime build, then loaded in milliseconds. Under target/: nobody else writes there.
 WASM_HOST_CACHE = Path(os.environ.get("ERL_WASM_HOST_CACHE", REPO / "target" / "wasm-host-cache"))
@@ -937,8 +937,8 @@ class Emulator:
         if not self.wasm.is_file():
             raise HarnessError(f"the filter module {self.wasm} does not exist: build it (make build)")
         if not WASM_HOST_BIN.is_file():
-            raise HarnessError(f"no wasm-host at {WASM_HOST_BIN}: build it (make test-e2e builds it: CARGO_TARGET_DIR="
-                               "target/host cargo test --no-run -p proxy-wasm-host-emulator) or set ERL_WASM_HOST_BIN")
+            raise HarnessError(f"no wasm-host at {WASM_HOST_BIN}: build it (cargo build -p "
+                               "proxy-wasm-host-emulator --bin wasm-host) or set ERL_WASM_HOST_BIN")
         argv = [str(WASM_HOST_BIN), "serve", "--module", str(self.wasm), "--config", str(self.config_path),
                 "--vms", str(self.vms), "--pause-deadline-ms", str(self.pause_deadline_ms)]
         for cluster, port in self.clusters.items():
