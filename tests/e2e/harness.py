@@ -447,6 +447,18 @@ class Process:
 atexit.register(Process.stop_all)
 
 
+def follow_lines(process: "Process", lines: "queue.Queue[str | None]") -> None:
+    """Puts each line `process` writes on its stdout (started with `pipes=True`) into `lines`, decoded, from a
+    daemon thread; `None` once its stdout ends."""
+    def read() -> None:
+        with contextlib.suppress(OSError, ValueError):
+            for line in process.popen.stdout:
+                lines.put(line.decode(errors="replace"))
+        lines.put(None)
+
+    threading.Thread(target=read, name=f"{process.name}-stdout", daemon=True).start()
+
+
 class Redis:
     """A throw-away redis-server on 127.0.0.1 (`--save '' --appendonly no`), optional `requirepass`."""
 
@@ -951,17 +963,10 @@ class Emulator:
             argv += ["--call-tokens", self.call_tokens]
         argv += self.args
         self.process = Process(self.name, argv, self.err_path, pipes=True)
-        threading.Thread(target=self._read_lines, args=(self.process.popen.stdout,), name=f"{self.name}-stdout",
-                         daemon=True).start()
+        follow_lines(self.process, self._lines)
         if wait_ready:
             self.wait_ready(timeout)
         return self
-
-    def _read_lines(self, stdout: Any) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            for line in stdout:
-                self._lines.put(line.decode(errors="replace"))
-        self._lines.put(None)
 
     def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
         """Until the emulator answers a control line (the module is compiled and configured); HarnessError

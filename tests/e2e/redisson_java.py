@@ -88,20 +88,13 @@ class RedissonJava:
             redis_url = f"redis://:{self.redis.password}@{harness.HOST}:{self.redis.port}"
         argv = [java_bin(), "-XX:TieredStopAtLevel=1", "-Xss512k", "-cp", classpath, MAIN_CLASS, redis_url]
         self.process = harness.Process(self.name, argv, self.log_path, pipes=True)
-        threading.Thread(target=self._read_lines, args=(self.process.popen.stdout,), name=f"{self.name}-stdout",
-                         daemon=True).start()
+        harness.follow_lines(self.process, self._lines)
         ready = self._answer(self.READY_TIMEOUT, "its ready line")
         if not ready.get("ready"):
             self.stop()
             raise harness.HarnessError(f"{self.name} started with {ready} instead of its ready line")
         self.client_id, self.version = ready["id"], ready["version"]
         return self
-
-    def _read_lines(self, stdout: Any) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            for line in stdout:
-                self._lines.put(line.decode(errors="replace"))
-        self._lines.put(None)
 
     def _answer(self, timeout: float, what: str) -> dict:
         try:
