@@ -138,6 +138,7 @@ impl Retired {
             used: self.used,
             early_ms: self.early_ms,
             renamed: None,
+            at: None,
         };
         self.sending = Some(self.used);
         self.early_ms = 0;
@@ -395,7 +396,7 @@ mod tests {
     }
 
     fn settlement(random: u8, granted: u64, used: u64, early_ms: u64) -> Settlement {
-        Settlement { random: [random; 16], granted, used, early_ms, renamed: None }
+        Settlement { random: [random; 16], granted, used, early_ms, renamed: None, at: None }
     }
 
     #[test]

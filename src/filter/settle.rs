@@ -151,6 +151,7 @@ fn settle<H: Host>(filter: &mut Filter<H>, settling: Settling) {
             used: cost.min(u64::from(u32::MAX)),
             early_ms: 0,
             renamed: Some(item.reservation.settled_random()),
+            at: item.reservation.at,
         };
         let call = GiveBackCall::new(&settling.route, item.reservation.name, settlement, GiveBackKind::Settle);
         filter.outbox.push(call);

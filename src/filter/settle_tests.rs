@@ -6,6 +6,10 @@ use super::*;
 use crate::testing::{acquired, rejected, FakeHost, ROOT};
 
 const BRIDGE: &str = r#""redis":{"cluster":"webdis","timeout":200}"#;
+/// The rule's rate (tokens per minute), and when [`allowed`]'s requests are acquired (the fake host's
+/// start, ms since the epoch).
+const RATE: u64 = 10_000;
+const ALLOWED_AT: u64 = 1_700_000_000_000;
 
 fn configure(cost: &str) -> (FakeHost, Filter<FakeHost>) {
     let host = FakeHost::new();
@@ -31,17 +35,22 @@ fn answer(host: &FakeHost, filter: &mut Filter<FakeHost>, token: u32, reply: &[u
     filter.on_http_call_response(token, 1, reply.len());
 }
 
-/// The settle calls sent so far: (random, granted, used, renamed) of each GIVE_BACK.
-fn settle_calls(host: &FakeHost) -> Vec<[String; 4]> {
+/// The arguments of each GIVE_BACK sent so far: random, granted, used, early, renamed, then the score,
+/// rate and type of the member as the acquire wrote it (`EVALSHA/sha/5/` and the five keys before them).
+fn give_back_args(host: &FakeHost) -> Vec<Vec<String>> {
     host.http_calls()
         .into_iter()
         .map(|call| String::from_utf8(call.body).unwrap())
         .filter(|body| body.starts_with(&format!("EVALSHA/{}/", crate::script::GIVE_BACK.sha())))
-        .map(|body| {
-            let args: Vec<String> =
-                body.trim_end_matches(".raw").rsplit('/').take(5).map(|arg| arg.replace("%2D", "-")).collect();
-            [args[4].clone(), args[3].clone(), args[2].clone(), args[0].clone()]
-        })
+        .map(|body| body.trim_end_matches(".raw").split('/').skip(8).map(|arg| arg.replace("%2D", "-")).collect())
+        .collect()
+}
+
+/// The settle calls sent so far: (random, granted, used, renamed) of each GIVE_BACK.
+fn settle_calls(host: &FakeHost) -> Vec<[String; 4]> {
+    give_back_args(host)
+        .into_iter()
+        .map(|args| [args[0].clone(), args[1].clone(), args[2].clone(), args[4].clone()])
         .collect()
 }
 
@@ -70,6 +79,8 @@ fn a_reservation_settles_to_the_cost_in_a_response_header_from_the_root_context_
     tick(&host, &mut filter);
     let renamed = format!("-s{}", &random[2..]);
     assert_eq!(settle_calls(&host), [[random, "400".into(), "123".into(), renamed]]);
+    // On the gateway's clock the member's score, rate and type go with it: Redis reads neither back.
+    assert_eq!(give_back_args(&host)[0][5..], [ALLOWED_AT.to_string(), RATE.to_string(), "0".into()]);
     assert_eq!(host.counter(&format!("{NAME}.settlements")), 1);
 }
 

@@ -263,9 +263,10 @@ impl Tally {
 fn give_back(pending: &PendingRequest, config: &PluginConfig) -> Vec<GiveBack> {
     pending
         .own_members()
-        .filter(|(call, _)| config.rules.get(call.rule).is_some())
-        .map(|(call, granted)| {
-            let settlement = Settlement { random: call.member_random, granted, used: 0, early_ms: 0, renamed: None };
+        .filter(|(call, _, _)| config.rules.get(call.rule).is_some())
+        .map(|(call, granted, at)| {
+            let settlement =
+                Settlement { random: call.member_random, granted, used: 0, early_ms: 0, renamed: None, at };
             GiveBack { name: call.name.clone(), settlement }
         })
         .collect()

@@ -8,12 +8,12 @@ use smallvec::SmallVec;
 use crate::prelude::*;
 
 use crate::block::Block;
-use crate::config::{ClockSource, Mode, PluginConfig};
+use crate::config::{ClockSource, LimiterType, Mode, PluginConfig};
 use crate::key::{hash_slot, RequestView};
 use crate::response::RuleQuota;
 use crate::script::{
     encode_acquire_all_laid_out, AcquirePart, AcquireTemplate, Clock, Encoding, Invocation, Layout, LeaseRequest,
-    MEMBER_RANDOM_LEN,
+    MemberAt, MEMBER_RANDOM_LEN,
 };
 
 use super::decision::{block_quota, blocked, decide, exempt};
@@ -46,8 +46,9 @@ pub(super) enum Taken {
     /// From this VM's lease with these member random bytes (held before, or granted by this call): given
     /// back to that lease.
     Lease { random: [u8; MEMBER_RANDOM_LEN] },
-    /// A member of their own in Redis (`granted` permits): given back with [`crate::script::GIVE_BACK`].
-    Member { granted: u64 },
+    /// A member of their own in Redis (`granted` permits, in the permits key of `limiter_type`, as the
+    /// reply said it): given back or settled with [`crate::script::GIVE_BACK`].
+    Member { granted: u64, limiter_type: LimiterType },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,7 +67,8 @@ pub(super) struct RuleCall {
     pub(super) rule: usize,
     /// The limiter name.
     pub(super) name: String,
-    clock: Clock,
+    /// Where the acquire time comes from (a gateway time is restamped when the call waits for a batch).
+    pub(super) clock: Clock,
     /// Gateway time the acquire was started, ms (the base of a local block and of a lease's age).
     pub(super) sent_ms: u64,
     pub(super) member_random: [u8; MEMBER_RANDOM_LEN],
@@ -183,7 +185,9 @@ pub fn start(
     Start::Send(pending, count)
 }
 
-/// What one rule makes of a request at its start ([`open_rule`]).
+/// What one rule makes of a request at its start ([`open_rule`]). A return value, moved at once into the
+/// request's calls: boxing its call would cost an allocation per rule and request for nothing.
+#[allow(clippy::large_enum_variant)]
 enum Opened {
     /// The rule does not apply.
     Nothing,
@@ -398,11 +402,14 @@ impl PendingRequest {
         }
     }
 
-    /// The rule calls that acquired a member of their own in Redis, with its permits: what a rejected
-    /// request gives back, and an allowed request's reservations.
-    pub(super) fn own_members(&self) -> impl Iterator<Item = (&RuleCall, u64)> {
+    /// The rule calls that acquired a member of their own in Redis, with its permits and where it was
+    /// written (known on the gateway's clock): what a rejected request gives back, and an allowed request's
+    /// reservations.
+    pub(super) fn own_members(&self) -> impl Iterator<Item = (&RuleCall, u64, Option<MemberAt>)> {
         self.calls.iter().filter_map(|call| match call.state {
-            CallState::Done(RuleResult::Acquired(_, Taken::Member { granted })) => Some((call, granted)),
+            CallState::Done(RuleResult::Acquired(quota, Taken::Member { granted, limiter_type })) => {
+                Some((call, granted, MemberAt::of(call.clock, quota.limit, limiter_type)))
+            }
             _ => None,
         })
     }

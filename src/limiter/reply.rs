@@ -273,7 +273,10 @@ fn call_result(
                     let taken = Taken::Lease { random: call.member_random };
                     return (RuleResult::Acquired(quota(left, effective.interval_ms), taken), Some(grant));
                 }
-                _ => RuleResult::Acquired(quota(remaining, effective.interval_ms), Taken::Member { granted }),
+                _ => {
+                    let taken = Taken::Member { granted, limiter_type: effective.limiter_type };
+                    RuleResult::Acquired(quota(remaining, effective.interval_ms), taken)
+                }
             }
         }
         AcquireOutcome::Untaken { available } => RuleResult::Untaken(quota(available, effective.interval_ms)),

@@ -9,9 +9,9 @@ use crate::prelude::*;
 
 use crate::config::{PluginConfig, Reserve, Rule};
 use crate::key::{extract, KeyValue, RequestView};
-use crate::script::MEMBER_RANDOM_LEN;
+use crate::script::{MemberAt, MEMBER_RANDOM_LEN};
 
-use super::pending::{CallState, PendingRequest, RuleResult, Taken};
+use super::pending::PendingRequest;
 
 /// The first bytes of a reservation's member random (the rest stays random: 14 base-62 characters).
 pub const RESERVED_MARK: [u8; 2] = *b"-r";
@@ -29,6 +29,8 @@ pub struct Reservation {
     pub random: [u8; MEMBER_RANDOM_LEN],
     /// Permits the member holds.
     pub granted: u64,
+    /// Where the acquire wrote the member, when the gateway knows it (settled without reading it back).
+    pub at: Option<MemberAt>,
     /// `Some(ms)`: taken from the degraded mode's local window at that time (ms since the epoch), not
     /// from Redis: it settles there ([`crate::fallback`]), by returning what the response did not use.
     pub local_since_ms: Option<u64>,
@@ -38,7 +40,7 @@ impl Reservation {
     /// A reservation of `granted` permits that the degraded mode's local window of limiter `name` admitted
     /// at `now_ms` for rule `rule` (no member in Redis).
     pub(super) fn local(rule: usize, name: String, granted: u64, now_ms: u64) -> Self {
-        Reservation { rule, name, random: [0; MEMBER_RANDOM_LEN], granted, local_since_ms: Some(now_ms) }
+        Reservation { rule, name, random: [0; MEMBER_RANDOM_LEN], granted, at: None, local_since_ms: Some(now_ms) }
     }
 
     /// The random bytes of the member once settled: the same, [`SETTLED_MARK`] first.
@@ -61,20 +63,15 @@ pub(super) fn mark_reserved(random: &mut [u8; MEMBER_RANDOM_LEN]) {
 /// The reservations an allowed request holds: its rules with `cost` that took a member of their own.
 pub(super) fn reservations(pending: &PendingRequest, config: &PluginConfig) -> Vec<Reservation> {
     pending
-        .calls
-        .iter()
-        .filter_map(|call| {
-            let CallState::Done(RuleResult::Acquired(_, Taken::Member { granted })) = &call.state else {
-                return None;
-            };
-            config.rules.get(call.rule)?.cost.as_ref()?;
-            Some(Reservation {
-                rule: call.rule,
-                name: call.name.clone(),
-                random: call.member_random,
-                granted: *granted,
-                local_since_ms: None,
-            })
+        .own_members()
+        .filter(|(call, _, _)| config.rules.get(call.rule).is_some_and(|rule| rule.cost.is_some()))
+        .map(|(call, granted, at)| Reservation {
+            rule: call.rule,
+            name: call.name.clone(),
+            random: call.member_random,
+            granted,
+            at,
+            local_since_ms: None,
         })
         .collect()
 }

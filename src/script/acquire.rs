@@ -16,8 +16,9 @@ use crate::key::LimiterKeys;
 use crate::resp::Command;
 
 use super::batch::{Layout, SegmentScript};
+use super::settlement::Settlement;
 use super::wire::{push_arg, push_bulk, push_encoded, push_length, ArgWriter};
-use super::{Invocation, ACQUIRE, ACQUIRE_ALL, GIVE_BACK};
+use super::{Invocation, ACQUIRE, ACQUIRE_ALL};
 
 /// The hash field where [`super::ACQUIRE`] records the config a rule wrote (`rate_source: config`):
 /// `rate:interval:type:keepAliveTime`, next to Redisson's four fields.
@@ -297,100 +298,6 @@ pub struct LeaseRequest {
     pub settle: Option<Settlement>,
 }
 
-/// How one permit member is settled (prelude `giveBack`): the member `(random, granted)` becomes
-/// `(renamed or random, used)` scored `early_ms` earlier (removed when `used` is 0), and the value changes
-/// by `granted - used` permits: unused ones go back (never above the rate), an excess (`used > granted`)
-/// is charged, even below zero (then every acquire is rejected until enough permits left the window). So
-/// the value plus the permits of the members in the window stays the rate. A member that already left the
-/// window, or is unknown, is not found: nothing changes.
-///
-/// Uses: a lease's settlement (inside [`super::ACQUIRE`] / [`super::ACQUIRE_ALL`] as [`LeaseRequest::settle`],
-/// or alone as [`super::GIVE_BACK`]), a rejected request's permits given back (`used` 0), and a
-/// reservation settled at its real cost ("reserve, then settle": `granted` reserved at the request,
-/// `used` the cost known when the response ends, `early_ms` 0, `renamed` the settled member's random).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Settlement {
-    /// The member's random bytes.
-    pub random: [u8; MEMBER_RANDOM_LEN],
-    /// Permits the member holds.
-    pub granted: u64,
-    /// Permits really used (0: the member goes; more than `granted`: the excess is charged). At most
-    /// `u32::MAX`: a member carries its permits in 4 bytes (Redisson's `Bc0I`).
-    pub used: u64,
-    /// How long before the member's score the last use was, ms (0: the member keeps its score).
-    pub early_ms: u64,
-    /// The random bytes of the member that stays, when they change (`None`: `random`): so a settled
-    /// member can be told from a reservation in Redis. Sent as [`super::GIVE_BACK`]'s `ARGV[5]` only;
-    /// a settlement inside [`super::ACQUIRE`] / [`super::ACQUIRE_ALL`] (a lease's) has no place for it
-    /// and keeps `random`.
-    pub renamed: Option<[u8; MEMBER_RANDOM_LEN]>,
-}
-
-impl Settlement {
-    /// The four arguments every settlement has: random, granted, used (permits), early (ms).
-    fn args(&self) -> [Vec<u8>; 4] {
-        [
-            self.random.to_vec(),
-            self.granted.to_string().into_bytes(),
-            self.used.to_string().into_bytes(),
-            self.early_ms.to_string().into_bytes(),
-        ]
-    }
-
-    /// How many arguments [`super::GIVE_BACK`] takes for it: [`Settlement::args`], and `renamed` if any.
-    pub(super) fn give_back_arg_count(&self) -> usize {
-        4 + usize::from(self.renamed.is_some())
-    }
-
-    /// [`super::GIVE_BACK`]'s arguments in the wire form, written in place: random, granted, used,
-    /// early (ms), then `renamed` if any (`ARGV[5]`).
-    pub(super) fn push_give_back_args(&self, out: &mut Vec<u8>, encoding: Encoding) {
-        let mut digits = itoa::Buffer::new();
-        push_arg(out, encoding, &self.random);
-        push_arg(out, encoding, digits.format(self.granted).as_bytes());
-        push_arg(out, encoding, digits.format(self.used).as_bytes());
-        push_arg(out, encoding, digits.format(self.early_ms).as_bytes());
-        if let Some(renamed) = &self.renamed {
-            push_arg(out, encoding, renamed);
-        }
-    }
-
-    /// The bytes of the [`super::GIVE_BACK`] command for limiter `name` (with this gateway's Redisson
-    /// client id, as `template` has it): `ARGV` random, granted, used, early (ms), and `renamed` when
-    /// `Some`.
-    pub fn encode(
-        &self,
-        name: &str,
-        template: &AcquireTemplate,
-        invocation: Invocation,
-        encoding: Encoding,
-    ) -> Vec<u8> {
-        self.encode_laid_out(name, template, invocation, encoding).0
-    }
-
-    /// [`Settlement::encode`], with where its keys and arguments are: what a batch of settles
-    /// ([`super::ACQUIRE_BATCH`], segment script 3) needs of it without reading it again.
-    pub fn encode_laid_out(
-        &self,
-        name: &str,
-        template: &AcquireTemplate,
-        invocation: Invocation,
-        encoding: Encoding,
-    ) -> (Vec<u8>, Layout) {
-        let arg_count = self.give_back_arg_count();
-        let mut out = Vec::with_capacity(256);
-        let mut writer = ArgWriter::new(&mut out, encoding, 2 + 1 + 5 + arg_count);
-        writer.script(&GIVE_BACK, invocation, 1);
-        let keys_start = writer.position();
-        writer.keys(name, template);
-        let keys_end = writer.position();
-        self.push_give_back_args(writer.out(), encoding);
-        writer.finish();
-        let layout = Layout { script: SegmentScript::GiveBack, keys: keys_start..keys_end, key_count: 5, arg_count };
-        (out, layout)
-    }
-}
-
 impl LeaseRequest {
     /// The six arguments: most permits, age (ms), and the settlement's four (empty random: none).
     fn args(&self) -> [Vec<u8>; 6] {
@@ -482,6 +389,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
     use super::*;
     use crate::resp::Reply;
+    use crate::script::GIVE_BACK;
 
     fn template() -> AcquireTemplate {
         let config = AcquireConfig {
@@ -521,8 +429,14 @@ mod tests {
     #[test]
     fn the_template_encodes_exactly_what_the_generic_command_does() {
         let template = template();
-        let settle =
-            Settlement { random: [b'z'; MEMBER_RANDOM_LEN], granted: 64, used: 9, early_ms: 31, renamed: None };
+        let settle = Settlement {
+            random: [b'z'; MEMBER_RANDOM_LEN],
+            granted: 64,
+            used: 9,
+            early_ms: 31,
+            renamed: None,
+            at: None,
+        };
         let leases = [
             None,
             Some(LeaseRequest { max_permits: 64, max_age_ms: 50, settle: None }),
@@ -553,7 +467,8 @@ mod tests {
     #[test]
     fn give_back_and_acquire_all_encode_as_the_generic_command_does() {
         let template = template();
-        let settle = Settlement { random: [b'q'; MEMBER_RANDOM_LEN], granted: 7, used: 0, early_ms: 0, renamed: None };
+        let settle =
+            Settlement { random: [b'q'; MEMBER_RANDOM_LEN], granted: 7, used: 0, early_ms: 0, renamed: None, at: None };
         for name in ["erl:r:alice", "{tagged}:r:~AP8"] {
             let keys = LimiterKeys::new(name, "client-1");
             for invocation in [Invocation::BySha, Invocation::BySource] {

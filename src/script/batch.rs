@@ -9,7 +9,8 @@ use crate::prelude::*;
 
 use crate::resp::array_elements;
 
-use super::acquire::{AcquireTemplate, Encoding, Settlement};
+use super::acquire::{AcquireTemplate, Encoding};
+use super::settlement::Settlement;
 use super::wire::{push_arg, push_arg_parts, push_keys, push_length};
 use super::{Invocation, ACQUIRE, ACQUIRE_ALL, ACQUIRE_BATCH, GIVE_BACK};
 
@@ -442,15 +443,25 @@ mod tests {
     #[test]
     fn a_give_back_written_in_place_is_the_batch_of_its_own_command() {
         let template = template();
-        let settlement = |random: u8, renamed| crate::script::Settlement {
+        let settlement = |random: u8, renamed, at| crate::script::Settlement {
             random: [random; MEMBER_RANDOM_LEN],
             granted: 1000,
             used: 42,
             early_ms: 17,
             renamed,
+            at,
         };
-        let settlements =
-            [("erl:a", settlement(1, Some([b'-'; MEMBER_RANDOM_LEN]))), ("{t}b%/ x", settlement(b'/', None))];
+        let at = Some(crate::script::MemberAt {
+            score_ms: 1_700_000_000_123,
+            rate: 5000,
+            limiter_type: crate::config::LimiterType::PerClient,
+        });
+        let settlements = [
+            ("erl:a", settlement(1, Some([b'-'; MEMBER_RANDOM_LEN]), None)),
+            ("{t}b%/ x", settlement(b'/', None, None)),
+            ("erl:c", settlement(3, Some([b'+'; MEMBER_RANDOM_LEN]), at)),
+            ("erl:d", settlement(4, None, at)),
+        ];
         for encoding in [Encoding::Resp, Encoding::WebdisPath] {
             for invocation in [Invocation::BySha, Invocation::BySource] {
                 let commands: Vec<Vec<u8>> = settlements
@@ -487,6 +498,7 @@ mod tests {
                 used: 42,
                 early_ms: 0,
                 renamed: Some([b'-'; MEMBER_RANDOM_LEN]),
+                at: None,
             };
             let commands = [
                 template.encode_laid_out("erl:a", Clock::Gateway(7), &random, None, Invocation::BySha, encoding),

@@ -281,8 +281,15 @@ fn settles_in_a_batch_answer_and_write_as_they_do_alone() {
         random[..8].copy_from_slice(&index.to_be_bytes());
         random
     };
-    let settlements = [(1, 0, None), (2, 3, None), (3, 1, Some(random(33))), (9, 0, None)]
-        .map(|(index, used, renamed)| Settlement { random: random(index), granted: 1, used, early_ms: 0, renamed });
+    let settlements =
+        [(1, 0, None), (2, 3, None), (3, 1, Some(random(33))), (9, 0, None)].map(|(index, used, renamed)| Settlement {
+            random: random(index),
+            granted: 1,
+            used,
+            early_ms: 0,
+            renamed,
+            at: None,
+        });
     let commands: Vec<Vec<u8>> =
         settlements.iter().map(|s| s.encode(NAMES[0], &template, Invocation::BySha, Encoding::Resp)).collect();
     let mut client = alone.script_client();

@@ -747,6 +747,13 @@ impl Limiter {
     /// it becomes value + (granted - used), `SET ... KEEPTTL`: unused permits come back, capped at the rate;
     /// an excess is charged without a floor (the value may go below zero, and Redisson's tryAcquire then
     /// rejects until enough permits leave the window). A missing value key stays missing.
+    ///
+    /// `known`: the rate, type and member score the acquire that wrote the member used, as a gateway on its
+    /// own clock sends them (GIVE_BACK's `ARGV[6..=8]`): the hash is not read (a per-client member left by
+    /// another client's `delete`, which removes only that client's keys, is settled all the same), and the
+    /// member that stays is added at `score - early_ms` only if it is not there yet (`ZADD NX`; the same
+    /// bytes as the old member: the score is read, as without `known`).
+    #[allow(clippy::too_many_arguments)] // GIVE_BACK's ARGV, one by one
     pub fn give_back(
         &mut self,
         random: &[u8],
@@ -755,25 +762,43 @@ impl Limiter {
         early_ms: Ms,
         renamed: Option<&[u8]>,
         client: usize,
+        known: Option<(i64, RateType, Ms)>,
     ) -> bool {
-        let Some(hash) = self.hash() else { return false };
-        let (Some(rate), Some(rate_type)) = (hash.rate, hash.rate_type) else { return false };
+        let (rate, rate_type) = match known {
+            Some((rate, rate_type, _)) => (rate, rate_type),
+            None => {
+                let Some(hash) = self.hash() else { return false };
+                let (Some(rate), Some(rate_type)) = (hash.rate, hash.rate_type) else { return false };
+                (rate, rate_type)
+            }
+        };
         let scope = Self::scope_of(rate_type, client);
         let permits = |n: i64| u32::try_from(n).unwrap_or(u32::MAX);
         let old = Member { score: 0, random: random.to_vec(), permits: permits(granted) }.bytes();
-        let Some(score) = self.members(scope).iter().find(|m| m.bytes() == old).map(|m| m.score) else {
-            return false;
-        };
+        let found = self.members(scope).iter().find(|m| m.bytes() == old).map(|m| m.score);
         if used > 0 {
             let kept = renamed.filter(|bytes| !bytes.is_empty()).unwrap_or(random);
-            let settled = Member { score: score - early_ms, random: kept.to_vec(), permits: permits(used) };
+            let settled = Member { score: 0, random: kept.to_vec(), permits: permits(used) };
             let same = settled.bytes() == old;
-            self.zadd(scope, settled);
-            if !same {
-                self.zrem(scope, &old);
+            match (known, found) {
+                (_, None) => return false,
+                (Some((_, _, score)), Some(_)) if !same => {
+                    if !self.members(scope).iter().any(|m| m.bytes() == settled.bytes()) {
+                        self.zadd(scope, Member { score: score - early_ms, ..settled });
+                    }
+                    self.zrem(scope, &old);
+                }
+                (_, Some(score)) => {
+                    self.zadd(scope, Member { score: score - early_ms, ..settled });
+                    if !same {
+                        self.zrem(scope, &old);
+                    }
+                }
             }
-        } else {
+        } else if found.is_some() {
             self.zrem(scope, &old);
+        } else {
+            return false;
         }
         let unused = granted - used;
         if let Some(value) = self.value(scope).filter(|_| unused != 0) {
@@ -859,16 +884,16 @@ mod tests {
         let mut limiter = Limiter::new(T0);
         limiter.try_set_rate(config(10, 1000, 0), 0);
         assert_eq!(limiter.try_acquire(6, T0, reserved, 0), AcquireResult::Acquired { remaining: 4 });
-        assert!(limiter.give_back(reserved, 6, 2, 0, Some(settled), 0));
+        assert!(limiter.give_back(reserved, 6, 2, 0, Some(settled), 0, None));
         assert_eq!(limiter.value(Scope::Overall), Some(8), "4 unused permits back");
         assert_eq!(limiter.members(Scope::Overall), [Member { score: T0, random: settled.to_vec(), permits: 2 }]);
         assert_eq!(limiter.try_acquire(8, T0 + 1, b"-rBBBBBBBBBBBBBB", 0), AcquireResult::Acquired { remaining: 0 });
-        assert!(limiter.give_back(b"-rBBBBBBBBBBBBBB", 8, 13, 0, None, 0));
+        assert!(limiter.give_back(b"-rBBBBBBBBBBBBBB", 8, 13, 0, None, 0, None));
         assert_eq!(limiter.value(Scope::Overall), Some(-5), "5 more than reserved, charged below zero");
         assert_eq!(limiter.try_acquire(1, T0 + 2, b"x", 0), AcquireResult::Rejected { delay_ms: 3 + 1000 - 2 });
         // Both members leave at T0 + 1001: -5 + 2 + 13 = the rate.
         assert_eq!(limiter.try_acquire(1, T0 + 1001, b"y", 0), AcquireResult::Acquired { remaining: 9 });
-        assert!(!limiter.give_back(settled, 2, 1, 0, None, 0), "released: not found");
+        assert!(!limiter.give_back(settled, 2, 1, 0, None, 0, None), "released: not found");
         assert_eq!(limiter.value(Scope::Overall), Some(9));
     }
 

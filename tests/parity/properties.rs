@@ -36,7 +36,7 @@ use edge_rate_limiter::config::LimiterType;
 use edge_rate_limiter::key::LimiterKeys;
 use edge_rate_limiter::resp::{decode_reply, Reply};
 use edge_rate_limiter::script::{
-    decode_acquire_reply, AcquireConfig, AcquireTemplate, Clock, Encoding, Invocation, Settlement, ACQUIRE,
+    decode_acquire_reply, AcquireConfig, AcquireTemplate, Clock, Encoding, Invocation, MemberAt, Settlement, ACQUIRE,
     AVAILABLE_PERMITS, DELETE, GIVE_BACK, MEMBER_RANDOM_LEN, SET_RATE, TRY_SET_RATE, UPDATE_RATE,
 };
 use proptest::prelude::*;
@@ -779,10 +779,17 @@ impl Run<'_> {
         let members = self.model.members(scope).to_vec();
         // One pick in eight, or an empty window: a member not there.
         let index = if member_pick < 32 { members.len() } else { usize::from(member_pick) % members.len().max(1) };
-        let (random, granted) = match members.get(index) {
-            Some(member) => (member.random.clone(), i64::from(member.permits)),
-            None => (unknown.to_vec(), 1 + i64::from(member_pick) % config.rate),
+        let (random, granted, score) = match members.get(index) {
+            Some(member) => (member.random.clone(), i64::from(member.permits), member.score),
+            None => (unknown.to_vec(), 1 + i64::from(member_pick) % config.rate, EPOCH_MS),
         };
+        // Half the settlements of 16-byte members as a gateway on its own clock sends them: with the member's score and the
+        // limiter's rate and type (GIVE_BACK then reads neither the config hash nor the score).
+        let at = (unknown[0] % 2 == 1 && random.len() == MEMBER_RANDOM_LEN).then(|| MemberAt {
+            score_ms: score as u64,
+            rate: config.rate as u64,
+            limiter_type: limiter_type(config.rate_type),
+        });
         let used = match used {
             Used::Same => granted,
             Used::Pick(pick) => i64::from(pick) % (granted + config.rate + 2),
@@ -792,11 +799,19 @@ impl Run<'_> {
         let sum = |members: &[Member]| members.iter().map(|m| i64::from(m.permits)).sum::<i64>();
         let before = (self.model.value(scope), members.clone());
         let collides = renamed.is_some_and(|r| members.iter().any(|m| m.random == r));
-        let found = self.model.give_back(&random, granted, used, early, renamed.as_ref().map(|r| &r[..]), client);
+        let known = at.map(|_| (config.rate, config.rate_type, score));
+        let found =
+            self.model.give_back(&random, granted, used, early, renamed.as_ref().map(|r| &r[..]), client, known);
         let reply = match <[u8; MEMBER_RANDOM_LEN]>::try_from(random.as_slice()) {
             Ok(random) => {
-                let settlement =
-                    Settlement { random, granted: granted as u64, used: used as u64, early_ms: early as u64, renamed };
+                let settlement = Settlement {
+                    random,
+                    granted: granted as u64,
+                    used: used as u64,
+                    early_ms: early as u64,
+                    renamed,
+                    at,
+                };
                 let template = AcquireTemplate::new(
                     AcquireConfig {
                         permits: 1,

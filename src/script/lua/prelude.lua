@@ -17,20 +17,24 @@
 -- updateRate(...): HSET of the config keeping state: a type change deletes all state; otherwise permits
 --   outside the new window are dropped and value = max(0, rate - permits still in the window); then the
 --   keep-alive is applied to every key.
--- giveBack(valueName, permitsName, random, granted, used, early, rate[, renamed]): settles the permit
---   member (random, granted): it becomes (renamed, used) scored `early` ms before it (renamed: the random
---   bytes of the member that stays; absent or empty: `random`; used 0: the member goes), and the value
---   changes by granted - used permits. Unused permits (used < granted) go back to the value, never above
---   `rate`; an excess (used > granted) is charged: value - (used - granted), even below zero (a negative
---   value rejects every acquire until enough permits left the window). So value + the permits of the
---   members stay what they were (but for that cap): value + sum(members in the window) = rate holds as
---   before. The value is SET with KEEPTTL; a missing value key is left missing (the window counts as full
---   then). The member that stays is added before the old one goes, so the permits key is never emptied
---   and keeps its TTL (renamed bytes are unique: a reservation's random). How a lease is settled, a
---   rejected all-or-nothing request returns what it took, and a reservation becomes what it really cost.
---   Exact even if the window moved meanwhile: a member already released (it left the window, its permits
---   went back to the value) or unknown is not found and nothing changes. Returns 1 if the member was
---   found, else 0.
+-- giveBack(valueName, permitsName, random, granted, used, early, rate[, renamed[, score]]): settles the
+--   permit member (random, granted): it becomes (renamed, used) scored `early` ms before it (renamed: the
+--   random bytes of the member that stays; absent or empty: `random`; used 0: the member goes), and the
+--   value changes by granted - used permits. Unused permits (used < granted) go back to the value, never
+--   above `rate`; an excess (used > granted) is charged: value - (used - granted), even below zero (a
+--   negative value rejects every acquire until enough permits left the window). So value + the permits of
+--   the members stay what they were (but for that cap): value + sum(members in the window) = rate holds as
+--   before. The value is SET with KEEPTTL, and only when it changes; a missing value key is left missing
+--   (the window counts as full then). The member that stays is added before the old one goes, so the
+--   permits key is never emptied and keeps its TTL (renamed bytes are unique: a reservation's random). How
+--   a lease is settled, a rejected all-or-nothing request returns what it took, and a reservation becomes
+--   what it really cost. Exact even if the window moved meanwhile: a member already released (it left the
+--   window, its permits went back to the value) or unknown is not found and nothing changes. `score`: the
+--   member's score as the acquire wrote it (ms; the gateway's clock), when the caller knows it: the member
+--   that stays is added at score - early (ZADD NX) and the old one removed, and if it was not there the
+--   added one goes again (1 command less than reading the score first); absent or empty: ZSCORE. A member
+--   that only goes (used 0) is removed at once (ZREM answers whether it was there). Returns 1 if the member
+--   was found, else 0.
 -- (Full-line comments are stripped by build.rs: they are not sent to Redis.)
 local function nowMs(arg)
   if arg ~= nil and arg ~= '' then return tonumber(arg) end
@@ -97,25 +101,37 @@ end
 local function isInitialized(config)
   return config[1] ~= false and config[2] ~= false and config[3] ~= false
 end
-local function giveBack(valueName, permitsName, random, granted, used, early, rate, renamed)
+local function giveBack(valueName, permitsName, random, granted, used, early, rate, renamed, score)
   local member = struct.pack('Bc0I', string.len(random), random, tonumber(granted))
-  local score = redis.call('zscore', permitsName, member)
-  if score == false then return 0 end
-  local unused = tonumber(granted) - tonumber(used)
-  if tonumber(used) > 0 then
+  if tonumber(used) == 0 then
+    if redis.call('zrem', permitsName, member) == 0 then return 0 end
+  else
     local kept = random
     if renamed ~= nil and renamed ~= '' then kept = renamed end
     local settled = struct.pack('Bc0I', string.len(kept), kept, tonumber(used))
-    redis.call('zadd', permitsName, string.format('%d', tonumber(score) - tonumber(early)), settled)
-    if settled ~= member then redis.call('zrem', permitsName, member) end
-  else
-    redis.call('zrem', permitsName, member)
+    if score ~= nil and score ~= '' and settled ~= member then
+      local at = score
+      if early ~= '0' then at = string.format('%d', tonumber(score) - tonumber(early)) end
+      local added = redis.call('zadd', permitsName, 'NX', at, settled)
+      if redis.call('zrem', permitsName, member) == 0 then
+        if added == 1 then redis.call('zrem', permitsName, settled) end
+        return 0
+      end
+    else
+      local found = redis.call('zscore', permitsName, member)
+      if found == false then return 0 end
+      redis.call('zadd', permitsName, string.format('%d', tonumber(found) - tonumber(early)), settled)
+      if settled ~= member then redis.call('zrem', permitsName, member) end
+    end
   end
-  local value = redis.call('get', valueName)
-  if unused ~= 0 and value ~= false then
-    value = tonumber(value) + unused
-    if unused > 0 then value = math.min(tonumber(rate), value) end
-    redis.call('set', valueName, string.format('%d', value), 'keepttl')
+  local unused = tonumber(granted) - tonumber(used)
+  if unused ~= 0 then
+    local value = redis.call('get', valueName)
+    if value ~= false then
+      value = tonumber(value) + unused
+      if unused > 0 then value = math.min(tonumber(rate), value) end
+      redis.call('set', valueName, string.format('%d', value), 'keepttl')
+    end
   end
   return 1
 end
