@@ -25,6 +25,31 @@ import harness
 from timing import EmulatorClock, GatewayClock, RealClock
 
 
+# The modules whose tests measure no time: no deadline, no latency, no window that must be filled under load,
+# no clock margin (each asserts what was answered, written or refused, and exactness's upper bounds only where
+# Redis decides alone). `make test` runs them two at a time (pytest-xdist, `-n 2 --dist loadfile -m
+# side_by_side`: 73 s one after the other, 47 s side by side on 2 cores), then every other module one at a
+# time: a test that measures time shares the machine with nothing (one run of the whole suite two at a time
+# lost `test_coalescing.py`'s whole windows, 114 of a rate of 150 where it wants 90%).
+SIDE_BY_SIDE = frozenset({
+    "test_admin.py", "test_admin_cluster.py", "test_admin_explain.py", "test_call_tokens.py", "test_config.py",
+    "test_fidelity.py", "test_harness.py", "test_higress_plugins.py", "test_match_rules.py", "test_oci.py",
+    "test_operator_options.py", "test_rate_changes.py", "test_redis_layout.py", "test_remote_fetch.py",
+    "test_security.py",
+})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "side_by_side: a test that measures no time (conftest.SIDE_BY_SIDE): make "
+                                       "test runs these two at a time")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in SIDE_BY_SIDE:
+            item.add_marker(pytest.mark.side_by_side)
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
     outcome = yield
