@@ -165,13 +165,19 @@ class Gateway:
         """The filter's counters by short name ("allowed", "redis_calls", ...)."""
         return self.process.metrics()
 
+    def let_run(self, ms: int = 20) -> None:
+        """Lets the gateway work for `ms` between a test's reads: the emulator runs its event loop (late
+        replies, such as give-backs' and their NOSCRIPT retries, and ticks) only when asked; Envoy's always
+        runs."""
+        if isinstance(self.process, harness.Emulator):
+            self.process.run_for(ms)
+
     def wait_for_metrics(self, check: Callable[[dict[str, int]], bool], what: str,
                          timeout: float = 2.0) -> dict[str, int]:
         """Reads the counters until `check(counters)` holds, and returns them; the emulator's event loop runs
         between the reads (it delivers late replies, such as give-backs', only while it runs)."""
         def checked() -> dict[str, int] | None:
-            if isinstance(self.process, harness.Emulator):
-                self.process.run_for(20)
+            self.let_run()
             metrics = self.process.metrics()
             return metrics if check(metrics) else None
         return harness.wait_until(checked, timeout, f"{self.name}: {what}")
