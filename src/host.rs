@@ -110,6 +110,10 @@ pub trait Host {
     /// Wall-clock time, ms since the Unix epoch (`proxy_get_current_time_nanoseconds`).
     fn now_ms(&self) -> u64;
 
+    /// Wall-clock time, microseconds since the Unix epoch (`proxy_get_current_time_nanoseconds`): what the
+    /// histograms of durations are measured with.
+    fn now_us(&self) -> u64;
+
     /// 8 random bytes as a seed for the filter's own generator (WASI `random_get`); the host's clock
     /// when the host has no randomness.
     fn random_seed(&self) -> u64;
@@ -134,6 +138,19 @@ pub trait Host {
     /// # Errors
     /// The host's status (BadArgument for an offset <= 0 or an unknown id).
     fn increment_counter(&self, id: u32, delta: u64) -> Result<(), HostError>;
+
+    /// Defines a histogram by name (`proxy_define_metric`, type 2), returning its id. Envoy exposes it as a
+    /// histogram stat `wasmcustom.<name>` whose buckets `stats_config.histogram_bucket_settings` sets.
+    ///
+    /// # Errors
+    /// The host's status.
+    fn define_histogram(&self, name: &str) -> Result<u32, HostError>;
+
+    /// Records one value in a histogram (`proxy_record_metric`).
+    ///
+    /// # Errors
+    /// The host's status (NotFound for an unknown id).
+    fn record_histogram(&self, id: u32, value: u64) -> Result<(), HostError>;
 
     /// Makes `context_id` the effective context for the calls that follow (`proxy_set_effective_context`).
     ///

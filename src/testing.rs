@@ -101,6 +101,10 @@ struct State {
     requests: HashMap<u32, Request>,
     logs: Vec<(LogLevel, String)>,
     counters: Vec<(String, u64)>,
+    /// Histograms by name, with every value recorded.
+    histograms: Vec<(String, Vec<u64>)>,
+    /// Microseconds past `now_ms` (so that durations below a millisecond can be told).
+    extra_us: u64,
     /// Tick period per root context (0: off); [`ROOT`] and the roots of [`FakeHost::add_root`].
     ticks: BTreeMap<u32, u32>,
     /// The root context that new requests belong to ([`FakeHost::add_root`] changes it).
@@ -182,6 +186,14 @@ impl FakeHost {
     /// Moves the clock forward.
     pub fn advance(&self, ms: u64) {
         self.state.borrow_mut().now_ms += ms;
+    }
+
+    /// Moves the clock forward by `us` microseconds (the ms clock moves with them).
+    pub fn advance_us(&self, us: u64) {
+        let mut state = self.state.borrow_mut();
+        let total = state.extra_us + us;
+        state.now_ms += total / 1000;
+        state.extra_us = total % 1000;
     }
 
     /// A property (dotted path as Envoy writes it, e.g. `xds.route_name`).
@@ -321,6 +333,16 @@ impl FakeHost {
         self.state.borrow().counters.iter().find(|(n, _)| n == name).map_or(0, |(_, v)| *v)
     }
 
+    /// The values recorded in histogram `name` so far (none if it was never defined).
+    pub fn histogram(&self, name: &str) -> Vec<u64> {
+        self.state.borrow().histograms.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone()).unwrap_or_default()
+    }
+
+    /// Whether histogram `name` was defined.
+    pub fn has_histogram(&self, name: &str) -> bool {
+        self.state.borrow().histograms.iter().any(|(n, _)| n == name)
+    }
+
     /// Every log line so far.
     pub fn logs(&self) -> Vec<(LogLevel, String)> {
         self.state.borrow().logs.clone()
@@ -429,6 +451,11 @@ impl Host for FakeHost {
         self.now()
     }
 
+    fn now_us(&self) -> u64 {
+        let state = self.state.borrow();
+        state.now_ms.saturating_mul(1000).saturating_add(state.extra_us)
+    }
+
     fn random_seed(&self) -> u64 {
         let mut state = self.state.borrow_mut();
         let seed = state.next_seed;
@@ -461,6 +488,25 @@ impl Host for FakeHost {
                 Ok(())
             }
             _ => Err(HostError::BadArgument),
+        }
+    }
+
+    fn define_histogram(&self, name: &str) -> Result<u32, HostError> {
+        let mut state = self.state.borrow_mut();
+        if let Some(index) = state.histograms.iter().position(|(n, _)| n == name) {
+            return Ok(u32::try_from(index).unwrap());
+        }
+        state.histograms.push((name.to_string(), Vec::new()));
+        Ok(u32::try_from(state.histograms.len() - 1).unwrap())
+    }
+
+    fn record_histogram(&self, id: u32, value: u64) -> Result<(), HostError> {
+        match self.state.borrow_mut().histograms.get_mut(id as usize) {
+            Some((_, values)) => {
+                values.push(value);
+                Ok(())
+            }
+            None => Err(HostError::NotFound),
         }
     }
 

@@ -38,6 +38,8 @@ const HTTP_CALL_RESPONSE_HEADERS: u32 = 6;
 const STREAM_REQUEST: u32 = 0;
 /// `proxy_define_metric` type of a counter.
 const METRIC_COUNTER: u32 = 0;
+/// `proxy_define_metric` type of a histogram.
+const METRIC_HISTOGRAM: u32 = 2;
 
 #[link(wasm_import_module = "env")]
 extern "C" {
@@ -105,6 +107,7 @@ extern "C" {
     fn proxy_set_effective_context(context_id: u32) -> u32;
     fn proxy_define_metric(kind: u32, name: *const u8, name_size: usize, id: *mut u32) -> u32;
     fn proxy_increment_metric(id: u32, offset: i64) -> u32;
+    fn proxy_record_metric(id: u32, value: u64) -> u32;
 }
 
 #[cfg(feature = "host-redis")]
@@ -164,12 +167,21 @@ fn bytes_of(call: impl FnOnce(*mut *mut u8, *mut usize) -> u32) -> Result<Option
 #[derive(Debug, Default)]
 pub(crate) struct AbiHost;
 
+/// The host's wall clock, ns since the Unix epoch (0 if the host refuses).
+fn now_ns() -> u64 {
+    let mut nanos = 0u64;
+    // SAFETY: the host writes one u64.
+    let _ = unsafe { proxy_get_current_time_nanoseconds(&mut nanos) };
+    nanos
+}
+
 impl Host for AbiHost {
     fn now_ms(&self) -> u64 {
-        let mut nanos = 0u64;
-        // SAFETY: the host writes one u64.
-        let _ = unsafe { proxy_get_current_time_nanoseconds(&mut nanos) };
-        nanos / 1_000_000
+        now_ns() / 1_000_000
+    }
+
+    fn now_us(&self) -> u64 {
+        now_ns() / 1_000
     }
 
     fn random_seed(&self) -> u64 {
@@ -204,6 +216,18 @@ impl Host for AbiHost {
         let delta = i64::try_from(delta).map_err(|_| HostError::BadArgument)?;
         // SAFETY: plain values.
         HostError::check(unsafe { proxy_increment_metric(id, delta) })
+    }
+
+    fn define_histogram(&self, name: &str) -> Result<u32, HostError> {
+        let mut id = 0u32;
+        // SAFETY: the name lives for the call; the host writes one u32.
+        HostError::check(unsafe { proxy_define_metric(METRIC_HISTOGRAM, name.as_ptr(), name.len(), &mut id) })?;
+        Ok(id)
+    }
+
+    fn record_histogram(&self, id: u32, value: u64) -> Result<(), HostError> {
+        // SAFETY: plain values.
+        HostError::check(unsafe { proxy_record_metric(id, value) })
     }
 
     fn set_effective_context(&self, context_id: u32) -> Result<(), HostError> {

@@ -380,6 +380,9 @@ pub struct PluginConfig {
     /// Whether shadow rules show in the response: their quotas in the rate limit headers, and
     /// `x-shadow-ratelimited-by` naming the first that would have rejected (`shadow_headers`).
     pub shadow_headers: bool,
+    /// Whether the filter records its histograms (`histograms`, default true; docs/operating.md,
+    /// "Histograms"): off, none is defined and no clock is read for them.
+    pub histograms: bool,
     /// The statuses of gRPC requests answered by the filter (`grpc`).
     pub grpc: GrpcAnswers,
 }

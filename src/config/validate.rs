@@ -29,6 +29,7 @@ const TOP_FIELDS: &[&str] = &[
     "local_fallback",
     "mode",
     "shadow_headers",
+    "histograms",
     "exempt",
     "grpc",
 ];
@@ -143,6 +144,7 @@ impl PluginConfig {
             (_, None) => None,
         };
         let shadow_headers = top.boolean("shadow_headers")?.unwrap_or(false);
+        let histograms = top.boolean("histograms")?.unwrap_or(true);
         let exempt = top.object("exempt")?.map(read_exemption).transpose()?;
         let grpc = top.object("grpc")?.map(read_grpc).transpose()?.unwrap_or_default();
         top.finish(TOP_FIELDS)?;
@@ -159,6 +161,7 @@ impl PluginConfig {
             local_fallback,
             exempt,
             shadow_headers,
+            histograms,
             grpc,
         })
     }

@@ -35,6 +35,8 @@ use super::{Action, Filter};
 pub(super) struct Awaiting {
     pub(super) route: Rc<Route>,
     pub(super) headers: Vec<(String, Vec<u8>)>,
+    /// When its headers arrived ([`super::metrics::Metrics::clock`]).
+    pub(super) since_us: u64,
 }
 
 /// The request headers of a route that reads or settles from bodies, before they go on.
@@ -64,7 +66,9 @@ pub(super) fn on_request_body<H: Host>(
     if !end && !too_large {
         return Action::Pause;
     }
-    let Some(Awaiting { route, headers }) = filter.awaiting_body.remove(&context_id) else { return Action::Continue };
+    let Some(Awaiting { route, headers, since_us }) = filter.awaiting_body.remove(&context_id) else {
+        return Action::Continue;
+    };
     let mut body = None;
     if !too_large {
         let bytes = filter.host.request_body(size.unwrap_or(MAX_REQUEST_BODY + 1)).unwrap_or_default();
@@ -75,7 +79,7 @@ pub(super) fn on_request_body<H: Host>(
             }
         }
     }
-    filter.decide(context_id, route, body.as_ref(), Some(&headers))
+    filter.decide(context_id, route, body.as_ref(), Some(&headers), since_us)
 }
 
 /// A field of a JSON body by its path of member names: a string's bytes, or a whole number's decimal text

@@ -32,6 +32,8 @@ pub(super) struct Batch {
     members: Vec<Option<Call>>,
     /// Whether it was sent by source (after `NOSCRIPT`): a second `NOSCRIPT` is every member's reply.
     by_source: bool,
+    /// When it was sent ([`super::metrics::Metrics::clock`]).
+    pub(super) sent_us: u64,
 }
 
 /// Lanes kept while idle (their round trip remembered); past that, idle lanes are dropped.
@@ -232,8 +234,13 @@ pub(super) fn flush<H: Host>(filter: &mut Filter<H>, destination: Destination, n
             ([], _) => return,
             ([only], [(command, _)]) => send_alone(filter, &route, destination, *only, command),
             _ => {
-                let batch =
-                    Batch { route, destination, members: members.into_iter().map(Some).collect(), by_source: false };
+                let batch = Batch {
+                    route,
+                    destination,
+                    members: members.into_iter().map(Some).collect(),
+                    by_source: false,
+                    sent_us: 0,
+                };
                 send_batch(filter, batch, &commands, Invocation::BySha);
             }
         }
@@ -294,7 +301,7 @@ fn send_alone<H: Host>(filter: &mut Filter<H>, route: &Route, destination: Desti
         Ok(id) => {
             let key = id.key();
             filter.metrics.redis_call(&filter.host);
-            filter.calls.insert(key, call);
+            filter.calls.insert(key, (call, filter.metrics.clock(&filter.host)));
             let expires_ms = expiry(filter, route);
             filter.coalescer.sent(key, destination, filter.host.now_ms(), expires_ms);
             if let Some(flow) = filter.flows.get_mut(&call.context_id) {
@@ -330,6 +337,7 @@ fn send_batch<H: Host>(filter: &mut Filter<H>, mut batch: Batch, commands: &Comm
         Ok(id) => {
             let key = id.key();
             filter.metrics.redis_call(&filter.host);
+            batch.sent_us = filter.metrics.clock(&filter.host);
             if !batch.by_source {
                 // A batch sent again by source after NOSCRIPT is the same batch: counted once.
                 filter.metrics.batch(&filter.host, batch.members.iter().flatten().count());

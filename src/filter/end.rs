@@ -19,22 +19,24 @@ use super::metrics::Metrics;
 use super::route::Route;
 use super::{Action, Filter, REJECTED_BY_PROPERTY, SHADOW_REJECTED_BY_PROPERTY};
 
-/// Counts a decision, moves the circuit, settles what the request took (leases committed or put back,
-/// Redis members given back if it does not go on, reservations kept for its response if it does), and
-/// says how request `context_id` ends.
+/// Counts a decision (and records its pause since `since_us`, [`Metrics::clock`]), moves the circuit,
+/// settles what the request took (leases committed or put back, Redis members given back if it does not go
+/// on, reservations kept for its response if it does), and says how request `context_id` ends.
 pub(super) fn finish<H: Host>(
     filter: &mut Filter<H>,
     context_id: u32,
     route: &Rc<Route>,
     decision: Decision,
+    since_us: u64,
 ) -> Verdict {
     let now_ms = filter.host.now_ms();
     let decided_by_redis = matches!(decision.outcome, Outcome::Allowed | Outcome::Rejected);
     route.circuit_learns(now_ms, decision.redis_failed, decided_by_redis);
     filter.metrics.decided(&filter.host, decision.outcome);
+    filter.metrics.paused(&filter.host, decision.outcome, since_us);
     for &(rule, outcome) in &decision.rules {
-        if let Some(ids) = route.counters.get(rule) {
-            Metrics::rule(&filter.host, ids, outcome);
+        if let Some(ids) = route.rule_metrics.get(rule) {
+            Metrics::rule(&filter.host, &ids.counters, outcome);
         }
     }
     let goes_on = matches!(decision.verdict, Verdict::Continue { .. });
@@ -79,8 +81,13 @@ pub(super) fn end<H: Host>(
 ) -> Action {
     if origin != Origin::Callback && filter.host.set_effective_context(context_id).is_err() {
         super::metrics::host_refused(filter, "proxy_set_effective_context");
-        let flow =
-            Flow { route: Rc::clone(route), stage: Stage::Undelivered(next), tokens: Vec::new(), deadline_ms: 0 };
+        let flow = Flow {
+            route: Rc::clone(route),
+            stage: Stage::Undelivered(next),
+            tokens: Vec::new(),
+            deadline_ms: 0,
+            since_us: 0,
+        };
         super::flow::pause(filter, context_id, flow);
         return Action::Pause;
     }

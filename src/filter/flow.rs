@@ -37,12 +37,14 @@ pub(super) struct Flow {
     pub(super) tokens: Vec<u64>,
     /// When the guard ends the calls still waiting, ms since the epoch.
     pub(super) deadline_ms: u64,
+    /// When its headers arrived, us since the epoch ([`super::metrics::Metrics::clock`]: 0 without histograms).
+    pub(super) since_us: u64,
 }
 
 impl Flow {
-    /// A request of `route` waiting for Redis until `deadline_ms`.
-    pub(super) fn waiting(route: Rc<Route>, pending: PendingRequest, deadline_ms: u64) -> Self {
-        Flow { route, stage: Stage::Waiting(pending), tokens: Vec::new(), deadline_ms }
+    /// A request of `route` (its headers seen at `since_us`) waiting for Redis until `deadline_ms`.
+    pub(super) fn waiting(route: Rc<Route>, pending: PendingRequest, deadline_ms: u64, since_us: u64) -> Self {
+        Flow { route, stage: Stage::Waiting(pending), tokens: Vec::new(), deadline_ms, since_us }
     }
 
     /// Whether the tick ends it now: its deadline passed, or its decision waits to be delivered.
@@ -103,7 +105,7 @@ pub(super) fn advance<H: Host>(
         }
         Some(decision) => {
             forget(filter, context_id, &flow);
-            let next = super::end::finish(filter, context_id, &flow.route, decision);
+            let next = super::end::finish(filter, context_id, &flow.route, decision, flow.since_us);
             super::end::end(filter, context_id, &flow.route, next, origin)
         }
     }
@@ -157,7 +159,7 @@ fn send<H: Host>(
     match route.transport.send(&filter.host, &command) {
         Ok(id) => {
             filter.metrics.redis_call(&filter.host);
-            filter.calls.insert(id.key(), Call { context_id, call });
+            filter.calls.insert(id.key(), (Call { context_id, call }, filter.metrics.clock(&filter.host)));
             flow.tokens.push(id.key());
             if coalescing.max_batch > 1 {
                 let expires_ms = super::coalesce::expiry(filter, &route);
@@ -294,13 +296,15 @@ pub(super) fn forget<H: Host>(filter: &mut Filter<H>, context_id: u32, flow: &Fl
 
 impl<H: Host> Filter<H> {
     /// Decides request `context_id` of `route` (with its JSON request body, if one was read, and the copy
-    /// of its headers taken before they went on), or sends its calls and pauses.
+    /// of its headers taken before they went on; its headers seen at `since_us`, [`super::metrics::Metrics::clock`]),
+    /// or sends its calls and pauses.
     pub(super) fn decide(
         &mut self,
         context_id: u32,
         route: Rc<Route>,
         body: Option<&serde_json::Value>,
         headers: Option<&[(String, Vec<u8>)]>,
+        since_us: u64,
     ) -> Action {
         let now_ms = self.host.now_ms();
         let skip_redis = route.skips_redis(now_ms);
@@ -311,14 +315,14 @@ impl<H: Host> Filter<H> {
         });
         let action = match start {
             Start::Decided(decision) => {
-                let next = super::end::finish(self, context_id, &route, decision);
+                let next = super::end::finish(self, context_id, &route, decision, since_us);
                 super::end::end(self, context_id, &route, next, Origin::Callback)
             }
             Start::Send(pending, sends) => {
                 // A request parked on a lease acquire waits as long as a call of its own would.
                 let deadline_ms =
                     now_ms.saturating_add(route.config.redis.timeout_ms).saturating_add(DEADLINE_GRACE_MS);
-                let flow = Flow::waiting(route, pending, deadline_ms);
+                let flow = Flow::waiting(route, pending, deadline_ms, since_us);
                 advance(self, context_id, flow, 0..sends, Progress::Waiting, Origin::Callback)
             }
         };

@@ -24,6 +24,8 @@ pub(super) struct GiveBackCall {
     pub(super) kind: GiveBackKind,
     /// When the tick gives up on its reply, ms since the epoch (`redis.timeout` + the grace after sending).
     deadline_ms: u64,
+    /// When it was sent ([`super::metrics::Metrics::clock`]).
+    pub(super) sent_us: u64,
 }
 
 /// What a give-back call returns.
@@ -45,7 +47,7 @@ pub(super) enum GiveBackKind {
 impl GiveBackCall {
     /// A give-back of limiter `name`'s member through `route`'s transport.
     pub(super) fn new(route: &Rc<Route>, name: String, settlement: Settlement, kind: GiveBackKind) -> Self {
-        GiveBackCall { route: Rc::clone(route), name, settlement, retried: false, kind, deadline_ms: 0 }
+        GiveBackCall { route: Rc::clone(route), name, settlement, retried: false, kind, deadline_ms: 0, sent_us: 0 }
     }
 }
 
@@ -73,6 +75,7 @@ pub(super) fn send_give_back<H: Host>(filter: &mut Filter<H>, mut call: GiveBack
             }
             let timeout_ms = route.config.redis.timeout_ms;
             call.deadline_ms = filter.host.now_ms().saturating_add(timeout_ms).saturating_add(DEADLINE_GRACE_MS);
+            call.sent_us = filter.metrics.clock(&filter.host);
             filter.give_backs.insert(id.key(), call);
             super::tick::start(filter);
         }

@@ -1,5 +1,5 @@
-//! The filter's counters (docs/operating.md, "Metrics"), its once-per-cause failure log and its once-per-limiter
-//! log of errors on a limiter's keys.
+//! The filter's counters and histograms (docs/operating.md, "Metrics"), its once-per-cause failure log and its
+//! once-per-limiter log of errors on a limiter's keys.
 
 use crate::prelude::*;
 
@@ -34,6 +34,32 @@ pub(super) struct Metrics {
     settlements: Option<u32>,
     settled_without_usage: Option<u32>,
     settlements_lost: Option<u32>,
+    /// The histograms, when on (`histograms`).
+    histograms: Option<Histograms>,
+}
+
+/// The outcomes whose pause is recorded, in [`Metrics::paused`]'s order: a histogram each,
+/// `edge_rate_limiter.outcome.<outcome>.paused_us` (the names of the global counters of the same requests).
+const PAUSED_OUTCOMES: [&str; 6] =
+    ["allowed", "rejected", "failure_allowed", "failure_denied", "fallback_allowed", "fallback_rejected"];
+
+/// Histogram ids (docs/operating.md, "Histograms"). A histogram the host refused to define is skipped.
+#[derive(Debug)]
+struct Histograms {
+    /// Microseconds from a request's headers to its decision, by outcome ([`PAUSED_OUTCOMES`]).
+    paused_us: [Option<u32>; PAUSED_OUTCOMES.len()],
+    /// Microseconds from sending a Redis call (or batch) to its reply: `redis_round_trip_us`.
+    round_trip_us: Option<u32>,
+    /// Calls per batch call sent: `batch_calls`.
+    batch_calls: Option<u32>,
+}
+
+/// One rule's metrics: its counters, and for a rule with `cost` (histograms on) the histogram of its
+/// settled cost in percent of the reservation, `edge_rate_limiter.rule.<rule>.settled_percent`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RuleMetrics {
+    pub(super) counters: RuleCounters,
+    settled_percent: Option<u32>,
 }
 
 /// One rule's counters `edge_rate_limiter.rule.<rule>.<outcome>`, in [`RuleOutcome::ALL`] order.
@@ -41,12 +67,18 @@ pub(super) type RuleCounters = [Option<u32>; RuleOutcome::ALL.len()];
 
 /// The rules given counters so far (a rule name shared by several configurations, or by the entries of
 /// one rule's `rates_by_value`, shares its counters).
-pub(super) type DefinedRules = Vec<(String, RuleCounters)>;
+pub(super) type DefinedRules = Vec<(String, RuleMetrics)>;
 
 impl Metrics {
-    /// Defines every counter as `edge_rate_limiter.<name>`.
-    pub(super) fn define(host: &impl Host) -> Self {
+    /// Defines every counter as `edge_rate_limiter.<name>`, and the histograms if `histograms`.
+    pub(super) fn define(host: &impl Host, histograms: bool) -> Self {
         let counter = |name: &str| host.define_counter(&format!("{NAME}.{name}")).ok();
+        let histogram = |name: &str| host.define_histogram(&format!("{NAME}.{name}")).ok();
+        let histograms = histograms.then(|| Histograms {
+            paused_us: PAUSED_OUTCOMES.map(|outcome| histogram(&format!("outcome.{outcome}.paused_us"))),
+            round_trip_us: histogram("redis_round_trip_us"),
+            batch_calls: histogram("batch_calls"),
+        });
         Metrics {
             allowed: counter("allowed"),
             rejected: counter("rejected"),
@@ -68,21 +100,35 @@ impl Metrics {
             settlements: counter("settlements"),
             settled_without_usage: counter("settled_without_usage"),
             settlements_lost: counter("settlements_lost"),
+            histograms,
         }
     }
 
-    /// The counters of each rule entry of `config`, defined unless `defined` has them already.
-    pub(super) fn rules(host: &impl Host, config: &PluginConfig, defined: &mut DefinedRules) -> Vec<RuleCounters> {
+    /// The metrics of each rule entry of `config`, defined unless `defined` has them already (a rule with
+    /// `cost` defined before without its histogram gets it now).
+    pub(super) fn rules(host: &impl Host, config: &PluginConfig, defined: &mut DefinedRules) -> Vec<RuleMetrics> {
         let counter = |name: &str| host.define_counter(&format!("{NAME}.{name}")).ok();
+        let settled = |rule: &str| host.define_histogram(&format!("{NAME}.rule.{rule}.settled_percent")).ok();
         config
             .rules
             .iter()
-            .map(|rule| match defined.iter().find(|(name, _)| *name == rule.name) {
-                Some((_, ids)) => *ids,
-                None => {
-                    let ids = RuleOutcome::ALL.map(|o| counter(&format!("rule.{}.{}", rule.name, o.counter())));
-                    defined.push((rule.name.clone(), ids));
-                    ids
+            .map(|rule| {
+                let wants_settled = config.histograms && rule.cost.is_some();
+                match defined.iter_mut().find(|(name, _)| *name == rule.name) {
+                    Some((_, ids)) => {
+                        if wants_settled && ids.settled_percent.is_none() {
+                            ids.settled_percent = settled(&rule.name);
+                        }
+                        *ids
+                    }
+                    None => {
+                        let ids = RuleMetrics {
+                            counters: RuleOutcome::ALL.map(|o| counter(&format!("rule.{}.{}", rule.name, o.counter()))),
+                            settled_percent: if wants_settled { settled(&rule.name) } else { None },
+                        };
+                        defined.push((rule.name.clone(), ids));
+                        ids
+                    }
                 }
             })
             .collect()
@@ -126,10 +172,56 @@ impl Metrics {
         Self::add(host, self.redis_calls, 1);
     }
 
-    /// One batch call sent, carrying `calls` requests' calls (request coalescing).
+    /// One batch call sent, carrying `calls` requests' calls (request coalescing), or settles.
     pub(super) fn batch(&self, host: &impl Host, calls: usize) {
         Self::add(host, self.batches, 1);
         Self::add(host, self.batched_calls, calls);
+        if let Some(id) = self.histograms.as_ref().and_then(|h| h.batch_calls) {
+            let _ = host.record_histogram(id, calls as u64);
+        }
+    }
+
+    /// The clock the histograms of durations read (us since the epoch), or 0 when they are off (nothing is
+    /// read, and a duration from 0 is not recorded).
+    pub(super) fn clock(&self, host: &impl Host) -> u64 {
+        if self.histograms.is_some() {
+            host.now_us()
+        } else {
+            0
+        }
+    }
+
+    /// A request decided with `outcome`, its headers seen at `since_us` ([`Metrics::clock`]): its pause
+    /// recorded by outcome. Requests no rule applies to, and exempt ones, are not paused: not recorded.
+    pub(super) fn paused(&self, host: &impl Host, outcome: Outcome, since_us: u64) {
+        let Some(histograms) = self.histograms.as_ref().filter(|_| since_us > 0) else { return };
+        let index = match outcome {
+            Outcome::Unlimited | Outcome::Exempt => return,
+            Outcome::Allowed => 0,
+            Outcome::Rejected | Outcome::LocallyRejected => 1,
+            Outcome::FailedOpen => 2,
+            Outcome::FailedClosed => 3,
+            Outcome::LocallyAllowed => 4,
+            Outcome::LocallyRefused => 5,
+        };
+        if let Some(id) = histograms.paused_us.get(index).copied().flatten() {
+            let _ = host.record_histogram(id, host.now_us().saturating_sub(since_us));
+        }
+    }
+
+    /// A Redis call (or batch) sent at `sent_us` ([`Metrics::clock`]) answered now (or failed): its round trip.
+    pub(super) fn round_trip(&self, host: &impl Host, sent_us: u64) {
+        if let Some(id) = self.histograms.as_ref().filter(|_| sent_us > 0).and_then(|h| h.round_trip_us) {
+            let _ = host.record_histogram(id, host.now_us().saturating_sub(sent_us));
+        }
+    }
+
+    /// A reservation of `granted` permits of the rule `ids` settled to `used`: the percent used recorded
+    /// (above 100 for an excess).
+    pub(super) fn settled(host: &impl Host, ids: &RuleMetrics, granted: u64, used: u64) {
+        if let (Some(id), true) = (ids.settled_percent, granted > 0) {
+            let _ = host.record_histogram(id, used.saturating_mul(100) / granted);
+        }
     }
 
     /// One lease granted by Redis.

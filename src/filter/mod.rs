@@ -72,6 +72,8 @@ mod ids;
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod interleavings;
 mod metrics;
+#[cfg(test)]
+mod metrics_tests;
 mod outbox;
 mod route;
 mod settle;
@@ -159,8 +161,9 @@ pub struct Filter<H: Host> {
     client_id_confirmed: bool,
     /// Paused requests, by HTTP context id.
     flows: IdMap<Flow>,
-    /// Outstanding calls, by [`CallId::key`]: the kind and the token (each kind has its own numbering).
-    calls: CallMap<Call>,
+    /// Outstanding calls, by [`CallId::key`]: the kind and the token (each kind has its own numbering); with
+    /// when each was sent ([`Metrics::clock`]).
+    calls: CallMap<(Call, u64)>,
     /// Request coalescing: calls in flight per destination, batches on their way, calls waiting.
     coalescer: Coalescer,
     /// Outstanding give-back calls, by [`CallId::key`].
@@ -247,10 +250,11 @@ impl<H: Host> Filter<H> {
             None => "no global rules".to_string(),
         };
         let overrides = plugin.overrides.len();
+        let plugin_histograms = plugin.configs().any(|(_, config)| config.histograms);
         let mut defined = Vec::new();
         let routes = plugin.map(|index, config| {
-            let counters = Metrics::rules(&host, &config, &mut defined);
-            Rc::new(Route::new(&host, index, config, &client_id, generation, counters))
+            let rule_metrics = Metrics::rules(&host, &config, &mut defined);
+            Rc::new(Route::new(&host, index, config, &client_id, generation, rule_metrics))
         });
         log(
             &host,
@@ -258,7 +262,7 @@ impl<H: Host> Filter<H> {
             &format!("plugin_version {PLUGIN_VERSION}: configured {global}, {overrides} route/domain override(s)"),
         );
         Ok(Filter {
-            metrics: Metrics::define(&host),
+            metrics: Metrics::define(&host, plugin_histograms),
             cache: RefCell::new(LimiterCache::new(cache_size, [random.u64(..), random.u64(..)])),
             failure_log: FailureLog::default(),
             limiter_errors: LimiterErrorLog::default(),
@@ -317,16 +321,17 @@ impl<H: Host> Filter<H> {
             tick::start(self);
         }
         let Some(route) = self.select() else { return Action::Continue };
+        let since_us = self.metrics.clock(&self.host);
         if route.settles_from_body || route.reads_body {
             body::before_headers_go(self, &route, body_follows);
         }
         if route.reads_body && body_follows {
             // The headers are readable only until they go on: the decision reads this copy of them.
             let headers = self.host.request_headers().unwrap_or_default();
-            self.awaiting_body.insert(context_id, body::Awaiting { route, headers });
+            self.awaiting_body.insert(context_id, body::Awaiting { route, headers, since_us });
             return Action::Continue;
         }
-        self.decide(context_id, route, None, None)
+        self.decide(context_id, route, None, None, since_us)
     }
 
     /// `proxy_on_response_headers`: adds the rate limit headers of a request that was allowed.
@@ -425,20 +430,24 @@ impl<H: Host> Filter<H> {
         let key = id.key();
         if !self.give_backs.is_empty() {
             if let Some(call) = self.give_backs.remove(&key) {
+                self.metrics.round_trip(&self.host, call.sent_us);
                 give_back::on_give_back_reply(self, call, reply);
                 return;
             }
         }
         if !self.give_back_batches.is_empty() {
             if let Some(batch) = self.give_back_batches.remove(&key) {
+                self.metrics.round_trip(&self.host, batch.sent_us);
                 outbox::on_batch_reply(self, batch, reply);
                 return;
             }
         }
         let landed = self.coalescer.landed(key, self.host.now_ms());
         if let Some(batch) = self.coalescer.take_batch(key) {
+            self.metrics.round_trip(&self.host, batch.sent_us);
             coalesce::on_batch_reply(self, key, batch, reply);
-        } else if let Some(call) = self.calls.remove(&key) {
+        } else if let Some((call, sent_us)) = self.calls.remove(&key) {
+            self.metrics.round_trip(&self.host, sent_us);
             coalesce::deliver(self, Some(key), call, reply.as_deref().map_err(Clone::clone), true);
         } else {
             log(&self.host, LogLevel::Debug, &format!("a reply for unknown call {} was dropped", id.token));

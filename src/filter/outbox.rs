@@ -27,6 +27,8 @@ pub(super) struct GiveBackBatch {
     by_source: bool,
     /// When the tick gives up on its reply, ms since the epoch.
     deadline_ms: u64,
+    /// When it was sent ([`super::metrics::Metrics::clock`]).
+    pub(super) sent_us: u64,
 }
 
 /// Sends what the outbox holds (from the root context's tick): the settles batched per destination, the
@@ -52,7 +54,7 @@ pub(super) fn send_queued<H: Host>(filter: &mut Filter<H>) {
                     send_give_back(filter, call);
                 }
             }
-            _ => send_batch(filter, GiveBackBatch { calls, by_source: false, deadline_ms: 0 }),
+            _ => send_batch(filter, GiveBackBatch { calls, by_source: false, deadline_ms: 0, sent_us: 0 }),
         }
     }
 }
@@ -76,6 +78,7 @@ fn send_batch<H: Host>(filter: &mut Filter<H>, mut batch: GiveBackBatch) {
             }
             let timeout_ms = route.config.redis.timeout_ms;
             batch.deadline_ms = filter.host.now_ms().saturating_add(timeout_ms).saturating_add(DEADLINE_GRACE_MS);
+            batch.sent_us = filter.metrics.clock(&filter.host);
             filter.give_back_batches.insert(id.key(), batch);
             super::tick::start(filter);
         }

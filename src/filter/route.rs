@@ -1,6 +1,6 @@
 //! What one configuration of the plugin (the global one, or a route or domain override) becomes at
 //! configure: a [`Route`] with everything its requests need (the configuration, its plan, its transport,
-//! its local blocks, its degraded mode, its rule counters), chosen once per request and held by the
+//! its local blocks, its degraded mode, its rule metrics), chosen once per request and held by the
 //! request's flow. And the adapters through which a request sees its route's blocks and windows in the
 //! host's shared data ([`SharedBlocks`], [`SharedWindows`]).
 
@@ -20,7 +20,7 @@ use crate::script::Encoding;
 use crate::transport::{CallId, Failure};
 
 use super::log;
-use super::metrics::RuleCounters;
+use super::metrics::RuleMetrics;
 
 /// One configuration, ready for its requests.
 #[derive(Debug)]
@@ -43,8 +43,8 @@ pub(super) struct Route {
     pub(super) settles_from_body: bool,
     /// A rule asks for `settle.include_usage`: a streamed OpenAI chat request's body may be rewritten.
     pub(super) asks_usage: bool,
-    /// `rule.<name>.<outcome>` of each rule entry.
-    pub(super) counters: Vec<RuleCounters>,
+    /// The counters (`rule.<name>.<outcome>`) and the settled histogram of each rule entry.
+    pub(super) rule_metrics: Vec<RuleMetrics>,
 }
 
 impl Route {
@@ -56,7 +56,7 @@ impl Route {
         config: PluginConfig,
         client_id: &str,
         generation: u32,
-        counters: Vec<RuleCounters>,
+        rule_metrics: Vec<RuleMetrics>,
     ) -> Self {
         let transport = match config.redis.transport {
             TransportKind::Http => Transport::Http(HttpBridge::new(&config.redis)),
@@ -88,7 +88,18 @@ impl Route {
             .iter()
             .any(|rule| rule.cost.as_ref().is_some_and(|cost| matches!(cost.settle, Settle::Usage(_))));
         let plan = Plan::new(&config, client_id);
-        Route { index, plan, config, transport, blocks, fallback, counters, reads_body, settles_from_body, asks_usage }
+        Route {
+            index,
+            plan,
+            config,
+            transport,
+            blocks,
+            fallback,
+            rule_metrics,
+            reads_body,
+            settles_from_body,
+            asks_usage,
+        }
     }
 
     /// Whether a request at `now_ms` skips Redis (the degraded mode's circuit is open and no probe is due).

@@ -18,6 +18,7 @@ use crate::script::Settlement;
 use crate::usage::UsageMeter;
 
 use super::give_back::{GiveBackCall, GiveBackKind};
+use super::metrics::Metrics;
 use super::route::Route;
 use super::Filter;
 
@@ -132,14 +133,18 @@ pub(super) fn on_done<H: Host>(filter: &mut Filter<H>, context_id: u32) {
     settle(filter, settling);
 }
 
-/// Queues each reservation's settle call for the tick (its real cost, at most what a member holds); one
-/// without a cost stays as reserved, counted in `settled_without_usage`.
+/// Queues each reservation's settle call for the tick (its real cost, at most what a member holds; the
+/// share of the reservation used recorded in the rule's `settled_percent`); one without a cost stays as
+/// reserved, counted in `settled_without_usage`.
 fn settle<H: Host>(filter: &mut Filter<H>, settling: Settling) {
     for item in settling.items {
         let Some(cost) = item.cost else {
             filter.metrics.settled_without_usage(&filter.host);
             continue;
         };
+        if let Some(ids) = settling.route.rule_metrics.get(item.reservation.rule) {
+            Metrics::settled(&filter.host, ids, item.reservation.granted, cost);
+        }
         if let Some(taken_ms) = item.reservation.local_since_ms {
             // Admitted by the degraded mode's local window: settled there, at once.
             settle_locally(filter, &settling.route, &item.reservation, cost, taken_ms);

@@ -136,7 +136,7 @@ def example_webdis_json() -> dict:
 
 def example_plugin_redis() -> dict:
     """The `redis` section of the example's plugin configuration."""
-    return yaml.safe_load(ISTIO_EXAMPLE.read_text())["spec"]["pluginConfig"]["redis"]
+    return next(yaml.safe_load_all(ISTIO_EXAMPLE.read_text()))["spec"]["pluginConfig"]["redis"]
 
 
 class ExampleWebdis(harness.Webdis):
