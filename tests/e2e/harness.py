@@ -1118,10 +1118,17 @@ class Emulator:
         return self._call({"shared_data": prefix}, timeout=10.0)["shared_data"]
 
     def metrics(self) -> dict[str, int]:
-        """The filter's counters by short name ("allowed", "redis_calls", ...), as `Envoy.metrics()`."""
+        """The filter's counters by short name ("allowed", "redis_calls", ...), as `Envoy.metrics()` (the
+        histograms apart: `histograms()`)."""
         metrics = self._call({"metrics": True}, timeout=10.0)["metrics"]
         return {name.removeprefix(EMULATOR_METRIC_PREFIX): entry["value"] for name, entry in metrics.items()
-                if name.startswith(EMULATOR_METRIC_PREFIX)}
+                if name.startswith(EMULATOR_METRIC_PREFIX) and entry.get("kind") == "counter"}
+
+    def histograms(self) -> dict[str, list[int]]:
+        """The filter's histograms by short name ("outcome.allowed.paused_us", ...): every value recorded."""
+        metrics = self._call({"metrics": True}, timeout=10.0)["metrics"]
+        return {name.removeprefix(EMULATOR_METRIC_PREFIX): entry.get("recorded", []) for name, entry in metrics.items()
+                if name.startswith(EMULATOR_METRIC_PREFIX) and entry.get("kind") == "histogram"}
 
     def _collect_logs(self) -> None:
         if self.running and self._ready:

@@ -162,6 +162,14 @@ def test_the_dashboard_and_alert_queries_return_what_the_traffic_implies_and_an_
             settled = by(results[("Token budgets: share of a reservation used, p50 and p99 by rule", "{{rule}} p50")],
                          "rule")
             assert 20 <= settled["tokens"] <= 30, settled
+            # Batches: a batch carries at least 2 calls (a lone call goes as itself); the burst may have made none.
+            batches = prometheus.value("sum(edge_rate_limiter_batches)")
+            mean_batch = results[("Batches: calls per batch", "mean")]
+            if batches:
+                assert mean_batch[0][1] >= 2, (batches, mean_batch)
+                assert results[("Batches: calls per batch", "p99")][0][1] >= 2, results
+            else:
+                assert all(math.isnan(value) for _, value in mean_batch), mean_batch
             settles = by(results[("Token budgets: settles (per second)", "settled")], "")[""]
             assert settles > 0, settles
             for key in [("Failure-mode and degraded-mode decisions (requests/s)", "failed open"),
