@@ -2,7 +2,8 @@
 //! prelude (`src/script/lua/prelude.lua`) and its own body (`src/script/lua/<file>.lua`); a body with a
 //! `--@prelude` line gets the prelude there instead (ACQUIRE keeps it in its cold branch, so the common
 //! path creates no closures), and a body with `--@function <name>` lines gets only those prelude functions
-//! there (ACQUIRE's lease branch, GIVE_BACK). Full-line comments and indentation are dropped (documentation stays out of
+//! there (ACQUIRE's lease branch, GIVE_BACK), and one with a `--@standalone` line none of it (the
+//! semaphore scripts). Full-line comments and indentation are dropped (documentation stays out of
 //! what is sent to Redis and out of the module). Its SHA-1 (the script's name in Redis's script cache,
 //! for `EVALSHA`) is computed here, once, so the module carries the constant instead of a SHA-1
 //! implementation. Writes `$OUT_DIR/scripts.rs` with `<NAME>_SOURCE` and `<NAME>_SHA` for every script,
@@ -25,6 +26,10 @@ const SCRIPTS: &[(&str, &str, &str)] = &[
     ("GIVE_BACK", "giveBack", "give_back.lua"),
     // After the scripts it wraps (`--@wrap`).
     ("ACQUIRE_BATCH", "acquireBatch", "acquire_batch.lua"),
+    // In-flight permits of a semaphore shared with Redisson's RPermitExpirableSemaphore (`--@standalone`).
+    ("SEMAPHORE_ACQUIRE", "semaphoreAcquire", "semaphore_acquire.lua"),
+    ("SEMAPHORE_RELEASE", "semaphoreRelease", "semaphore_release.lua"),
+    ("SEMAPHORE_EXTEND", "semaphoreExtend", "semaphore_extend.lua"),
 ];
 
 const LUA_DIR: &str = "src/script/lua";
@@ -38,6 +43,8 @@ const FUNCTION_MARK: &str = "--@function ";
 /// runs ACQUIRE and ACQUIRE_ALL that way, segment by segment). Such a script is written as
 /// `<NAME>_PARTS` (see [`parts`]) instead of `<NAME>_SOURCE`.
 const WRAP_MARK: &str = "--@wrap ";
+/// `--@standalone`: a body that needs nothing of the prelude (the semaphore scripts): it gets none.
+const STANDALONE_MARK: &str = "--@standalone";
 
 /// The text of prelude function `name`: from its `local function name(` line to the first `end` line
 /// that is not indented.
@@ -81,13 +88,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut wrapped: Vec<(&str, &str)> = Vec::new();
         let marked = |line: &str| {
             let line = line.trim();
-            line == PRELUDE_MARK || line.starts_with(FUNCTION_MARK) || line.starts_with(WRAP_MARK)
+            line == PRELUDE_MARK
+                || line == STANDALONE_MARK
+                || line.starts_with(FUNCTION_MARK)
+                || line.starts_with(WRAP_MARK)
         };
         let text = if body.lines().any(marked) {
             let mut lines = Vec::new();
             for line in body.lines() {
                 if line.trim() == PRELUDE_MARK {
                     lines.push(prelude.clone());
+                } else if line.trim() == STANDALONE_MARK {
+                    // Nothing of the prelude.
                 } else if let Some(wrap) = line.trim().strip_prefix(WRAP_MARK) {
                     let (script, function) = wrap.trim().split_once(' ').ok_or(format!("{file}: {line}"))?;
                     let (_, wrapped_constant, code) = built

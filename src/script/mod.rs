@@ -6,7 +6,9 @@
 //! - this module: [`Script`] (name, source, SHA) and the scripts as statics, [`Invocation`];
 //! - `acquire`: the acquire commands' bytes ([`AcquireTemplate`], [`encode_acquire_all`], [`Settlement`]);
 //! - `reply`: their replies ([`AcquireReply`], [`decode_acquire_reply`], [`decode_acquire_all_reply`]);
-//! - `wire`: RESP and webdis's path form, argument by argument.
+//! - `wire`: RESP and webdis's path form, argument by argument;
+//! - `semaphore`: in-flight permits in Redisson's `RPermitExpirableSemaphore` layout ([`SEMAPHORE_ACQUIRE`],
+//!   [`SEMAPHORE_RELEASE`], [`SEMAPHORE_EXTEND`]; three keys of their own, not [`LimiterKeys`]).
 //!
 //! Every script takes the same five `KEYS` ([`LimiterKeys`]: config hash, value, client value, permits,
 //! client permits), all in one cluster hash slot. The filter runs [`ACQUIRE`] once per rule and request;
@@ -19,6 +21,7 @@ use crate::resp::Command;
 mod acquire;
 mod batch;
 mod reply;
+mod semaphore;
 mod settlement;
 mod wire;
 
@@ -30,6 +33,11 @@ pub use batch::{encode_batch, split_batch_reply, Layout, Segment, SegmentScript}
 pub use reply::{
     decode_acquire_all_reply, decode_acquire_reply, AcquireOutcome, AcquireReply, ConfigChange, EffectiveConfig,
     LimiterReply, ReplyError,
+};
+pub use semaphore::{
+    decode_semaphore_acquire_reply, encode_semaphore_extend, encode_semaphore_release, Publish, SemaphoreAcquire,
+    SemaphoreKeys, SemaphoreOutcome, NO_LEASE_SCORE, PERMIT_ID_LEN, SEMAPHORE_ACQUIRE, SEMAPHORE_EXTEND,
+    SEMAPHORE_RELEASE,
 };
 pub use settlement::{MemberAt, Settlement};
 

@@ -36,6 +36,12 @@ impl<'a> ArgWriter<'a> {
 
     /// `EVALSHA <sha>` or `EVAL <source>`, and the number of keys of `limiters` limiters.
     pub(super) fn script(&mut self, script: &Script, invocation: Invocation, limiters: usize) {
+        self.invoke(script, invocation);
+        self.arg(itoa::Buffer::new().format(5 * limiters).as_bytes());
+    }
+
+    /// `EVALSHA <sha>` or `EVAL <source>`.
+    pub(super) fn invoke(&mut self, script: &Script, invocation: Invocation) {
         match invocation {
             Invocation::BySha => {
                 self.arg(b"EVALSHA");
@@ -46,7 +52,6 @@ impl<'a> ArgWriter<'a> {
                 self.arg(script.source.as_bytes());
             }
         }
-        self.arg(itoa::Buffer::new().format(5 * limiters).as_bytes());
     }
 
     /// The five keys of limiter `name` ([`LimiterKeys`]) with `template`'s client id.

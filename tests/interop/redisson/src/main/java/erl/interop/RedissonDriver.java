@@ -14,7 +14,9 @@ import java.util.List;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
+import java.util.concurrent.TimeUnit;
 import org.redisson.Redisson;
+import org.redisson.api.RPermitExpirableSemaphore;
 import org.redisson.api.RRateLimiter;
 import org.redisson.api.RateLimiterConfig;
 import org.redisson.api.RateType;
@@ -39,6 +41,13 @@ import org.redisson.config.Config;
  * updateRate, tryAcquire, availablePermits, getConfig, delete, expire, clearExpire, remainTimeToLive,
  * release; and hammer: {@code threads} threads calling tryAcquire for {@code ms}, {@code pause_ms} apart,
  * each call's start, end and outcome returned.
+ *
+ * <p>Operations whose name starts with {@code sem} are methods of Redisson's {@code RPermitExpirableSemaphore}
+ * on {@code getPermitExpirableSemaphore(name)}: semTrySetPermits, semTryAcquire (with {@code lease_ms}: the
+ * permit's id as 32 hex digits, or null), semRelease ({@code tryRelease(id)}), semAvailablePermits,
+ * semAcquiredPermits, semPermits ({@code getPermits}), semLeaseTime ({@code getLeaseTime(id)}); and semHammer:
+ * {@code threads} threads taking a permit with {@code lease_ms}, holding it {@code hold_ms}, releasing it, for
+ * {@code ms}: each permit's start (taken) and end (just before its release) returned.
  */
 public final class RedissonDriver {
     private static final ObjectMapper JSON = new ObjectMapper();
@@ -107,6 +116,9 @@ public final class RedissonDriver {
 
     private Object call(JsonNode request) throws Exception {
         String op = request.path("op").asText();
+        if (op.startsWith("sem")) {
+            return semaphore(op, redisson.getPermitExpirableSemaphore(request.path("name").asText()), request);
+        }
         RRateLimiter limiter = redisson.getRateLimiter(request.path("name").asText());
         switch (op) {
             case "trySetRate":
@@ -149,6 +161,65 @@ public final class RedissonDriver {
             default:
                 throw new IllegalArgumentException("unknown op " + op);
         }
+    }
+
+    private static Object semaphore(String op, RPermitExpirableSemaphore semaphore, JsonNode request)
+            throws Exception {
+        switch (op) {
+            case "semTrySetPermits":
+                return semaphore.trySetPermits(request.path("permits").asInt());
+            case "semTryAcquire":
+                return semaphore.tryAcquire(0, request.path("lease_ms").asLong(), TimeUnit.MILLISECONDS);
+            case "semRelease":
+                return semaphore.tryRelease(request.path("permit").asText());
+            case "semAvailablePermits":
+                return semaphore.availablePermits();
+            case "semAcquiredPermits":
+                return semaphore.acquiredPermits();
+            case "semPermits":
+                return semaphore.getPermits();
+            case "semLeaseTime":
+                return semaphore.getLeaseTime(request.path("permit").asText());
+            case "semHammer":
+                return semHammer(semaphore, request.path("threads").asInt(1), request.path("ms").asLong(),
+                        request.path("hold_ms").asLong(), request.path("lease_ms").asLong());
+            default:
+                throw new IllegalArgumentException("unknown op " + op);
+        }
+    }
+
+    /** [taken ms, released ms] of every permit taken by every thread. */
+    private static ArrayNode semHammer(RPermitExpirableSemaphore semaphore, int threads, long ms, long holdMs,
+            long leaseMs) throws Exception {
+        ExecutorService pool = Executors.newFixedThreadPool(threads);
+        long stop = System.currentTimeMillis() + ms;
+        List<Future<List<long[]>>> runs = new ArrayList<>();
+        for (int i = 0; i < threads; i++) {
+            runs.add(pool.submit(() -> {
+                List<long[]> held = new ArrayList<>();
+                while (System.currentTimeMillis() < stop) {
+                    String permit = semaphore.tryAcquire(0, leaseMs, TimeUnit.MILLISECONDS);
+                    long taken = System.currentTimeMillis();
+                    if (permit == null) {
+                        Thread.sleep(1);
+                        continue;
+                    }
+                    Thread.sleep(holdMs);
+                    long released = System.currentTimeMillis();
+                    semaphore.tryRelease(permit);
+                    held.add(new long[] {taken, released});
+                }
+                return held;
+            }));
+        }
+        ArrayNode all = JSON.createArrayNode();
+        for (Future<List<long[]>> run : runs) {
+            for (long[] permit : run.get()) {
+                all.add(JSON.createArrayNode().add(permit[0]).add(permit[1]));
+            }
+        }
+        pool.shutdown();
+        return all;
     }
 
     private static RateType type(JsonNode request) {
