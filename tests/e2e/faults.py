@@ -445,8 +445,10 @@ class Timing:
     """Seconds of load before the fault (`warmup_s`), of the fault, and after Redis is healthy again."""
 
     warmup_s: float = 0.3
-    fault_s: float = 0.8
-    after_s: float = 1.3
+    # Two and a half timeouts (200 ms): requests sent during the fault reach the failure mode.
+    fault_s: float = 0.5
+    # The recovery must show within 1 s (RECOVERY_MS) of the heal.
+    after_s: float = 1.2
 
 
 @dataclass

@@ -56,9 +56,10 @@ class Gateway:
                                     "publish", *permits))
 
 
-@pytest.fixture
-def java(stack: h.Stack):
-    with RedissonJava(stack.redis, stack.workdir) as process:
+@pytest.fixture(scope="module")
+def java(processes: h.Stack):
+    """One Redisson instance for the module, on the module's Redis (stopped by PID after the module)."""
+    with RedissonJava(processes.redis, processes.workdir) as process:
         yield process
 
 
