@@ -12,17 +12,19 @@
 -- Reply, a flat array of integers: {1, permits free after this one} when taken; {0, permits free, end of
 -- the earliest lease (ms; -1 when no permit is held or the earliest has no lease)} when none is free.
 --@standalone
-if redis.call('get', KEYS[1]) == false then
+local free = redis.call('get', KEYS[1])
+if free == false then
   redis.call('set', KEYS[1], ARGV[1])
   redis.call(ARGV[5], KEYS[3], ARGV[1])
+  free = ARGV[1]
 end
+free = tonumber(free)
 local expired = redis.call('zrangebyscore', KEYS[2], 0, ARGV[3])
 if #expired > 0 then
   redis.call('zrem', KEYS[2], unpack(expired))
-  local value = redis.call('incrby', KEYS[1], #expired)
-  if value > 0 then redis.call(ARGV[5], KEYS[3], value) end
+  free = redis.call('incrby', KEYS[1], #expired)
+  if free > 0 then redis.call(ARGV[5], KEYS[3], free) end
 end
-local free = tonumber(redis.call('get', KEYS[1]))
 if free >= 1 then
   redis.call('decrby', KEYS[1], 1)
   redis.call('zadd', KEYS[2], ARGV[2], ARGV[4])
