@@ -111,6 +111,12 @@ pub enum Invocation {
 /// lease takes `min(most, free)` permits (at least the rule's permits, or it is a rejection) in one member
 /// scored now + age.
 ///
+/// Without a lease the new member is scored `max(now, the newest member's score)` (one `ZRANGE -1 -1` more
+/// per admission): a call stamped before a permit already in Redis (another gateway's call, stamped later
+/// but run first) is scored as that permit. That one released every member up to its own stamp minus the
+/// interval, so a member at the earlier stamp could put one more than the rate in a window of scores.
+/// Redisson's `tryAcquire` scores at `now` (docs/redisson.md, "Clocks"); with stamps in order the two agree.
+///
 /// Reply (integers only: webdis drops nil array elements), as short as the case allows:
 /// - `remaining`, a bare integer: acquired, the limiter's config is the one sent;
 /// - `-delay`, a negative integer: rejected, config as sent; `delay` is Redisson's delay in ms

@@ -23,7 +23,8 @@
 //! - [`Limiter::gateway_acquire`]: creates a missing limiter with trySetRate instead of failing with "not
 //!   initialized", answers code 2 instead of raising an error when more permits are asked than the rate,
 //!   reports a reset time, and takes `now` as the oldest score when a rejection finds no member (Redisson's
-//!   script fails on `tonumber(nil)` there);
+//!   script fails on `tonumber(nil)` there), and scores an admitted member `max(now, newest score)` (stamps
+//!   in order; docs/redisson.md, "Clocks");
 //! - [`Limiter::try_set_rate`]: a trySetRate that creates the limiter also deletes value and permits keys
 //!   left from an earlier life of the limiter, so it starts full;
 //! - [`Limiter::set_rate`]: resets the overall keys and this client's keys whatever the type, and a
@@ -607,6 +608,20 @@ impl Limiter {
     /// Redisson's script fails on `tonumber(nil)`; the gateway's script takes the oldest score as `now`, so
     /// the delay is `3 + interval`. The model follows the gateway there.
     pub fn try_acquire(&mut self, permits: i64, now_ms: Ms, random: &[u8], client: usize) -> AcquireResult {
+        self.acquire_scored(permits, now_ms, random, client, false)
+    }
+
+    /// [`Limiter::try_acquire`], with `in_order` the gateway's: an admitted member is scored
+    /// `max(now, the newest member's score)` (ACQUIRE without a lease), so that calls reaching Redis out of
+    /// the order of their stamps never put more than the rate in a window of scores. Redisson scores at `now`.
+    fn acquire_scored(
+        &mut self,
+        permits: i64,
+        now_ms: Ms,
+        random: &[u8],
+        client: usize,
+        in_order: bool,
+    ) -> AcquireResult {
         let Some(config) = self.config() else {
             return AcquireResult::Error(LimiterError::NotInitialized);
         };
@@ -614,7 +629,9 @@ impl Limiter {
             return AcquireResult::Error(LimiterError::ExceedsRate);
         }
         let scope = Self::scope_of(config.rate_type, client);
-        let member = Member { score: now_ms, random: random.to_vec(), permits: u32::try_from(permits).unwrap_or(0) };
+        let newest = self.members(scope).last().map_or(now_ms, |m| m.score);
+        let score = if in_order { now_ms.max(newest) } else { now_ms };
+        let member = Member { score, random: random.to_vec(), permits: u32::try_from(permits).unwrap_or(0) };
         let result = match self.value(scope) {
             None => {
                 self.set_value(scope, config.rate);
@@ -724,7 +741,7 @@ impl Limiter {
             && held.interval_ms == config.interval_ms
             && held.rate_type == config.rate_type;
         let scope = Self::scope_of(held.rate_type, client);
-        match self.try_acquire(permits, now_ms, random, client) {
+        match self.acquire_scored(permits, now_ms, random, client, true) {
             AcquireResult::Acquired { remaining } if as_sent => GatewayReply::Integer(remaining),
             AcquireResult::Acquired { remaining } => full(1, remaining, remaining),
             AcquireResult::Rejected { delay_ms } if as_sent => GatewayReply::Integer(-delay_ms),

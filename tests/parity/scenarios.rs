@@ -315,6 +315,30 @@ fn redis_time_or_the_given_clock_scores_the_member() {
     assert!(scored.contains(&(member_bytes(&random, 2), skewed)), "{scored:?} lacks score {skewed}");
 }
 
+/// Calls that reach Redis out of the order of their stamps (two gateways: the later stamp's call runs first),
+/// rate 2 per second. Permits at 350 and 400 ms; a call stamped 1,450 releases both and is admitted; then
+/// a call stamped 1,300 (sent earlier, run later) is admitted to the permit left, but scored 1,450, not
+/// 1,300: the window (300, 1,300] held 350 and 400 already, and a member at 1,300 would put 3 permits in
+/// it. Redisson's own script scores it 1,300 (the model's `try_acquire`).
+#[test]
+fn a_call_stamped_before_the_newest_permit_takes_its_score() {
+    let server = RedisServer::start();
+    let mut inspector = server.inspector();
+    let mut gateway = Gateway::new(&server, "scenario:order", 2, 1000, 0);
+    assert_eq!(remaining(&gateway.acquire_at(1, T0 + 350)), 1);
+    assert_eq!(remaining(&gateway.acquire_at(1, T0 + 400)), 0);
+    let (reply, first) = gateway.acquire_with(1, Clock::Gateway(T0 + 1450));
+    assert_eq!(remaining(&reply), 1, "stamped 1,450: the permits of 350 and 400 ms left the window");
+    let (reply, late) = gateway.acquire_with(1, Clock::Gateway(T0 + 1300));
+    assert_eq!(remaining(&reply), 0, "stamped 1,300: admitted to the permit left");
+    let scored = members(&mut inspector, &gateway.keys.permits);
+    let mut expected = vec![(member_bytes(&first, 1), T0 + 1450), (member_bytes(&late, 1), T0 + 1450)];
+    expected.sort();
+    let mut scored = scored;
+    scored.sort();
+    assert_eq!(scored, expected, "both scored 1,450");
+}
+
 /// PER_CLIENT: each client instance has its own window (its own value and permits keys).
 #[test]
 fn per_client_limiters_give_each_client_its_own_window() {

@@ -107,6 +107,11 @@ else
     if taken > requested then
       score = string.format('%d', now + tonumber(ARGV[10]))
     end
+  elseif lease == 0 then
+    -- Stamps in order: a call stamped before the newest member (another gateway's, sent a few ms later but
+    -- run first) takes that member's score, so the window by scores never holds more than the rate.
+    local newest = redis.call('zrange', permitsName, -1, -1, 'withscores')[2]
+    if newest and tonumber(newest) > now then score = newest end
   end
   redis.call('zadd', permitsName, score, struct.pack('Bc0I', string.len(ARGV[2]), ARGV[2], taken))
   if stale then

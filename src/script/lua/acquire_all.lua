@@ -162,6 +162,10 @@ for _, limiter in ipairs(limiters) do
         if taken > limiter.requested then
           score = string.format('%d', now + tonumber(ARGV[a + 9]))
         end
+      elseif lease == 0 then
+        -- Stamps in order, as ACQUIRE does.
+        local newest = redis.call('zrange', limiter.permitsName, -1, -1, 'withscores')[2]
+        if newest and tonumber(newest) > now then score = newest end
       end
       charged[limiter.valueName] = (charged[limiter.valueName] or 0) + limiter.requested
       redis.call('zadd', limiter.permitsName, score, struct.pack('Bc0I', string.len(ARGV[a + 1]), ARGV[a + 1], taken))
