@@ -34,7 +34,7 @@ SHELL := bash
 .NOTPARALLEL:
 .SUFFIXES:
 
-# Tools installed by scripts/setup.sh: wasm-tools (and twiggy for make bench) in .tools/bin.
+# Tools installed by scripts/setup.sh in .tools/bin: twiggy, for make bench.
 export PATH := $(CURDIR)/.tools/bin:$(HOME)/.cargo/bin:$(PATH)
 
 CARGO ?= cargo

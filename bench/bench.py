@@ -136,7 +136,6 @@ REDISSON3_LUA = REPO / "bench" / "redisson3_tryacquire.lua"
 # Redis instructions per call are counted (callgrind) over this many calls per script and case.
 N_INSTRUCTIONS = _env_int("BENCH_N_INSTRUCTIONS", 300)
 LUA_DIR = REPO / "src" / "script" / "lua"
-WASM_TOOLS = REPO / ".tools" / "bin" / "wasm-tools"
 WARM_UP_S = 1
 BURST_REPEATS = 5
 
@@ -1272,15 +1271,16 @@ def run_redis_cost(redis: h.Redis) -> None:
 
 
 def wasm_sections(path: Path) -> dict[str, int]:
-    if not WASM_TOOLS.exists():
+    """The sizes of the code, data and name sections (bytes of their contents), by wabt's `wasm-objdump -h`."""
+    if not shutil.which("wasm-objdump"):
         return {}
-    result = subprocess.run([str(WASM_TOOLS), "objdump", str(path)], capture_output=True, text=True,
-                            check=False)
+    result = subprocess.run(["wasm-objdump", "-h", str(path)], capture_output=True, text=True, check=False)
     sections = {}
     for line in result.stdout.splitlines():
-        match = re.match(r"\s*(code|data|custom \"name\")\s*\|.*\|\s*(\d+) bytes", line)
-        if match:
-            sections[match.group(1).replace('custom "name"', "name")] = int(match.group(2))
+        # "     Code start=0x0000082b end=0x0004eba0 (size=0x0004e375) count: 524", '   Custom ... "name"'
+        match = re.match(r'\s*(Code|Data|Custom)\s.*\(size=0x([0-9a-f]+)\)(?:.*"(name)")?', line)
+        if match and (match.group(1) != "Custom" or match.group(3)):
+            sections[match.group(3) or match.group(1).lower()] = int(match.group(2), 16)
     return sections
 
 
@@ -1289,12 +1289,11 @@ SIZE_TARGET_NAMED, SIZE_TARGET_STRIPPED = 250_000, 180_000
 
 
 def stripped_size(path: Path, workdir: Path) -> int | None:
-    """The module's size without any custom section (`wasm-tools strip --all`), bytes."""
-    if not WASM_TOOLS.exists():
+    """The module's size without any custom section (wabt's `wasm-strip`), bytes."""
+    if not shutil.which("wasm-strip"):
         return None
     out_path = workdir / f"{path.stem}.stripped.wasm"
-    done = subprocess.run([str(WASM_TOOLS), "strip", "--all", str(path), "-o", str(out_path)], capture_output=True,
-                          check=False)
+    done = subprocess.run(["wasm-strip", str(path), "-o", str(out_path)], capture_output=True, check=False)
     return out_path.stat().st_size if done.returncode == 0 else None
 
 
@@ -1363,7 +1362,7 @@ def print_sizes(workdir: Path) -> None:
         out(table(["target (stock build)", "measured", "target", "met"], [
             ["with the name section", num(named), f"<= {num(SIZE_TARGET_NAMED)}",
              "yes" if named <= SIZE_TARGET_NAMED else "NO"],
-            ["stripped (wasm-tools strip --all)", num(stripped) if stripped else "?", f"<= {num(SIZE_TARGET_STRIPPED)}",
+            ["stripped (wasm-strip)", num(stripped) if stripped else "?", f"<= {num(SIZE_TARGET_STRIPPED)}",
              "yes" if stripped and stripped <= SIZE_TARGET_STRIPPED else "NO"],
         ]))
         rows = twiggy_table(REPO / "dist" / "edge-rate-limiter-envoy.wasm")

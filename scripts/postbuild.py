@@ -5,13 +5,15 @@ Usage:
     scripts/postbuild.py --profile envoy IN.wasm OUT.wasm
 
 Settings come from wasm-tools.toml at the repository root: [postbuild] for every artifact, changed per
-artifact by [artifact.<profile>] (a scalar replaces, a list adds). The checks use `wasm-tools` (PATH
-first, then .tools/bin/ as installed by scripts/setup.sh):
+artifact by [artifact.<profile>] (a scalar replaces, a list adds). The tools are Debian's: wabt 1.0.32
+(`wasm-validate`, `wasm-objdump`, `wasm-strip`) and binaryen 108 (`wasm-opt`), both installed by
+scripts/setup.sh (a cargo-installed wasm-tools took 35-65 s of setup's 2 cores):
 
-    validate            `wasm-tools validate` on IN and on OUT
-    wasm_opt            binaryen's `wasm-opt` with these arguments (e.g. ["-Oz"]) before stripping; `-g` is
-                        added so the name section survives for keep_name_section
-    strip               `wasm-tools strip` (keep_name_section = false adds --all)
+    validate            `wasm-validate` on IN and on OUT
+    wasm_opt            binaryen's `wasm-opt` with these arguments (e.g. ["-Oz"]) before stripping
+    strip               custom sections removed: `wasm-opt --strip-producers --strip-target-features
+                        --strip-dwarf` (the name section kept with `-g`) or, with keep_name_section = false,
+                        `wasm-strip` (every custom section); any other custom section left fails the check
     size_budget_bytes   OUT must not be larger
     required_exports    names OUT must export
     required_imports    "module.name" imports OUT must have
@@ -114,91 +116,75 @@ def load_settings(config_path: Path, profile: str) -> Settings:
     )
 
 
-def find_wasm_tools() -> str:
-    found = shutil.which("wasm-tools")
+def find_tool(name: str, package: str) -> str:
+    """The path of Debian tool `name` (package `package`) on PATH; raises when it is missing."""
+    found = shutil.which(name)
     if found:
         return found
-    local = ROOT / ".tools" / "bin" / "wasm-tools"
-    if local.is_file():
-        return str(local)
-    raise PostbuildError("wasm-tools not found on PATH or in .tools/bin (run scripts/setup.sh)")
+    raise PostbuildError(f"{name} not found on PATH (Debian package {package}; run scripts/setup.sh)")
 
 
-def find_wasm_opt() -> str:
-    found = shutil.which("wasm-opt")
-    if found:
-        return found
-    raise PostbuildError("wasm-opt not found on PATH (Debian package binaryen; run scripts/setup.sh)")
-
-
-def wasm_opt(args: tuple[str, ...], src: Path, out: Path) -> None:
-    """Runs `wasm-opt ARGS -g SRC -o OUT` (features as the module's target_features section declares)."""
-    proc = subprocess.run([find_wasm_opt(), *args, "-g", str(src), "-o", str(out)], capture_output=True, text=True)
+def run_tool(name: str, package: str, *args: str) -> str:
+    """Runs `NAME ARGS...` and returns its stdout; a failure raises with its stderr."""
+    proc = subprocess.run([find_tool(name, package), *args], capture_output=True, text=True)
     if proc.returncode != 0:
         detail = (proc.stderr or proc.stdout).strip()
-        raise PostbuildError(f"wasm-opt {' '.join(args)} failed (exit {proc.returncode}):\n{detail}")
-
-
-def wasm_tools(tool: str, *args: str) -> str:
-    """Runs `wasm-tools ARGS...` and returns its stdout; a failure raises with its stderr."""
-    proc = subprocess.run([tool, *args], capture_output=True, text=True)
-    if proc.returncode != 0:
-        detail = (proc.stderr or proc.stdout).strip()
-        raise PostbuildError(f"wasm-tools {args[0]} failed (exit {proc.returncode}):\n{detail}")
+        raise PostbuildError(f"{name} {' '.join(args)} failed (exit {proc.returncode}):\n{detail}")
     return proc.stdout
 
 
-# One line per import/export in `wasm-tools print` output, e.g.
-#   (import "env" "proxy_log" (func $... (type 5) (param i32 i32 i32) (result i32)))
-#   (export "proxy_on_vm_start" (func $proxy_on_vm_start))
-_WAT_STRING = r'"((?:[^"\\]|\\.)*)"'
-_IMPORT_RE = re.compile(r"^\s*\(import " + _WAT_STRING + " " + _WAT_STRING)
-_EXPORT_RE = re.compile(r"^\s*\(export " + _WAT_STRING)
-# `wasm-tools objdump` section lines, e.g. "  imports  |  0x136 -  0x592 |  1116 bytes | 37 count"
-_OBJDUMP_RE = re.compile(r"^\s*(imports|exports)\s*\|.*\|\s*(\d+) count\s*$")
+def validate(wasm: Path) -> None:
+    """`wasm-validate WASM` (wabt): raises with its message when the module is not valid."""
+    run_tool("wasm-validate", "wabt", str(wasm))
 
 
-def _unescape_wat(s: str) -> str:
-    """Decodes a WAT string literal's escapes (\\xx hex bytes, \\u{...}, \\n, \\t, \\", ...)."""
-    out = bytearray()
-    i = 0
-    simple = {"n": b"\n", "t": b"\t", "r": b"\r", '"': b'"', "'": b"'", "\\": b"\\"}
-    while i < len(s):
-        c = s[i]
-        if c != "\\":
-            out += c.encode()
-            i += 1
-        elif s[i + 1 : i + 2] in simple:
-            out += simple[s[i + 1]]
-            i += 2
-        elif s[i + 1 : i + 3] == "u{":
-            end = s.index("}", i)
-            out += chr(int(s[i + 3 : end], 16)).encode()
-            i = end + 1
-        else:
-            out.append(int(s[i + 1 : i + 3], 16))
-            i += 3
-    return out.decode("utf-8", errors="replace")
+# The strip passes of wasm-opt: every custom section rustc and LLVM write but the name section.
+STRIP_PASSES = ("--strip-producers", "--strip-target-features", "--strip-dwarf")
 
 
-def imports_exports(tool: str, wasm: Path) -> tuple[list[str], list[str]]:
+def wasm_opt(args: tuple[str, ...], keep_names: bool, src: Path, out: Path) -> None:
+    """Runs `wasm-opt ARGS [-g] SRC -o OUT` (features as the module's target_features section declares);
+    `-g` keeps the name section."""
+    run_tool("wasm-opt", "binaryen", *args, *(["-g"] if keep_names else []), str(src), "-o", str(out))
+
+
+# `wasm-objdump -x` (wabt 1.0.32) lines, e.g.
+#   "Import[22]:" / " - func[0] sig=8 <proxy_log> <- env.proxy_log"
+#   "Export[16]:" / " - memory[0] -> \"memory\""
+# and `wasm-objdump -h` custom section lines, e.g. '   Custom start=0x0005a3d6 end=0x00065a6e (size=...) "name"'.
+_SECTION_RE = re.compile(r"^(Import|Export)\[(\d+)\]:$")
+_IMPORT_RE = re.compile(r"^ - \w+\[\d+\].* <- (.+)$")
+_EXPORT_RE = re.compile(r'^ - \w+\[\d+\].* -> "(.*)"$')
+_CUSTOM_RE = re.compile(r'^\s*Custom start=.*"(.*)"$')
+
+
+def custom_sections(wasm: Path) -> list[str]:
+    """The names of the module's custom sections, in module order (`wasm-objdump -h`)."""
+    lines = run_tool("wasm-objdump", "wabt", "-h", str(wasm)).splitlines()
+    return [m.group(1) for line in lines if (m := _CUSTOM_RE.match(line))]
+
+
+def imports_exports(wasm: Path) -> tuple[list[str], list[str]]:
     """Returns the module's imports as "module.name" and its export names, in module order."""
-    imports: list[str] = []
-    exports: list[str] = []
-    for line in wasm_tools(tool, "print", "--skeleton", str(wasm)).splitlines():
-        if m := _IMPORT_RE.match(line):
-            imports.append(f"{_unescape_wat(m.group(1))}.{_unescape_wat(m.group(2))}")
-        elif m := _EXPORT_RE.match(line):
-            exports.append(_unescape_wat(m.group(1)))
+    found: dict[str, list[str]] = {"Import": [], "Export": []}
+    counts = {"Import": 0, "Export": 0}
+    section = None
+    for line in run_tool("wasm-objdump", "wabt", "-x", str(wasm)).splitlines():
+        if m := _SECTION_RE.match(line):
+            section = m.group(1)
+            counts[section] = int(m.group(2))
+        elif not line.startswith(" - "):
+            section = None
+        elif section == "Import" and (m := _IMPORT_RE.match(line)):
+            found["Import"].append(m.group(1))
+        elif section == "Export" and (m := _EXPORT_RE.match(line)):
+            found["Export"].append(m.group(1))
     # Cross-check against the section counts so a change in the text format cannot pass silently.
-    counts = {"imports": 0, "exports": 0}
-    for line in wasm_tools(tool, "objdump", str(wasm)).splitlines():
-        if m := _OBJDUMP_RE.match(line):
-            counts[m.group(1)] = int(m.group(2))
-    if (len(imports), len(exports)) != (counts["imports"], counts["exports"]):
+    imports, exports = found["Import"], found["Export"]
+    if (len(imports), len(exports)) != (counts["Import"], counts["Export"]):
         raise PostbuildError(
-            f"{wasm}: read {len(imports)} imports / {len(exports)} exports from `wasm-tools print`, "
-            f"but the sections hold {counts['imports']} / {counts['exports']}"
+            f"{wasm}: read {len(imports)} imports / {len(exports)} exports from `wasm-objdump -x`, "
+            f"but the sections hold {counts['Import']} / {counts['Export']}"
         )
     return imports, exports
 
@@ -229,28 +215,35 @@ def check(settings: Settings, out: Path, size: int, imports: list[str], exports:
     return problems
 
 
-def postbuild(settings: Settings, tool: str, src: Path, out: Path) -> str:
+def postbuild(settings: Settings, src: Path, out: Path) -> str:
     """Writes the checked artifact to OUT and returns the summary line; raises on any failure."""
     if not src.is_file():
         raise PostbuildError(f"{src}: no such file (did the cargo build run?)")
     if settings.validate:
-        wasm_tools(tool, "validate", str(src))
+        validate(src)
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     os.close(fd)
     tmp = Path(tmp_name)
-    stage = tmp.with_suffix(".opt.wasm") if settings.wasm_opt else src
+    keep_names = settings.keep_name_section
     try:
-        if settings.wasm_opt:
-            wasm_opt(settings.wasm_opt, src, stage)
-        if settings.strip:
-            wasm_tools(tool, "strip", *([] if settings.keep_name_section else ["--all"]), str(stage), "-o", str(tmp))
+        # One wasm-opt run optimises (wasm_opt) and strips (strip; the name section kept with -g).
+        # The strip passes go first: after -Oz they are a second pass over the code whose writing undoes
+        # some of -Oz's work (+677 bytes measured, 2026-11-28); first, the output is byte for byte what
+        # wasm-opt -Oz then wasm-tools strip wrote.
+        passes = (STRIP_PASSES if settings.strip else ()) + settings.wasm_opt
+        if passes:
+            wasm_opt(passes, keep_names or not settings.strip, src, tmp)
         else:
-            shutil.copyfile(stage, tmp)
+            shutil.copyfile(src, tmp)
+        if settings.strip and not keep_names:
+            run_tool("wasm-strip", "wabt", str(tmp))
+        if settings.strip and (left := [c for c in custom_sections(tmp) if not (keep_names and c == "name")]):
+            raise PostbuildError(f"{out}: custom sections left after stripping: {', '.join(left)}")
         if settings.validate:
-            wasm_tools(tool, "validate", str(tmp))
+            validate(tmp)
         size = tmp.stat().st_size
-        imports, exports = imports_exports(tool, tmp)
+        imports, exports = imports_exports(tmp)
         problems = check(settings, out, size, imports, exports)
         if problems:
             raise PostbuildError("\n".join(problems))
@@ -259,8 +252,6 @@ def postbuild(settings: Settings, tool: str, src: Path, out: Path) -> str:
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
-        if stage != src:
-            stage.unlink(missing_ok=True)
 
     budget = settings.size_budget_bytes
     budget_text = f"budget {budget} ({size * 100 // budget}%)" if budget else "no budget"
@@ -282,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         settings = load_settings(args.config, args.profile)
-        print(postbuild(settings, find_wasm_tools(), args.input, args.output))
+        print(postbuild(settings, args.input, args.output))
     except PostbuildError as e:
         args.output.unlink(missing_ok=True)
         print(f"postbuild [{args.profile}] FAILED:\n{e}", file=sys.stderr)

