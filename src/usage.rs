@@ -89,37 +89,85 @@ pub enum UsageFormat {
     Paths(Vec<Vec<String>>),
 }
 
-/// A built-in format: the key of its usage object and its token fields, the first of them the total when
-/// `first_is_total` (used when present, else the others add up), otherwise all adding up.
+/// What a token field of a built-in format counts ([`Weights`] price each kind; without weights a
+/// response costs its total, or the sum of every kind but [`Kind::CachedWithinInput`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// The whole count (OpenAI `total_tokens`, Gemini `totalTokenCount`): used alone when present and
+    /// the response is not weighted.
+    Total,
+    /// Prompt tokens (OpenAI's and Gemini's include the cached ones).
+    Input,
+    /// The cached part of the [`Kind::Input`] tokens (OpenAI `prompt_tokens_details.cached_tokens`, Gemini
+    /// `cachedContentTokenCount`): not added again.
+    CachedWithinInput,
+    /// Cached prompt tokens counted apart from the input (Anthropic `cache_read_input_tokens`).
+    CachedInput,
+    /// Prompt tokens written to the cache (Anthropic `cache_creation_input_tokens`).
+    CacheWrite,
+    /// Generated tokens, reasoning included.
+    Output,
+}
+
+/// A built-in format: the key of its usage object and its token fields (a dotted name is a member of a
+/// member), each with what it counts.
 struct Builtin {
     key: &'static str,
-    fields: &'static [&'static str],
-    first_is_total: bool,
+    fields: &'static [(&'static str, Kind)],
 }
 
 const OPENAI: Builtin = Builtin {
     key: "usage",
-    fields: &["total_tokens", "prompt_tokens", "completion_tokens", "input_tokens", "output_tokens"],
-    first_is_total: true,
+    fields: &[
+        ("total_tokens", Kind::Total),
+        ("prompt_tokens", Kind::Input),
+        ("completion_tokens", Kind::Output),
+        ("input_tokens", Kind::Input),
+        ("output_tokens", Kind::Output),
+        ("prompt_tokens_details.cached_tokens", Kind::CachedWithinInput),
+        ("input_tokens_details.cached_tokens", Kind::CachedWithinInput),
+    ],
 };
 
 const ANTHROPIC: Builtin = Builtin {
     key: "usage",
-    fields: &["input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "output_tokens"],
-    first_is_total: false,
+    fields: &[
+        ("input_tokens", Kind::Input),
+        ("cache_creation_input_tokens", Kind::CacheWrite),
+        ("cache_read_input_tokens", Kind::CachedInput),
+        ("output_tokens", Kind::Output),
+    ],
 };
 
 const GEMINI: Builtin = Builtin {
     key: "usageMetadata",
     fields: &[
-        "totalTokenCount",
-        "promptTokenCount",
-        "candidatesTokenCount",
-        "thoughtsTokenCount",
-        "toolUsePromptTokenCount",
+        ("totalTokenCount", Kind::Total),
+        ("promptTokenCount", Kind::Input),
+        ("candidatesTokenCount", Kind::Output),
+        ("thoughtsTokenCount", Kind::Output),
+        ("toolUsePromptTokenCount", Kind::Input),
+        ("cachedContentTokenCount", Kind::CachedWithinInput),
     ],
-    first_is_total: true,
 };
+
+/// Prices of the token kinds of a built-in format (configuration `cost.settle.weights`), in thousandths
+/// of a permit per token: a response costs `ceil(input x uncached input + cached_input x cached input +
+/// cache_write x cache writes + output x output tokens)` permits, as LLM APIs price them (e.g. output at 4x
+/// the input, cached input at 0.1x). A response that reports only a total is charged at the highest of
+/// the four weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Weights {
+    /// Prompt tokens not read from a cache, thousandths of a permit each.
+    pub input: u32,
+    /// Prompt tokens read from a cache (OpenAI `cached_tokens`, Anthropic `cache_read_input_tokens`,
+    /// Gemini `cachedContentTokenCount`), thousandths.
+    pub cached_input: u32,
+    /// Prompt tokens written to a cache (Anthropic `cache_creation_input_tokens`), thousandths.
+    pub cache_write: u32,
+    /// Generated tokens (reasoning included), thousandths.
+    pub output: u32,
+}
 
 impl UsageFormat {
     fn builtin(&self) -> Option<&'static Builtin> {
@@ -150,6 +198,8 @@ pub struct UsageMeter {
 struct Reading {
     format: UsageFormat,
     values: Vec<Option<u64>>,
+    /// Prices per token kind (built-in formats only): the cost is weighted instead of the total.
+    weights: Option<Weights>,
 }
 
 /// The last [`TAIL_BYTES`] of what was pushed (a ring, so dropping the front copies nothing).
@@ -169,11 +219,19 @@ impl UsageMeter {
             builtin => builtin.builtin().map_or(0, |b| b.fields.len()),
         };
         UsageMeter {
-            reading: Reading { format: format.clone(), values: vec![None; fields] },
+            reading: Reading { format: format.clone(), values: vec![None; fields], weights: None },
             tail: Tail::default(),
             event_stream,
             skip_line: false,
         }
+    }
+
+    /// The same meter pricing each token kind with `weights` (a built-in format's; [`UsageFormat::Paths`]
+    /// ignores them: the configuration refuses that pair).
+    #[must_use]
+    pub fn weighted(mut self, weights: Option<Weights>) -> Self {
+        self.reading.weights = weights;
+        self
     }
 
     /// Reads the body's next chunk (split anywhere: inside a line, a UTF-8 sequence, a number).
@@ -310,9 +368,9 @@ impl Reading {
             }
             builtin => {
                 let Some(builtin) = builtin.builtin() else { return };
-                let has_field = |usage: &Value| builtin.fields.iter().any(|field| count(usage, field).is_some());
+                let has_field = |usage: &Value| builtin.fields.iter().any(|(field, _)| count(usage, field).is_some());
                 if let Some(usage) = last_member(text, builtin.key, &has_field) {
-                    for (value, field) in self.values.iter_mut().zip(builtin.fields) {
+                    for (value, (field, _)) in self.values.iter_mut().zip(builtin.fields) {
                         if let Some(number) = count(&usage, field) {
                             *value = Some(number);
                         }
@@ -324,24 +382,50 @@ impl Reading {
 
     /// The cost from the numbers kept: `None` when there are none.
     fn total(&self) -> Option<u64> {
-        match self.format.builtin() {
-            Some(builtin) if builtin.first_is_total => match self.values.split_first() {
-                Some((Some(total), _)) => Some(*total),
-                Some((None, parts)) => sum(parts),
-                None => None,
-            },
-            _ => sum(&self.values),
+        let Some(builtin) = self.format.builtin() else { return sum(&self.values) };
+        let mut kinds = [None::<u64>; 6];
+        for ((_, kind), value) in builtin.fields.iter().zip(&self.values) {
+            if let (Some(value), Some(slot)) = (value, kinds.get_mut(*kind as usize)) {
+                *slot = Some(slot.unwrap_or(0).saturating_add(*value));
+            }
         }
+        let [total, input, within, cached, write, output] = kinds;
+        if kinds.iter().all(Option::is_none) {
+            return None;
+        }
+        let Some(weights) = self.weights else {
+            return total.or_else(|| sum(&[input, cached, write, output]));
+        };
+        let parts = [input, within, cached, write, output];
+        if parts.iter().all(Option::is_none) {
+            let highest = weights.input.max(weights.cached_input).max(weights.cache_write).max(weights.output);
+            return Some(priced(&[(total.unwrap_or(0), highest)]));
+        }
+        let within = within.unwrap_or(0);
+        Some(priced(&[
+            (input.unwrap_or(0).saturating_sub(within), weights.input),
+            (within.saturating_add(cached.unwrap_or(0)), weights.cached_input),
+            (write.unwrap_or(0), weights.cache_write),
+            (output.unwrap_or(0), weights.output),
+        ]))
     }
+}
+
+/// `ceil(sum of tokens x thousandths / 1000)`, saturating (at `u64::MAX / 1000` permits: no budget is that big).
+fn priced(parts: &[(u64, u32)]) -> u64 {
+    let thousandths =
+        parts.iter().fold(0u64, |sum, &(tokens, weight)| sum.saturating_add(tokens.saturating_mul(u64::from(weight))));
+    thousandths.div_ceil(1000)
 }
 
 fn sum(values: &[Option<u64>]) -> Option<u64> {
     values.iter().flatten().copied().reduce(u64::saturating_add)
 }
 
-/// The whole number of `field` in the object `usage` (a count above `u64::MAX`, negative or fractional is none).
+/// The whole number of `field` in the object `usage`, a dotted name following members (a count above
+/// `u64::MAX`, negative or fractional is none).
 fn count(usage: &Value, field: &str) -> Option<u64> {
-    usage.get(field).and_then(Value::as_u64)
+    field.split('.').try_fold(usage, |value, key| value.get(key))?.as_u64()
 }
 
 /// The whole number at `path` from `root`.
@@ -589,6 +673,62 @@ mod tests {
                 assert_eq!(read(&format, event_stream, &[head, rest]), cost, "{format:?} split at {split}");
             }
         }
+    }
+
+    /// Prices as `cost.settle.weights` gives them: input 1, cached input 0.1, cache writes 1.25, output 4.
+    const PRICES: Weights = Weights { input: 1000, cached_input: 100, cache_write: 1250, output: 4000 };
+
+    fn read_weighted(format: &UsageFormat, event_stream: bool, body: &str, weights: Weights) -> Option<u64> {
+        let mut meter = UsageMeter::new(format, event_stream).weighted(Some(weights));
+        for chunk in body.as_bytes().chunks(7) {
+            meter.feed(chunk);
+        }
+        meter.finish()
+    }
+
+    #[test]
+    fn weights_price_each_token_kind_and_round_up() {
+        // OpenAI chat: 19 prompt (none cached) + 4 x 10 completion; the total (29) is not used.
+        assert_eq!(read_weighted(&UsageFormat::OpenAi, false, OPENAI_CHAT, PRICES), Some(19 + 40));
+        assert_eq!(read_weighted(&UsageFormat::OpenAi, true, OPENAI_CHAT_STREAM, PRICES), Some(9 + 48));
+        assert_eq!(read_weighted(&UsageFormat::OpenAi, false, OPENAI_RESPONSE, PRICES), Some(36 + 4 * 87));
+        assert_eq!(read_weighted(&UsageFormat::OpenAi, true, OPENAI_RESPONSE_STREAM, PRICES), Some(12 + 20));
+        // Cached prompt tokens are part of OpenAI's prompt_tokens: 100 prompt of which 80 cached, 3 output:
+        // 20 + 8 + 12.
+        let cached = r#"{"usage":{"prompt_tokens":100,"completion_tokens":3,"total_tokens":103,
+            "prompt_tokens_details":{"cached_tokens":80}}}"#;
+        assert_eq!(read_weighted(&UsageFormat::OpenAi, false, cached, PRICES), Some(20 + 8 + 12));
+        // Anthropic counts cache reads and writes apart: 2095 + 0.1 x 1800 + 4 x 503 = 4287.
+        assert_eq!(read_weighted(&UsageFormat::Anthropic, false, ANTHROPIC_MESSAGE, PRICES), Some(2095 + 180 + 2012));
+        // Streamed: 25 input, 100 written to the cache (x 1.25), 15 output (the last message_delta).
+        assert_eq!(read_weighted(&UsageFormat::Anthropic, true, ANTHROPIC_STREAM, PRICES), Some(25 + 125 + 60));
+        // Gemini: 8 prompt, 412 candidates + 31 thoughts as output.
+        assert_eq!(read_weighted(&UsageFormat::Gemini, false, GEMINI_RESPONSE, PRICES), Some(8 + 4 * 443));
+        let gemini_cached = r#"{"usageMetadata":{"promptTokenCount":50,"cachedContentTokenCount":40,
+            "candidatesTokenCount":1,"totalTokenCount":51}}"#;
+        assert_eq!(read_weighted(&UsageFormat::Gemini, false, gemini_cached, PRICES), Some(10 + 4 + 4));
+        // Thousandths add up before rounding up: 3 x 0.1 = 0.3 -> 1 permit; 0 tokens cost 0.
+        let few = r#"{"usage":{"input_tokens":0,"cache_read_input_tokens":3,"output_tokens":0}}"#;
+        assert_eq!(read_weighted(&UsageFormat::Anthropic, false, few, PRICES), Some(1));
+        let none = r#"{"usage":{"input_tokens":0,"output_tokens":0}}"#;
+        assert_eq!(read_weighted(&UsageFormat::Anthropic, false, none, PRICES), Some(0));
+        // Only a total: charged at the highest weight (4); no usage at all stays no cost.
+        let total_only = r#"{"usage":{"total_tokens":10}}"#;
+        assert_eq!(read_weighted(&UsageFormat::OpenAi, false, total_only, PRICES), Some(40));
+        assert_eq!(read_weighted(&UsageFormat::OpenAi, false, r#"{"usage":null}"#, PRICES), None);
+        // Huge counts saturate instead of wrapping.
+        let huge = format!(r#"{{"usage":{{"input_tokens":{},"output_tokens":{}}}}}"#, u64::MAX, u64::MAX);
+        assert_eq!(read_weighted(&UsageFormat::Anthropic, false, &huge, PRICES), Some(u64::MAX.div_ceil(1000)));
+    }
+
+    #[test]
+    fn without_weights_a_cached_part_of_the_prompt_is_not_counted_twice() {
+        let cached =
+            r#"{"usage":{"prompt_tokens":100,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":80}}}"#;
+        assert_eq!(read(&UsageFormat::OpenAi, false, &[cached.as_bytes()]), Some(103));
+        let gemini =
+            r#"{"usageMetadata":{"promptTokenCount":50,"cachedContentTokenCount":40,"candidatesTokenCount":1}}"#;
+        assert_eq!(read(&UsageFormat::Gemini, false, &[gemini.as_bytes()]), Some(51));
     }
 
     #[test]

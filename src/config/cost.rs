@@ -6,14 +6,18 @@ use serde_json::Value;
 
 use crate::key::KeySource;
 use crate::prelude::*;
-use crate::usage::UsageFormat;
+use crate::usage::{UsageFormat, Weights};
 
 use super::reader::Object;
 use super::ConfigError;
 
 const COST_FIELDS: &[&str] = &["reserve", "settle"];
 const RESERVE_FIELDS: &[&str] = &["header", "property", "body", "default"];
-const SETTLE_FIELDS: &[&str] = &["usage", "response_header", "include_usage"];
+const SETTLE_FIELDS: &[&str] = &["usage", "response_header", "include_usage", "weights"];
+const WEIGHT_FIELDS: &[&str] = &["input", "cached_input", "cache_write", "output"];
+
+/// Largest weight of a token kind (`cost.settle.weights`): a thousand permits per token.
+const MAX_WEIGHT: f64 = 1000.0;
 const USAGE_FIELDS: &[&str] = &["paths"];
 
 /// A rule's `cost`: the reservation and where the real cost is read.
@@ -70,8 +74,9 @@ impl Reserve {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Settle {
     /// The usage an LLM API reports in the response body, JSON or server-sent events.
-    /// Which fields count: [`UsageFormat`] (`"openai"`, `"anthropic"`, `"gemini"`, `{"paths": [...]}`).
-    Usage(UsageFormat),
+    /// Which fields count: [`UsageFormat`] (`"openai"`, `"anthropic"`, `"gemini"`, `{"paths": [...]}`);
+    /// with [`Weights`] (`"weights"`, built-in formats only) each token kind at its price.
+    Usage(UsageFormat, Option<Weights>),
     /// A response header's whole number (`{"response_header": "x-cost"}`), lowercase name.
     ResponseHeader(String),
 }
@@ -124,12 +129,22 @@ pub(super) fn read_cost(mut cost: Object<'_>, rate: u64) -> Result<Cost, ConfigE
             if include_usage && spec != UsageFormat::OpenAi {
                 return Err(settle.error("include_usage", "applies to `\"usage\": \"openai\"` only"));
             }
+            let weights = match settle.object("weights")? {
+                Some(_) if matches!(spec, UsageFormat::Paths(_)) => {
+                    return Err(settle.error("weights", "apply to `openai`, `anthropic` or `gemini` usage only"))
+                }
+                Some(weights) => Some(read_weights(weights)?),
+                None => None,
+            };
             settle.finish(SETTLE_FIELDS)?;
-            Settle::Usage(spec)
+            Settle::Usage(spec, weights)
         }
         (None, Some(header)) if !header.is_empty() => {
             if include_usage {
                 return Err(settle.error("include_usage", "applies to `\"usage\": \"openai\"` only"));
+            }
+            if settle.get("weights").is_some() {
+                return Err(settle.error("weights", "apply to `usage` only"));
             }
             settle.finish(SETTLE_FIELDS)?;
             Settle::ResponseHeader(header.to_ascii_lowercase())
@@ -138,6 +153,40 @@ pub(super) fn read_cost(mut cost: Object<'_>, rate: u64) -> Result<Cost, ConfigE
     };
     cost.finish(COST_FIELDS)?;
     Ok(Cost { reserve, settle, include_usage })
+}
+
+/// `weights`: `{"input": 1, "cached_input": 0.1, "cache_write": 1.25, "output": 4}`, each 0 to
+/// [`MAX_WEIGHT`] permits per token to a thousandth (rounded to the nearest), a kind not named at 1; at
+/// least one named, and not all 0.
+fn read_weights(mut weights: Object<'_>) -> Result<Weights, ConfigError> {
+    let named = WEIGHT_FIELDS.iter().any(|name| weights.get(name).is_some());
+    let priced = Weights {
+        input: read_weight(&mut weights, "input")?,
+        cached_input: read_weight(&mut weights, "cached_input")?,
+        cache_write: read_weight(&mut weights, "cache_write")?,
+        output: read_weight(&mut weights, "output")?,
+    };
+    let path = weights.path();
+    weights.finish(WEIGHT_FIELDS)?;
+    if !named {
+        return Err(ConfigError::new(path, format!("needs at least one of {}", WEIGHT_FIELDS.join(", "))));
+    }
+    if priced == (Weights { input: 0, cached_input: 0, cache_write: 0, output: 0 }) {
+        return Err(ConfigError::new(path, "cannot all be 0 (every response would cost nothing)"));
+    }
+    Ok(priced)
+}
+
+/// One weight of `weights`, in thousandths of a permit per token: 1000 when not named.
+fn read_weight(weights: &mut Object<'_>, name: &'static str) -> Result<u32, ConfigError> {
+    let Some(value) = weights.get(name) else { return Ok(1000) };
+    match value.as_f64() {
+        // Rounded to the nearest thousandth (+ 0.5, then the cast truncates: no libm on wasm32); in range,
+        // so at most 1,000,000.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        Some(weight) if (0.0..=MAX_WEIGHT).contains(&weight) => Ok((weight * 1000.0 + 0.5) as u32),
+        _ => Err(weights.error(name, "must be a number from 0 to 1000 (permits per token)")),
+    }
 }
 
 /// `usage`: `"openai"`, `"anthropic"`, `"gemini"`, or `{"paths": ["a.b", ...]}` (1 to 8 dotted paths).

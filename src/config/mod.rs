@@ -434,6 +434,20 @@ mod tests {
     }
 
     #[test]
+    fn weights_are_read_in_thousandths_and_a_kind_not_named_weighs_one() {
+        let settle = r#""cost":{"reserve":5,"settle":{"usage":"anthropic","weights":{"cached_input":0.1,"cache_write":1.25,"output":4}}}"#;
+        let config = parse(&MINIMAL.replace("\"1s\"", &format!("\"1s\",{settle}"))).unwrap();
+        let cost = config.rules[0].cost.as_ref().unwrap();
+        let weights = crate::usage::Weights { input: 1000, cached_input: 100, cache_write: 1250, output: 4000 };
+        assert_eq!(cost.settle, Settle::Usage(crate::usage::UsageFormat::Anthropic, Some(weights)));
+        let unweighted =
+            parse(&MINIMAL.replace("\"1s\"", "\"1s\",\"cost\":{\"reserve\":1,\"settle\":{\"usage\":\"gemini\"}}"))
+                .unwrap();
+        let cost = unweighted.rules[0].cost.as_ref().unwrap();
+        assert_eq!(cost.settle, Settle::Usage(crate::usage::UsageFormat::Gemini, None));
+    }
+
+    #[test]
     fn keyed_rules_expire_after_an_hour_or_the_interval_by_default() {
         let config = parse(
             r#"{"redis":{"cluster":"c"},"rules":[
@@ -779,6 +793,34 @@ mod tests {
                     "\"1s\",\"cost\":{\"reserve\":1,\"settle\":{\"usage\":\"anthropic\",\"include_usage\":true}}",
                 ),
                 "rules[0].cost.settle.include_usage: applies to",
+            ),
+            (
+                MINIMAL.replace("\"1s\"", &format!("\"1s\",\"cost\":{{\"reserve\":1,\"settle\":{}}}", r#"{"usage":"openai","weights":{"output":-1}}"#)),
+                "rules[0].cost.settle.weights.output: must be a number from 0 to 1000",
+            ),
+            (
+                MINIMAL.replace("\"1s\"", &format!("\"1s\",\"cost\":{{\"reserve\":1,\"settle\":{}}}", r#"{"usage":"openai","weights":{"output":"4"}}"#)),
+                "rules[0].cost.settle.weights.output: must be a number",
+            ),
+            (
+                MINIMAL.replace("\"1s\"", &format!("\"1s\",\"cost\":{{\"reserve\":1,\"settle\":{}}}", r#"{"usage":"openai","weights":{}}"#)),
+                "rules[0].cost.settle.weights: needs at least one of input, cached_input, cache_write, output",
+            ),
+            (
+                MINIMAL.replace("\"1s\"", &format!("\"1s\",\"cost\":{{\"reserve\":1,\"settle\":{}}}", r#"{"usage":"openai","weights":{"input":0,"cached_input":0,"cache_write":0,"output":0}}"#)),
+                "rules[0].cost.settle.weights: cannot all be 0",
+            ),
+            (
+                MINIMAL.replace("\"1s\"", &format!("\"1s\",\"cost\":{{\"reserve\":1,\"settle\":{}}}", r#"{"usage":"openai","weights":{"outputs":4}}"#)),
+                "rules[0].cost.settle.weights.outputs: unknown field `outputs`",
+            ),
+            (
+                MINIMAL.replace("\"1s\"", &format!("\"1s\",\"cost\":{{\"reserve\":1,\"settle\":{}}}", r#"{"usage":{"paths":["usage.total_tokens"]},"weights":{"output":4}}"#)),
+                "rules[0].cost.settle.weights: apply to `openai`, `anthropic` or `gemini` usage only",
+            ),
+            (
+                MINIMAL.replace("\"1s\"", &format!("\"1s\",\"cost\":{{\"reserve\":1,\"settle\":{}}}", r#"{"response_header":"x-cost","weights":{"output":4}}"#)),
+                "rules[0].cost.settle.weights: apply to `usage` only",
             ),
             (MINIMAL.replace("\"global\"", "{\"body\":\"a..b\"}"), "rules[0].limit_by: `body` must be a dotted path"),
             (

@@ -86,7 +86,7 @@ impl Route {
         let settles_from_body = config
             .rules
             .iter()
-            .any(|rule| rule.cost.as_ref().is_some_and(|cost| matches!(cost.settle, Settle::Usage(_))));
+            .any(|rule| rule.cost.as_ref().is_some_and(|cost| matches!(cost.settle, Settle::Usage(..))));
         let plan = Plan::new(&config, client_id);
         Route {
             index,

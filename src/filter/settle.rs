@@ -69,7 +69,7 @@ pub(super) fn on_response_headers<H: Host>(filter: &mut Filter<H>, context_id: u
         };
         match &cost.settle {
             Settle::ResponseHeader(name) => item.cost = header_number(&filter.host, name),
-            Settle::Usage(spec) => {
+            Settle::Usage(spec, weights) => {
                 // A body the upstream compressed although asked not to cannot be read: the reservation
                 // stays (settled_without_usage).
                 let encoded = *encoded.get_or_insert_with(|| {
@@ -83,7 +83,7 @@ pub(super) fn on_response_headers<H: Host>(filter: &mut Filter<H>, context_id: u
                     matches!(filter.host.response_header("content-type"),
                         Ok(Some(value)) if value.starts_with(b"text/event-stream"))
                 });
-                item.meter = Some(UsageMeter::new(spec, event_stream));
+                item.meter = Some(UsageMeter::new(spec, event_stream).weighted(*weights));
             }
         }
     }

@@ -655,6 +655,35 @@ def test_a_budget_per_model_keeps_two_models_apart_and_its_429_reaches_the_sdk(s
     gateway.counters(3, 0)
 
 
+@pytest.mark.parametrize("sdk", ["openai", "anthropic"])
+def test_weights_price_output_tokens_at_four_times_the_input(start_gateway, stack, sdk):
+    """`settle.weights` {"input": 1, "cached_input": 0.1, "output": 4}, as LLM prices go: each SDK call, JSON
+    and streamed (OpenAI's stream with `include_usage` added by the filter), reserves 1,300 (its 300
+    `max_tokens` at 4, and room for the prompt) and settles to input + 4 x output tokens of the usage its
+    answer reported (no cached tokens reported), so
+    the budget holds exactly those prices; the SDK still sees the token counts the upstream sent."""
+    settle = {"usage": sdk, "weights": {"input": 1, "cached_input": 0.1, "output": 4}}
+    if sdk == "openai":
+        settle["include_usage"] = True
+    gateway = start_gateway(token_rule("priced", reserve=1300, settle=settle))
+    prompts = ["say 40 tokens", "say 30 tokens", "say 250 tokens"]
+    with (gateway.openai() if sdk == "openai" else gateway.anthropic()) as client:
+        if sdk == "openai":
+            calls = [chat(client, prompts[0], max_tokens=300), chat(client, prompts[1], max_tokens=300, stream=True),
+                     chat(client, prompts[2], max_tokens=300)]
+        else:
+            calls = [message(client, prompts[0], max_tokens=300),
+                     message(client, prompts[1], max_tokens=300, stream=True),
+                     message_stream(client, prompts[2], max_tokens=300)]
+    counts = [llm.usage_of({"messages": [{"role": "user", "content": prompt}]})[:2] for prompt in prompts]
+    assert [call.usage for call in calls] == [i + o for i, o in counts], "the SDK reads the token counts"
+    priced = [i + 4 * o for i, o in counts]
+    name = key_limiter("priced")
+    settled_to(stack, name, priced)
+    assert value(stack, name) == RATE - sum(priced)
+    gateway.counters(3, 0)
+
+
 def test_include_usage_is_added_to_a_streamed_chat_request(start_gateway, stack):
     """`settle: {"usage": "openai", "include_usage": true}`: a streamed chat request without
     `stream_options` reaches the upstream asking for the usage (the rest of its body as the SDK sent it), so
