@@ -53,7 +53,7 @@ SUBFLOORS: dict[str, list[str]] = {
         "give_back",                  # 2 give-back calls, one at a time
         "outbox settle",              # 3 what leaves from the tick: the outbox, reservations and their settles
         "body end flow coalesce",     # 4 the request driver
-        "handover",                   # 5 a configuration that goes away and the one that takes over
+        "handover inflight",          # 5 a configuration that goes away and the one that takes over; in-flight permits
     ],
 }
 SUPER_PATH = re.compile(r"\bsuper::(?:\{\s*)?([a-z_][a-z0-9_]*)")

@@ -18,12 +18,14 @@ use crate::matching::{Exemption, ValueMatch};
 
 mod cost;
 mod duration;
+mod inflight;
 mod match_rules;
 mod reader;
 mod rules;
 mod validate;
 
 pub use cost::{Cost, Reserve, Settle};
+pub use inflight::InflightRule;
 pub use match_rules::{Override, Plugin};
 pub use reader::DurationMs;
 
@@ -357,8 +359,10 @@ impl Default for GrpcAnswers {
 pub struct PluginConfig {
     /// How to reach Redis.
     pub redis: RedisConfig,
-    /// The rules, in configuration order.
+    /// The rate rules (and cost rules), in configuration order.
     pub rules: Vec<Rule>,
+    /// The in-flight rules (`max_in_flight`), in configuration order.
+    pub inflight: Vec<InflightRule>,
     /// Fail open or closed.
     pub failure_mode: FailureMode,
     /// Status of a fail-closed answer.

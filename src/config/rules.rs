@@ -294,7 +294,7 @@ fn read_lease(mut lease: Object<'_>, rate: u64, interval_ms: u64, permits: u64) 
 /// `{"cookie": name}`, `{"x_forwarded_for": hops}`, `{"client_ip": {"ipv4_prefix": 24, "ipv6_prefix": 64}}`,
 /// `{"x_forwarded_for": {"hops": 1, "ipv4_prefix": 24, "ipv6_prefix": 64}}`; or an array of those (a
 /// composite key).
-fn read_key_source(value: &Value) -> Result<KeySource, String> {
+pub(super) fn read_key_source(value: &Value) -> Result<KeySource, String> {
     const UNITS: &str = "`client_ip`, `path`, `global`";
     const KEYED: &str = "`header`, `query`, `cookie`, `x_forwarded_for`, `client_ip`, `property`, `body`";
     let source = match value {

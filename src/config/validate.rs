@@ -99,15 +99,20 @@ impl PluginConfig {
         }
         let mode = top.choice("mode", &[("enforce", Mode::Enforce), ("shadow", Mode::Shadow)])?.unwrap_or_default();
         let mut rules: Vec<Rule> = Vec::with_capacity(items.len());
+        let mut inflight: Vec<super::InflightRule> = Vec::new();
         for (index, item) in items.iter().enumerate() {
             let path = format!("{at}[{index}]");
-            let entries = super::rules::read_rule(Object::new(item, &path)?, mode)?;
-            if let Some(rule) = entries.first().filter(|rule| rules.iter().any(|r| r.name == rule.name)) {
-                return Err(ConfigError::new(
-                    format!("{path}.name"),
-                    format!("duplicate rule name {}", quoted(&rule.name)),
-                ));
+            let (inflight_rule, entries) = if super::inflight::is_inflight(item) {
+                (Some(super::inflight::read_inflight_rule(Object::new(item, &path)?, mode)?), Vec::new())
+            } else {
+                (None, super::rules::read_rule(Object::new(item, &path)?, mode)?)
+            };
+            let name = inflight_rule.as_ref().map(|r| &r.name).or_else(|| entries.first().map(|r| &r.name));
+            let mut taken = rules.iter().map(|r| &r.name).chain(inflight.iter().map(|r| &r.name));
+            if let Some(name) = name.filter(|name| taken.any(|taken| taken == *name)) {
+                return Err(ConfigError::new(format!("{path}.name"), format!("duplicate rule name {}", quoted(name))));
             }
+            inflight.extend(inflight_rule);
             rules.extend(entries);
         }
         let failure_mode = top.choice(
@@ -143,6 +148,12 @@ impl PluginConfig {
             (_, Some(_)) => return Err(top.error("local_fallback", "only with failure_mode \"local\"")),
             (_, None) => None,
         };
+        if failure_mode == Some(FailureMode::Local) && !inflight.is_empty() {
+            return Err(top.error(
+                "failure_mode",
+                "\"local\" (the degraded mode) does not cover in-flight rules (`max_in_flight`): use \"allow\" or \"deny\"",
+            ));
+        }
         let shadow_headers = top.boolean("shadow_headers")?.unwrap_or(false);
         let histograms = top.boolean("histograms")?.unwrap_or(true);
         let exempt = top.object("exempt")?.map(read_exemption).transpose()?;
@@ -151,6 +162,7 @@ impl PluginConfig {
         Ok(PluginConfig {
             redis,
             rules,
+            inflight,
             failure_mode: failure_mode.unwrap_or_default(),
             failure_status,
             rejection: Rejection { status: rejected_status, body: rejected_body },

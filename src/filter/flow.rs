@@ -333,10 +333,10 @@ impl<H: Host> Filter<H> {
 
 /// The request as the host shows it (the effective context's headers and properties), its JSON body when
 /// it was read, and the copy of its headers when it is decided after they went on.
-struct HostRequest<'a, H: Host> {
-    host: &'a H,
-    body: Option<&'a serde_json::Value>,
-    headers: Option<&'a [(String, Vec<u8>)]>,
+pub(super) struct HostRequest<'a, H: Host> {
+    pub(super) host: &'a H,
+    pub(super) body: Option<&'a serde_json::Value>,
+    pub(super) headers: Option<&'a [(String, Vec<u8>)]>,
 }
 
 impl<H: Host> RequestView for HostRequest<'_, H> {

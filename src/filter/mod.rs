@@ -69,6 +69,7 @@ mod flow;
 mod give_back;
 mod handover;
 mod ids;
+mod inflight;
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod interleavings;
 mod metrics;
@@ -197,6 +198,8 @@ pub struct Filter<H: Host> {
     /// Give-back calls for the next tick, sent from this root context: settles, and the lease settlements a
     /// configuration that went away left ([`Filter::adopt`]).
     outbox: Vec<GiveBackCall>,
+    /// In-flight rules: requests waiting for permits, permits held, releases and lease extensions.
+    inflight: inflight::Inflight,
 }
 
 /// The decision context of `route` at `now_ms` for the body `$body`, with `$ctx` bound to it: the
@@ -251,6 +254,7 @@ impl<H: Host> Filter<H> {
         };
         let overrides = plugin.overrides.len();
         let plugin_histograms = plugin.configs().any(|(_, config)| config.histograms);
+        let plugin_inflight = plugin.configs().any(|(_, config)| !config.inflight.is_empty());
         let mut defined = Vec::new();
         let routes = plugin.map(|index, config| {
             let rule_metrics = Metrics::rules(&host, &config, &mut defined);
@@ -286,6 +290,7 @@ impl<H: Host> Filter<H> {
             settling: IdMap::default(),
             outbox: Vec::new(),
             awaiting_body: IdMap::default(),
+            inflight: inflight::Inflight::new(&host, plugin_inflight),
             routes,
             host,
         })
@@ -322,6 +327,18 @@ impl<H: Host> Filter<H> {
         }
         let Some(route) = self.select() else { return Action::Continue };
         let since_us = self.metrics.clock(&self.host);
+        if !route.config.inflight.is_empty() {
+            if let Some(action) = inflight::start(self, context_id, &route, body_follows, since_us) {
+                return action;
+            }
+        }
+        self.start_rates(context_id, route, body_follows, since_us)
+    }
+
+    /// The rate rules' part of a request's start (after its in-flight permits, if any): decides now, or
+    /// sends its calls and pauses, or, when a rule reads the request body and a body follows, lets the
+    /// headers go on and holds the body until it has arrived.
+    fn start_rates(&mut self, context_id: u32, route: Rc<Route>, body_follows: bool, since_us: u64) -> Action {
         if route.settles_from_body || route.reads_body {
             body::before_headers_go(self, &route, body_follows);
         }
@@ -393,6 +410,9 @@ impl<H: Host> Filter<H> {
         if !self.awaiting_body.is_empty() {
             self.awaiting_body.remove(&context_id);
         }
+        if !self.inflight.is_idle() {
+            inflight::on_done(self, context_id);
+        }
     }
 
     /// `proxy_on_http_call_response` (delivered to the root context): a reply of the HTTP bridge.
@@ -422,12 +442,18 @@ impl<H: Host> Filter<H> {
         outbox::send_queued(self);
         give_back::expire_give_backs(self, now_ms);
         outbox::expire_batches(self, now_ms);
+        if !self.inflight.is_idle() {
+            inflight::on_tick(self, now_ms);
+        }
         tick::stop_when_idle(self);
     }
 
     /// A reply (or failure) for this call: a give-back's, or a request's (fed to its flow, one step).
     fn on_reply(&mut self, id: CallId, reply: Result<Vec<u8>, Failure>) {
         let key = id.key();
+        if !self.inflight.is_idle() && inflight::on_reply(self, key, &reply) {
+            return;
+        }
         if !self.give_backs.is_empty() {
             if let Some(call) = self.give_backs.remove(&key) {
                 self.metrics.round_trip(&self.host, call.sent_us);

@@ -35,5 +35,6 @@ pub(super) fn has_work<H: Host>(filter: &Filter<H>) -> bool {
         && filter.coalescer.is_idle()
         && filter.give_backs.is_empty()
         && filter.give_back_batches.is_empty()
-        && filter.outbox.is_empty())
+        && filter.outbox.is_empty()
+        && filter.inflight.is_idle())
 }

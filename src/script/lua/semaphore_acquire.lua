@@ -32,7 +32,9 @@ if free >= 1 then
   if ttl > 0 then redis.call('pexpire', KEYS[2], ttl) end
   return {1, free - 1}
 end
+-- The earliest end goes back as Redis wrote the score (a string of digits): webdis 0.1.x re-encodes an
+-- integer reply above 2^31 wrongly (`$0` then its first digits), and a time in ms since the epoch is one.
 local first = redis.call('zrange', KEYS[2], 0, 0, 'WITHSCORES')
 local earliest = -1
-if first[2] ~= nil and first[2] ~= '922337203685477' then earliest = tonumber(first[2]) end
+if first[2] ~= nil and first[2] ~= '922337203685477' then earliest = first[2] end
 return {0, free, earliest}
