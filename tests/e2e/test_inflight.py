@@ -24,7 +24,9 @@ USER = "alice"
 SEMAPHORE = h.limiter_name("erl:inflight", USER)
 TAKEN = "{" + SEMAPHORE + "}:timeout"
 ACCESS_FORMAT = {"status": "%RESPONSE_CODE%", "start": "%START_TIME(%s%3f)%", "duration": "%DURATION%",
-                 "by": "%RESP(X-RATELIMITED-BY)%"}
+                 "by": "%FILTER_STATE(wasm.edge_rate_limiter.rejected_by:PLAIN)%", "user": "%REQ(X-USER-ID)%", "flags": "%RESPONSE_FLAGS%",
+                 "to_upstream": "%COMMON_DURATION(DS_RX_BEG:US_TX_BEG:ms)%",
+                 "to_end": "%COMMON_DURATION(DS_RX_BEG:DS_TX_END:ms)%"}
 
 
 def inflight_rule(limit: int, lease: str = "3s", **fields: Any) -> dict:
@@ -89,3 +91,173 @@ def test_over_the_limit_a_request_gets_429_and_the_permits_come_back_when_respon
     assert envoy.send("/v1/chat/completions", slow(0, events=1)).status == 200
     metrics = envoy.metrics()
     assert (metrics.get("inflight_admitted"), metrics.get("inflight_rejected")) == (3, 3), metrics
+
+
+# --- Exactness: 2 gateways x 2 workers far beyond the limits ------------------------------------------------
+
+PER_KEY, TOTAL = 8, 32
+USERS = [f"user{i}" for i in range(6)]
+def in_flight_peak(spans: list[tuple[float, float]]) -> int:
+    """The most spans (start ms, end ms) open at one moment (an end and a start at the same ms: not both)."""
+    events = sorted([(start, 1) for start, end in spans] + [(end, -1) for start, end in spans],
+                    key=lambda e: (e[0], e[1]))
+    peak = current = 0
+    for _, step in events:
+        current += step
+        peak = max(peak, current)
+    return peak
+
+
+def read_log(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def hammer(port: int, seconds: float, clients: int, seed: int, users: list[str] | None = None) -> list[str]:
+    """`clients` threads sending, back to back for `seconds`, requests of a random user whose answers stream
+    1 to 6 pieces 20 to 60 ms apart; one in 8 the upstream resets after its first piece, one in 8 the client
+    leaves after 50 ms. Returns how each ended ("200", "429", "reset", "left")."""
+    import random
+
+    def run(index: int) -> list[str]:
+        rng = random.Random(seed * 1000 + index)
+        ends = []
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            user = rng.choice(users or USERS)
+            fate = rng.randrange(8)
+            extra = {"reset_after": 1} if fate == 0 else {}
+            headers = {"x-user-id": user,
+                       **llm.headers("openai-sse", events=rng.randint(1, 6), delay_ms=rng.randint(20, 60), **extra)}
+            try:
+                answer = h.http_request(port, "/v1/chat/completions", headers, timeout=0.05 if fate == 1 else 5.0)
+                ends.append(str(answer.status))
+            except Exception as error:  # a reset or the client's own timeout: both end the stream
+                ends.append("left" if fate == 1 else f"reset:{type(error).__name__}")
+        return ends
+
+    with ThreadPoolExecutor(max_workers=clients) as pool:
+        return [end for ends in pool.map(run, range(clients)) for end in ends]
+
+
+def test_two_gateways_never_hold_more_than_the_limits_in_flight(stack, upstream):
+    """2 Envoys x 2 workers, 24 clients each, 6 users, far beyond 8 in flight per user and 32 in total (two
+    rules), with answers of random length, upstream resets and clients that leave: by both access logs, no
+    user ever had more than 8 requests in flight at once, and all of them never more than 32 (each request
+    counted from when Envoy began sending it upstream to its last byte); both limits were reached
+    (they were the bound, not the load); and once the load ended, every permit is back in Redis."""
+    rules = [inflight_rule(PER_KEY, name="per-user"), inflight_rule(TOTAL, name="total", limit_by="global")]
+    gateways = [gateway(stack, upstream, *rules) for _ in range(2)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = list(pool.map(lambda g: hammer(g[0].port, 4.0, 24, g[0].port), gateways))
+    ends = [end for run in runs for end in run]
+    entries = [entry for _, log in gateways for entry in read_log(log)]
+    # In flight, by the access log: from when Envoy began sending the request upstream (after the filter had
+    # its permits) to when the answer's last byte left for the client or the stream ended (before the
+    # filter's tick gave them back). A request that never went upstream held no permit past its end.
+    def span(entry: dict) -> tuple[float, float] | None:
+        if entry["to_upstream"] in ("-", None):
+            return None
+        start = float(entry["start"])
+        end = entry["to_end"] if entry["to_end"] not in ("-", None) else entry["duration"]
+        return start + float(entry["to_upstream"]), start + float(end)
+    spans = [(*found, e) for e in entries if (found := span(e)) is not None]
+    logged = [(float(e["start"]), float(e["start"]) + float(e["duration"])) for e in entries if e["status"] != 429]
+    assert "429" in ends and "200" in ends, sorted(set(ends))
+    total_peak = in_flight_peak([(s, t) for s, t, _ in spans])
+    print(f"ends {dict((end, ends.count(end)) for end in set(ends))}; peak in flight: total {total_peak}, "
+          f"from request start to end {in_flight_peak(logged)}")
+    assert total_peak <= TOTAL, total_peak
+    assert total_peak >= TOTAL - 2, f"the total limit was not reached ({total_peak}): the test proves nothing"
+    rejected_by = {e["by"] for e in entries if e["status"] == 429}
+    assert rejected_by <= {"per-user", "total"}, rejected_by
+    for name in ("per-user", "total"):
+        assert name in rejected_by, f"{name} never refused: {rejected_by}"
+    for user in USERS:
+        mine = [(s, t) for s, t, e in spans if e.get("user") == user]
+        assert in_flight_peak(mine) <= PER_KEY, (user, in_flight_peak(mine))
+    def back() -> bool:
+        held = [stack.redis.client.zcard("{" + h.limiter_name("erl:per-user", user) + "}:timeout") for user in USERS]
+        return sum(held) == 0 and stack.redis.client.zcard("{erl:total}:timeout") == 0
+    h.wait_until(back, 3.0, "every permit back")
+    assert int(stack.redis.client.get("erl:total")) == TOTAL
+
+
+def test_a_gateway_killed_while_holding_permits_frees_them_within_one_lease(stack, upstream):
+    """Limit 4 per user, lease 2 s, two gateways. Gateway A holds all 4 permits with answers that stream
+    for about 5 s, extending their leases from its tick; A is killed with SIGKILL. Gateway B's requests,
+    one every 100 ms, are refused (the permits are still leased: B never goes over the limit), until the
+    leases A last extended end: B's first admission comes within one lease (+ 0.3 s) of the kill, and not
+    before A's last extension could have ended (1 s: a third of the lease before the kill at the latest,
+    minus the request's own time). Then every permit is B's or free."""
+    rule = inflight_rule(4, lease="2s")
+    gateway_a, _ = gateway(stack, upstream, rule)
+    gateway_b, _ = gateway(stack, upstream, rule)
+    long_answer = slow(500, events=11)
+    pool = ThreadPoolExecutor(max_workers=4)
+    try:
+        held = [pool.submit(h.http_request, gateway_a.port, "/v1/chat/completions", long_answer, timeout=10.0)
+                for _ in range(4)]
+        h.wait_until(lambda: free_permits(stack) == (0, 4), 3.0, "A to hold the 4 permits")
+        time.sleep(1.0)  # A's tick extends the leases (every 667 ms)
+        assert free_permits(stack) == (0, 4)
+        os.kill(gateway_a.process.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        statuses = []
+        while time.monotonic() - killed < 3.0:
+            status = gateway_b.send("/v1/chat/completions", slow(0, events=1)).status
+            statuses.append((round(time.monotonic() - killed, 2), status))
+            if status == 200:
+                break
+            time.sleep(0.1)
+        for future in held:
+            with __import__("contextlib").suppress(Exception):
+                future.result(timeout=5)
+    finally:
+        pool.shutdown(wait=False)
+    admitted = [at for at, status in statuses if status == 200]
+    assert admitted, f"B was never admitted within 3 s of the kill: {statuses}"
+    assert all(status == 429 for _, status in statuses[:-1]), statuses
+    assert 1.0 <= admitted[0] <= 2.3, f"first admission {admitted[0]} s after the kill: {statuses}"
+    h.wait_until(lambda: free_permits(stack) == (4, 0), 2.0, "every permit back once B's request ended")
+
+
+def test_java_and_the_gateway_share_one_semaphore(stack, upstream, tmp_path):
+    """Redisson 4.7.0's `RPermitExpirableSemaphore` (tests/interop/redisson) and the gateway on one
+    semaphore of 4: Java sees the semaphore the gateway created (`trySetPermits` refused, 4 permits); while
+    Java holds 2, the gateway admits 2 requests at once and refuses the third; then Java threads (lease 5 s)
+    and gateway clients together for 2 s never hold more than 4 (Java's permits from take to release, the
+    gateway's from Envoy's upstream send to the answer's end); afterwards Java's `availablePermits` is 4."""
+    from redisson_java import RedissonJava
+
+    envoy, log = gateway(stack, upstream, inflight_rule(4))
+    assert envoy.send("/v1/chat/completions", slow(0, events=1)).status == 200
+    h.wait_until(lambda: free_permits(stack) == (4, 0), 2.0, "the first permit back")
+    with RedissonJava(stack.redis, tmp_path) as java:
+        semaphore = java.semaphore(SEMAPHORE)
+        assert not semaphore.try_set_permits(9), "the gateway created it"
+        assert (semaphore.permits(), semaphore.available_permits()) == (4, 4)
+        javas = [semaphore.try_acquire(lease_ms=10_000) for _ in range(2)]
+        assert all(javas)
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            answers = [pool.submit(envoy.send, "/v1/chat/completions", slow(300, events=3)) for _ in range(3)]
+            statuses = sorted(future.result().status for future in answers)
+        assert statuses == [200, 200, 429], statuses
+        for permit in javas:
+            assert semaphore.try_release(permit)
+        h.wait_until(lambda: semaphore.available_permits() == 4, 2.0, "every permit back, as Java sees it")
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            java_run = pool.submit(semaphore.hammer, 3, 2000, 20, 5000)
+            gateway_ends = hammer(envoy.port, 2.0, 6, 7, users=[USER])
+            java_spans = java_run.result(timeout=60)
+        h.wait_until(lambda: semaphore.available_permits() == 4, 3.0, "every permit back after the load")
+    gateway_spans = []
+    for entry in read_log(log):
+        if entry["to_upstream"] not in ("-", None) and entry["user"] == USER:
+            start = float(entry["start"])
+            end = entry["to_end"] if entry["to_end"] not in ("-", None) else entry["duration"]
+            gateway_spans.append((start + float(entry["to_upstream"]), start + float(end)))
+    peak = in_flight_peak([(float(a), float(b)) for a, b in java_spans] + gateway_spans)
+    print(f"Java {len(java_spans)} permits, gateway {len(gateway_spans)} requests in flight; peak {peak}; "
+          f"gateway ends {sorted(set(gateway_ends))}")
+    assert java_spans and len(gateway_spans) > 3
+    assert peak <= 4, peak
