@@ -420,6 +420,9 @@ mod tests {
     const MINIMAL: &str =
         r#"{"redis":{"cluster":"webdis"},"rules":[{"name":"r","limit_by":"global","rate":5,"interval":"1s"}]}"#;
 
+    /// An in-flight rule, added after MINIMAL's rate rule.
+    const INF: &str = r#"{"name":"f","limit_by":"global","max_in_flight":4}"#;
+
     #[test]
     fn minimal_configuration_gets_documented_defaults() {
         let config = parse(MINIMAL).unwrap();
@@ -449,6 +452,19 @@ mod tests {
                 .unwrap();
         let cost = unweighted.rules[0].cost.as_ref().unwrap();
         assert_eq!(cost.settle, Settle::Usage(crate::usage::UsageFormat::Gemini, None));
+    }
+
+    #[test]
+    fn an_in_flight_rule_has_its_defaults_and_its_own_list() {
+        let config = parse(&MINIMAL.replace("}]}", &format!("}},{INF}]}}"))).unwrap();
+        assert_eq!(config.rules.len(), 1, "the rate rule alone");
+        let [rule] = config.inflight.as_slice() else { panic!("one in-flight rule: {:?}", config.inflight) };
+        assert_eq!((rule.name.as_str(), rule.limiter.as_str(), rule.max_in_flight), ("f", "erl:f", 4));
+        assert_eq!((rule.lease_ms, rule.retry_after_ms, rule.mode), (30_000, 1_000, Mode::Enforce));
+        let only = r#"{"redis":{"cluster":"c"},"rules":[{"name":"f","limit_by":{"header":"x-key"},"max_in_flight":2,"lease":"2s","retry_after":"3s"}]}"#;
+        let config = parse(only).unwrap();
+        assert!(config.rules.is_empty());
+        assert_eq!((config.inflight[0].lease_ms, config.inflight[0].retry_after_ms), (2_000, 3_000));
     }
 
     #[test]
@@ -825,6 +841,30 @@ mod tests {
             (
                 MINIMAL.replace("\"1s\"", &format!("\"1s\",\"cost\":{{\"reserve\":1,\"settle\":{}}}", r#"{"response_header":"x-cost","weights":{"output":4}}"#)),
                 "rules[0].cost.settle.weights: apply to `usage` only",
+            ),
+            (
+                MINIMAL.replace("}]}", &format!("}},{}]}}", INF.replace("4}", "0}"))),
+                "rules[1].max_in_flight: must be between 1 and 1000000",
+            ),
+            (
+                MINIMAL.replace("}]}", &format!("}},{}]}}", INF.replace("4}", "4,\"lease\":\"100ms\"}"))),
+                "rules[1].lease: must be between 300 ms and 86400000 ms",
+            ),
+            (
+                MINIMAL.replace("}]}", &format!("}},{}]}}", INF.replace("4}", "4,\"rate\":5}"))),
+                "rules[1].rate: unknown field `rate`",
+            ),
+            (
+                MINIMAL.replace("}]}", &format!("}},{}]}}", INF.replace("\"global\"", "{\"body\":\"model\"}"))),
+                "rules[1].limit_by: an in-flight rule takes its permit with the headers",
+            ),
+            (
+                MINIMAL.replace("}]}", &format!("}},{}]}}", INF.replace("\"f\"", "\"r\""))),
+                "rules[1].name: duplicate rule name",
+            ),
+            (
+                MINIMAL.replace("}]}", &format!("}},{INF}],\"failure_mode\":\"local\",\"local_fallback\":{{\"gateways\":2}}}}")),
+                "failure_mode: \"local\" (the degraded mode) does not cover in-flight rules",
             ),
             (MINIMAL.replace("\"global\"", "{\"body\":\"a..b\"}"), "rules[0].limit_by: `body` must be a dotted path"),
             (

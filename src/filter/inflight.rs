@@ -84,7 +84,10 @@ pub(super) struct Inflight {
     waiting: IdMap<Waiting>,
     held: IdMap<Vec<Held>>,
     releases: Vec<Held>,
-    calls: CallMap<(CallFor, u64)>,
+    /// By [`crate::transport::CallId::key`]: what it is for, when it was sent (us,
+    /// [`super::metrics::Metrics::clock`]) and when the tick forgets it (ms: `redis.timeout` and the grace
+    /// after sending; a reply after that is dropped).
+    calls: CallMap<(CallFor, u64, u64)>,
     /// Permits of requests that ended before their acquire's reply: (request, permit index, the permit,
     /// when the wait ends, ms). A reply that took it releases it again (the release may have run first).
     orphans: Vec<(u32, usize, Held, u64)>,
@@ -205,12 +208,14 @@ fn send_acquire<H: Host>(filter: &mut Filter<H>, context_id: u32, index: usize, 
         publish: Publish::Plain,
     };
     let command = acquire.encode(invocation, waiting.route.transport.encoding());
+    let forget_ms = forget_at(&filter.host, &waiting.route);
     let sent = waiting.route.transport.send(&filter.host, &command);
     filter.metrics.redis_call(&filter.host);
     match sent {
         Ok(id) => {
             let sent_us = filter.metrics.clock(&filter.host);
-            filter.inflight.calls.insert(id.key(), (CallFor::Acquire { context_id, asked: index }, sent_us));
+            let call = (CallFor::Acquire { context_id, asked: index }, sent_us, forget_ms);
+            filter.inflight.calls.insert(id.key(), call);
         }
         Err(_) => fail(filter, context_id, index),
     }
@@ -226,7 +231,7 @@ fn fail<H: Host>(filter: &mut Filter<H>, context_id: u32, index: usize) {
 
 /// A reply for call `key`, if it is an in-flight call (`false`: not one of these).
 pub(super) fn on_reply<H: Host>(filter: &mut Filter<H>, key: u64, reply: &Result<Vec<u8>, Failure>) -> bool {
-    let Some((call, sent_us)) = filter.inflight.calls.remove(&key) else { return false };
+    let Some((call, sent_us, _)) = filter.inflight.calls.remove(&key) else { return false };
     filter.metrics.round_trip(&filter.host, sent_us);
     let CallFor::Acquire { context_id, asked: index } = call else {
         if reply.is_err() {
@@ -417,6 +422,10 @@ pub(super) fn on_tick<H: Host>(filter: &mut Filter<H>, now_ms: u64) {
         }
     }
     filter.inflight.orphans.retain(|(_, _, _, deadline_ms)| *deadline_ms > now_ms);
+    // A call whose reply never came (its wait ended above; a release or an extension nobody waits for).
+    let before = filter.inflight.calls.len();
+    filter.inflight.calls.retain(|_, (_, _, forget_ms)| *forget_ms > now_ms);
+    filter.metrics.redis_errors(&filter.host, before - filter.inflight.calls.len());
     let releases = core::mem::take(&mut filter.inflight.releases);
     let released = releases.len() as u64;
     for (route, name, _, ids) in by_semaphore(releases.iter()) {
@@ -462,8 +471,17 @@ fn send_outbox<H: Host>(filter: &mut Filter<H>, route: &Route, command: &[u8]) {
     match route.transport.send(&filter.host, command) {
         Ok(id) => {
             let sent_us = filter.metrics.clock(&filter.host);
-            filter.inflight.calls.insert(id.key(), (CallFor::Outbox, sent_us));
+            let forget_ms = forget_at(&filter.host, route);
+            filter.inflight.calls.insert(id.key(), (CallFor::Outbox, sent_us, forget_ms));
         }
         Err(_) => filter.metrics.redis_errors(&filter.host, 1),
     }
+}
+
+/// When the tick forgets a call sent now through `route`: `redis.timeout` and the grace later, and a tick.
+fn forget_at(host: &impl Host, route: &Route) -> u64 {
+    host.now_ms()
+        .saturating_add(route.config.redis.timeout_ms)
+        .saturating_add(DEADLINE_GRACE_MS)
+        .saturating_add(u64::from(super::TICK_MS))
 }

@@ -1,0 +1,135 @@
+//! In-flight rules through the fake host: a permit taken before the rate rules, a refusal answered at once,
+//! the permit given back from the tick when the request ends, leases extended while it runs, a failed call
+//! by the failure mode, and the permits of a request that ended before its reply.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
+
+use super::*;
+use crate::testing::{acquired, End, FakeHost};
+
+const CONFIG: &str = r#"{"redis":{"cluster":"webdis","timeout":200},"rules":[
+    {"name":"per-user","limit_by":{"header":"x-user"},"rate":5,"interval":"1s"},
+    {"name":"inflight","limit_by":{"header":"x-user"},"max_in_flight":1,"lease":"3s","retry_after":"2s"}]"#;
+
+/// SEMAPHORE_ACQUIRE's replies: taken (`free` left), refused (the earliest lease's end, a string).
+const TAKEN: &[u8] = b"*2\r\n:1\r\n:0\r\n";
+const REFUSED: &[u8] = b"*3\r\n:0\r\n:0\r\n$13\r\n1764300000000\r\n";
+
+fn configure(extra: &str) -> (FakeHost, Filter<FakeHost>) {
+    let host = FakeHost::new();
+    let json = format!("{CONFIG}{extra}}}");
+    let filter = Filter::configure(host.clone(), json.as_bytes(), false).unwrap();
+    (host, filter)
+}
+
+fn start(host: &FakeHost, filter: &mut Filter<FakeHost>, context_id: u32) -> Action {
+    host.request(context_id, &[(":path", "/"), ("x-user", "alice"), (":authority", "api.example")]);
+    filter.on_request_headers(context_id)
+}
+
+/// Answers the last call with `body` and returns that call's body as text.
+fn answer(host: &FakeHost, filter: &mut Filter<FakeHost>, body: &[u8]) -> String {
+    let call = host.http_calls().pop().unwrap();
+    host.http_reply(200, body);
+    filter.on_http_call_response(call.token, 1, body.len());
+    String::from_utf8_lossy(&call.body).into_owned()
+}
+
+fn calls_of(host: &FakeHost, script: &str) -> usize {
+    host.http_calls().iter().filter(|call| String::from_utf8_lossy(&call.body).contains(script)).count()
+}
+
+#[test]
+fn a_permit_is_taken_before_the_rate_rules_and_given_back_from_the_tick_when_the_request_ends() {
+    let (host, mut filter) = configure("");
+    assert_eq!(start(&host, &mut filter, 2), Action::Pause);
+    let sent = answer(&host, &mut filter, TAKEN);
+    assert!(sent.contains("erl%3Ainflight%3Aalice") || sent.contains("erl:inflight:alice"), "{sent}");
+    // The rate rule's acquire follows; its reply resumes the request.
+    answer(&host, &mut filter, &acquired(4));
+    assert_eq!(host.end(2), Some(End::Resumed));
+    assert_eq!(host.counter("edge_rate_limiter.inflight_admitted"), 1);
+    assert_eq!(host.counter("edge_rate_limiter.allowed"), 1);
+    // Running: the tick extends the lease every third of it (1 s), one call for the semaphore.
+    host.clear_calls();
+    host.advance(1_001);
+    filter.on_tick();
+    assert_eq!(calls_of(&host, "EVAL"), 1, "{:?}", host.http_calls());
+    assert_eq!(host.counter("edge_rate_limiter.inflight_extended"), 1);
+    answer(&host, &mut filter, b":1\r\n");
+    // The request ends: its permit goes back from the next tick.
+    host.clear_calls();
+    filter.on_done(2);
+    assert!(host.http_calls().is_empty(), "not before the tick");
+    filter.on_tick();
+    assert_eq!(host.http_calls().len(), 1);
+    assert_eq!(host.counter("edge_rate_limiter.inflight_released"), 1);
+    answer(&host, &mut filter, b":1\r\n");
+    filter.on_tick();
+    assert_eq!(host.tick_period(), 0, "nothing left: the tick stops");
+}
+
+#[test]
+fn a_refusal_is_answered_at_once_with_the_rule_and_retry_after_and_asks_no_rate_rule() {
+    let (host, mut filter) = configure("");
+    assert_eq!(start(&host, &mut filter, 2), Action::Pause);
+    answer(&host, &mut filter, REFUSED);
+    match host.end(2) {
+        Some(End::LocalReply { status, headers, .. }) => {
+            assert_eq!(status, 429);
+            assert!(headers.contains(&("x-ratelimited-by".into(), "inflight".into())), "{headers:?}");
+            assert!(headers.contains(&("retry-after".into(), "2".into())), "{headers:?}");
+        }
+        other => panic!("expected a 429, got {other:?}"),
+    }
+    assert_eq!(host.http_calls().len(), 1, "the rate rule was not asked");
+    assert_eq!(host.counter("edge_rate_limiter.inflight_rejected"), 1);
+    assert_eq!(host.counter("edge_rate_limiter.rejected"), 1);
+    assert!(host.filter_state(2).contains(&(REJECTED_BY_PROPERTY.into(), "inflight".into())));
+}
+
+#[test]
+fn a_failed_call_follows_the_failure_mode() {
+    let (host, mut filter) = configure(r#","failure_mode":"deny""#);
+    start(&host, &mut filter, 2);
+    answer(&host, &mut filter, b"-ERR boom\r\n");
+    assert!(matches!(host.end(2), Some(End::LocalReply { status: 503, .. })), "{:?}", host.end(2));
+    assert_eq!(host.counter("edge_rate_limiter.redis_errors"), 1);
+    let (host, mut filter) = configure("");
+    start(&host, &mut filter, 2);
+    answer(&host, &mut filter, b"-ERR boom\r\n");
+    answer(&host, &mut filter, &acquired(4));
+    assert_eq!(host.end(2), Some(End::Resumed), "fail open: on without the permit");
+    assert_eq!(host.counter("edge_rate_limiter.inflight_admitted"), 0);
+}
+
+#[test]
+fn a_request_that_ends_before_its_reply_gives_the_permit_back() {
+    let (host, mut filter) = configure("");
+    start(&host, &mut filter, 2);
+    let acquire = host.http_calls().pop().unwrap();
+    filter.on_done(2);
+    host.clear_calls();
+    filter.on_tick();
+    assert_eq!(host.http_calls().len(), 1, "released at once (in case the acquire already ran)");
+    host.clear_calls();
+    host.http_reply(200, TAKEN);
+    filter.on_http_call_response(acquire.token, 1, TAKEN.len());
+    filter.on_tick();
+    assert_eq!(host.http_calls().len(), 1, "released again once the reply says it was taken");
+    assert_eq!(host.end(2), None, "the request is gone: nothing resumed or answered");
+}
+
+#[test]
+fn a_call_never_answered_is_forgotten_and_the_tick_stops() {
+    let (host, mut filter) = configure("");
+    start(&host, &mut filter, 2);
+    answer(&host, &mut filter, TAKEN);
+    answer(&host, &mut filter, &acquired(4));
+    filter.on_done(2);
+    filter.on_tick();
+    assert_eq!(host.counter("edge_rate_limiter.inflight_released"), 1);
+    host.advance(200 + DEADLINE_GRACE_MS + u64::from(TICK_MS) + 1);
+    filter.on_tick();
+    assert_eq!(host.counter("edge_rate_limiter.redis_errors"), 1, "the release's reply never came");
+    assert_eq!(host.tick_period(), 0);
+}
