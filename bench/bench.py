@@ -59,6 +59,8 @@
    settled sizes, from Redis) against the budget, requests admitted; (b) CPU per request by process of
    settling by usage vs fixed permits (Envoy answering itself with a chat completion body, wrk); (c) guest
    fuel per request of each body format in the host emulator.
+12. In-flight rules (bench/inflight_bench.py): CPU per request of a per-user in-flight rule (`max_in_flight`)
+   against a per-user rate rule and Envoy without the filter, at wrk -c8 and -c32, in the same run.
 
 Every process (redis-server, webdis, Envoys, wrk) is started by tests/e2e/harness.py on 127.0.0.1 with
 free ports and stopped by its PID, also on Ctrl-C or SIGTERM. Figures vary from run to run (the machine,
@@ -71,7 +73,7 @@ values [64], BENCH_N script calls per script and case [20000], BENCH_LEASE_RATE 
 permits per second in 6 [1000], BENCH_LEASE_SECONDS its load [7], BENCH_CLUSTER_USERS the users of 7 [10000],
 BENCH_FAULT_SECONDS each fault of 8 and the load after it [3], BENCH_COALESCING_CONNECTIONS wrk connections
 per gateway in 10 [32], BENCH_PEER_CONNECTIONS the wrk connections of each load of 9 [8,32], BENCH_COST_CLIENTS, BENCH_COST_SECONDS and BENCH_COST_BUDGET of 11 (a) [16, 8, 10000],
-BENCH_ONLY sections to run, e.g. "2,4" [1,2,3,4,5,6,7,8,9,10,11; 3 needs 1].
+BENCH_ONLY sections to run, e.g. "2,4" [1,2,3,4,5,6,7,8,9,10,11,12; 3 needs 1], BENCH_INFLIGHT_CONNECTIONS the wrk loads of 12 [8,32].
 """
 
 from __future__ import annotations
@@ -126,7 +128,7 @@ THREADS = min(_env_int("BENCH_THREADS", 2), CONNECTIONS)
 CONCURRENCY = _env_int("BENCH_CONCURRENCY", 2)
 USERS = _env_int("BENCH_USERS", 64)
 N_CALLS = _env_int("BENCH_N", 20_000)
-ONLY = {part.strip() for part in os.environ.get("BENCH_ONLY", "1,2,3,4,5,6,7,8,9,10,11").split(",")
+ONLY = {part.strip() for part in os.environ.get("BENCH_ONLY", "1,2,3,4,5,6,7,8,9,10,11,12").split(",")
         if part.strip()}
 
 WRK = os.environ.get("WRK_BIN", "wrk")
@@ -1901,6 +1903,9 @@ def main() -> int:
         if "11" in ONLY:
             import cost_bench  # bench/cost_bench.py (it imports this file as `bench`)
             cost_bench.run_cost()
+        if "12" in ONLY:
+            import inflight_bench  # bench/inflight_bench.py (it imports this file as `bench`)
+            inflight_bench.run_inflight()
     except KeyboardInterrupt:
         print("\nbench: interrupted; every process it started is stopped", file=sys.stderr)
         return 130

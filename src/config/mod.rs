@@ -458,7 +458,8 @@ mod tests {
     fn an_in_flight_rule_has_its_defaults_and_its_own_list() {
         let config = parse(&MINIMAL.replace("}]}", &format!("}},{INF}]}}"))).unwrap();
         assert_eq!(config.rules.len(), 1, "the rate rule alone");
-        let [rule] = config.inflight.as_slice() else { panic!("one in-flight rule: {:?}", config.inflight) };
+        assert_eq!(config.inflight.len(), 1, "one in-flight rule");
+        let rule = &config.inflight[0];
         assert_eq!((rule.name.as_str(), rule.limiter.as_str(), rule.max_in_flight), ("f", "erl:f", 4));
         assert_eq!((rule.lease_ms, rule.retry_after_ms, rule.mode), (30_000, 1_000, Mode::Enforce));
         let only = r#"{"redis":{"cluster":"c"},"rules":[{"name":"f","limit_by":{"header":"x-key"},"max_in_flight":2,"lease":"2s","retry_after":"3s"}]}"#;

@@ -98,23 +98,7 @@ impl PluginConfig {
             return Err(top.error("rules", "at least one rule is required"));
         }
         let mode = top.choice("mode", &[("enforce", Mode::Enforce), ("shadow", Mode::Shadow)])?.unwrap_or_default();
-        let mut rules: Vec<Rule> = Vec::with_capacity(items.len());
-        let mut inflight: Vec<super::InflightRule> = Vec::new();
-        for (index, item) in items.iter().enumerate() {
-            let path = format!("{at}[{index}]");
-            let (inflight_rule, entries) = if super::inflight::is_inflight(item) {
-                (Some(super::inflight::read_inflight_rule(Object::new(item, &path)?, mode)?), Vec::new())
-            } else {
-                (None, super::rules::read_rule(Object::new(item, &path)?, mode)?)
-            };
-            let name = inflight_rule.as_ref().map(|r| &r.name).or_else(|| entries.first().map(|r| &r.name));
-            let mut taken = rules.iter().map(|r| &r.name).chain(inflight.iter().map(|r| &r.name));
-            if let Some(name) = name.filter(|name| taken.any(|taken| taken == *name)) {
-                return Err(ConfigError::new(format!("{path}.name"), format!("duplicate rule name {}", quoted(name))));
-            }
-            inflight.extend(inflight_rule);
-            rules.extend(entries);
-        }
+        let (rules, inflight) = read_rules(items, &at, mode)?;
         let failure_mode = top.choice(
             "failure_mode",
             &[("allow", FailureMode::Allow), ("deny", FailureMode::Deny), ("local", FailureMode::Local)],
@@ -177,6 +161,29 @@ impl PluginConfig {
             grpc,
         })
     }
+}
+
+/// The `rules` array at `at`: the rate rules (a rule's `rates_by_value` entries one each) and the in-flight
+/// rules (`max_in_flight`), each in configuration order; every rule name unique across both.
+fn read_rules(items: &[Value], at: &str, mode: Mode) -> Result<(Vec<Rule>, Vec<super::InflightRule>), ConfigError> {
+    let mut rules: Vec<Rule> = Vec::with_capacity(items.len());
+    let mut inflight: Vec<super::InflightRule> = Vec::new();
+    for (index, item) in items.iter().enumerate() {
+        let path = format!("{at}[{index}]");
+        let (inflight_rule, entries) = if super::inflight::is_inflight(item) {
+            (Some(super::inflight::read_inflight_rule(Object::new(item, &path)?, mode)?), Vec::new())
+        } else {
+            (None, super::rules::read_rule(Object::new(item, &path)?, mode)?)
+        };
+        let name = inflight_rule.as_ref().map(|r| &r.name).or_else(|| entries.first().map(|r| &r.name));
+        let mut taken = rules.iter().map(|r| &r.name).chain(inflight.iter().map(|r| &r.name));
+        if let Some(name) = name.filter(|name| taken.any(|taken| taken == *name)) {
+            return Err(ConfigError::new(format!("{path}.name"), format!("duplicate rule name {}", quoted(name))));
+        }
+        inflight.extend(inflight_rule);
+        rules.extend(entries);
+    }
+    Ok((rules, inflight))
 }
 
 /// `exempt`: `client_ips` (networks or addresses) and `headers` (`{"name": ["value", ...]}`); at least one.

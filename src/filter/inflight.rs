@@ -485,3 +485,7 @@ fn forget_at(host: &impl Host, route: &Route) -> u64 {
         .saturating_add(DEADLINE_GRACE_MS)
         .saturating_add(u64::from(super::TICK_MS))
 }
+
+#[cfg(test)]
+#[path = "inflight_tests.rs"]
+mod tests;

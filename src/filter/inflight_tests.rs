@@ -3,7 +3,7 @@
 //! by the failure mode, and the permits of a request that ended before its reply.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 
-use super::*;
+use crate::filter::{Action, Filter, DEADLINE_GRACE_MS, REJECTED_BY_PROPERTY, TICK_MS};
 use crate::testing::{acquired, End, FakeHost};
 
 const CONFIG: &str = r#"{"redis":{"cluster":"webdis","timeout":200},"rules":[

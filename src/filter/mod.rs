@@ -70,8 +70,6 @@ mod give_back;
 mod handover;
 mod ids;
 mod inflight;
-#[cfg(test)]
-mod inflight_tests;
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod interleavings;
 mod metrics;
