@@ -167,7 +167,8 @@ def test_the_dashboard_and_alert_queries_return_what_the_traffic_implies_and_an_
             mean_batch = results[("Batches: calls per batch", "mean")]
             if batches:
                 assert mean_batch[0][1] >= 2, (batches, mean_batch)
-                assert results[("Batches: calls per batch", "p99")][0][1] >= 2, results
+                # histogram_quantile interpolates inside the bucket (1, 2]: batches of exactly 2 read 1.99.
+                assert results[("Batches: calls per batch", "p99")][0][1] > 1, results
             else:
                 assert all(math.isnan(value) for _, value in mean_batch), mean_batch
             settles = by(results[("Token budgets: settles (per second)", "settled")], "")[""]
