@@ -51,7 +51,7 @@ SUBFLOORS: dict[str, list[str]] = {
         "ids metrics route",          # 0 this process's ids, counters and logs, configurations compiled
         "tick",                       # 1 the root context's tick
         "give_back",                  # 2 give-back calls, one at a time
-        "outbox settle",              # 3 what leaves from the tick: the outbox, reservations and their settles
+        "outbox settle permit_outbox",  # 3 what leaves from the tick: the outbox, reservations and their settles, in-flight permits
         "body end flow coalesce",     # 4 the request driver
         "handover inflight",          # 5 a configuration that goes away and the one that takes over; in-flight permits
     ],

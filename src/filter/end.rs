@@ -142,3 +142,25 @@ fn record_rule<H: Host>(filter: &mut Filter<H>, route: &Route, verdict: &Verdict
         super::metrics::host_refused(filter, "proxy_set_property");
     }
 }
+
+/// Answers the effective request locally with `status`, `headers` and `body` (a gRPC request with `grpc`'s
+/// status in trailers-only form), naming `rejected_by` in its filter state ([`REJECTED_BY_PROPERTY`]) if
+/// given: the in-flight stage's refusals and failures ([`super::inflight`]).
+pub(super) fn answer<H: Host>(
+    filter: &mut Filter<H>,
+    status: u16,
+    pairs: &[(&str, &str)],
+    body: &[u8],
+    grpc: Option<u8>,
+    rejected_by: Option<&str>,
+) {
+    if let Some(rule) = rejected_by {
+        if filter.host.set_property(REJECTED_BY_PROPERTY, rule.as_bytes()).is_err() {
+            super::metrics::host_refused(filter, "proxy_set_property");
+        }
+    }
+    let code = grpc.filter(|_| is_grpc_request(filter));
+    if filter.host.send_local_reply(status, &HeaderMap::new(pairs), body, code).is_err() {
+        super::metrics::host_refused(filter, "proxy_send_local_response");
+    }
+}

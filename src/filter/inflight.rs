@@ -1,10 +1,11 @@
 //! In-flight rules (`max_in_flight`; docs/configuration.md, "In-flight limits"): before its rate rules, a
 //! request takes one permit of each in-flight rule's semaphore ([`crate::script::SEMAPHORE_ACQUIRE`], layout
 //! as Redisson's `RPermitExpirableSemaphore`), and holds it until its stream ends ([`on_done`]: the response
-//! ended, the client left, the upstream reset it, or a rate rule rejected it). Permits are given back from the
-//! tick, one [`crate::script::SEMAPHORE_RELEASE`] per semaphore; while a request runs, the tick moves its
-//! lease's end every third of the lease ([`crate::script::SEMAPHORE_EXTEND`], one call per semaphore), so a
-//! gateway that dies leaves its permits for at most one lease.
+//! ended, the client left, the upstream reset it, or a rate rule rejected it). The acquires of a destination
+//! are coalesced: while one call is on its way, the next requests' acquires wait and go out together in
+//! the next. Permits are given back from the tick, and while a request runs the tick moves its lease's end
+//! every third of the lease ([`super::permit_outbox`]: one call per destination), so a gateway that dies
+//! leaves its permits for at most one lease.
 //!
 //! A request refused by an enforced rule is answered at once (`rejected_status`, `x-ratelimited-by`, the
 //! rule's `retry_after`), and gives back what its other in-flight rules took. A call that fails follows
@@ -15,22 +16,20 @@ use alloc::rc::Rc;
 use crate::prelude::*;
 
 use crate::config::{FailureMode, Mode, OnMissing};
-use crate::host::{HeaderMap, Host};
+use crate::host::Host;
 use crate::id_map::{CallMap, IdMap};
 use crate::key::{extract, write_limiter_name, KeyValue};
-use crate::response::grpc;
 use crate::script::{
-    decode_semaphore_acquire_reply, encode_semaphore_extend, encode_semaphore_release, Invocation, Publish, ReplyError,
-    SemaphoreAcquire, SemaphoreOutcome, PERMIT_ID_LEN,
+    decode_semaphore_acquire_replies, encode_semaphore_acquires, Invocation, Publish, ReplyError, SemaphoreAcquire,
+    SemaphoreOutcome, MAX_SEMAPHORE_ACQUIRES, PERMIT_ID_LEN,
 };
 use crate::transport::Failure;
 
 use super::flow::HostRequest;
+use super::metrics::{InflightCounter, InflightCounters};
+use super::permit_outbox::{forget_at, Held, PermitId};
 use super::route::Route;
-use super::{Action, Filter, DEADLINE_GRACE_MS, NAME, REJECTED_BY_PROPERTY, SHADOW_REJECTED_BY_PROPERTY};
-
-/// A permit's id: 16 random bytes, as Redisson's `generateId`.
-type PermitId = [u8; PERMIT_ID_LEN];
+use super::{Action, Filter, DEADLINE_GRACE_MS, SHADOW_REJECTED_BY_PROPERTY};
 
 /// One permit a request asked for.
 #[derive(Debug, Clone)]
@@ -43,7 +42,6 @@ struct Asked {
     /// `Some(true)` taken, `Some(false)` refused, `None` waiting (or failed: `failed` says).
     taken: Option<bool>,
     failed: bool,
-    retried: bool,
 }
 
 /// A request waiting for its in-flight permits.
@@ -59,23 +57,18 @@ struct Waiting {
     deadline_ms: u64,
 }
 
-/// A permit held by a request, given back or extended by route and semaphore name.
+/// An acquire call on its way: the acquires it carries, (request, permit index) each in the call's order, to
+/// `destination`; `retried`: sent again by source after `NOSCRIPT`.
 #[derive(Debug, Clone)]
-struct Held {
-    route: Rc<Route>,
-    name: String,
-    id: PermitId,
-    lease_ms: u64,
+struct AcquireCall {
+    destination: Destination,
+    items: Vec<(u32, usize)>,
+    retried: bool,
 }
 
-/// What a call on its way is for.
-#[derive(Debug, Clone, Copy)]
-enum CallFor {
-    /// Request `context_id`'s permit `asked`.
-    Acquire { context_id: u32, asked: usize },
-    /// A release or an extension: nobody waits for it.
-    Outbox,
-}
+/// Where a call goes: the route (by its index) and, on a Redis Cluster, the semaphore's hash slot (a call's
+/// keys must share one), else 0.
+type Destination = (usize, u16);
 
 /// The in-flight state of one filter: requests waiting for permits, permits held by running requests,
 /// permits to give back on the next tick, and the calls on their way.
@@ -83,42 +76,26 @@ enum CallFor {
 pub(super) struct Inflight {
     waiting: IdMap<Waiting>,
     held: IdMap<Vec<Held>>,
-    releases: Vec<Held>,
-    /// By [`crate::transport::CallId::key`]: what it is for, when it was sent (us,
+    /// By [`crate::transport::CallId::key`]: the acquires it carries, when it was sent (us,
     /// [`super::metrics::Metrics::clock`]) and when the tick forgets it (ms: `redis.timeout` and the grace
     /// after sending; a reply after that is dropped).
-    calls: CallMap<(CallFor, u64, u64)>,
+    calls: CallMap<(AcquireCall, u64, u64)>,
+    /// Acquires waiting for their destination's call on its way to be answered (coalesced into the next).
+    queues: Vec<(Destination, Vec<(u32, usize)>)>,
+    /// Destinations with an acquire call on its way.
+    busy: Vec<Destination>,
     /// Permits of requests that ended before their acquire's reply: (request, permit index, the permit,
     /// when the wait ends, ms). A reply that took it releases it again (the release may have run first).
     orphans: Vec<(u32, usize, Held, u64)>,
     /// When the tick next extends the leases of held permits, ms since the epoch.
     next_extend_ms: u64,
-    counters: Counters,
-}
-
-/// `edge_rate_limiter.inflight_*` counters (docs/operating.md, "Metrics").
-#[derive(Debug, Default, Clone, Copy)]
-struct Counters {
-    admitted: Option<u32>,
-    rejected: Option<u32>,
-    shadow_rejected: Option<u32>,
-    released: Option<u32>,
-    extended: Option<u32>,
+    counters: InflightCounters,
 }
 
 impl Inflight {
     /// The state of a filter whose configurations have in-flight rules (`any`): its counters defined.
     pub(super) fn new(host: &impl Host, any: bool) -> Self {
-        let counter =
-            |name: &str| if any { host.define_counter(&format!("{NAME}.inflight_{name}")).ok() } else { None };
-        let counters = Counters {
-            admitted: counter("admitted"),
-            rejected: counter("rejected"),
-            shadow_rejected: counter("shadow_rejected"),
-            released: counter("released"),
-            extended: counter("extended"),
-        };
-        Inflight { counters, ..Inflight::default() }
+        Inflight { counters: InflightCounters::define(host, any), ..Inflight::default() }
     }
 
     /// Whether nothing waits for the tick: no request waits, no permit is held or to give back, no call
@@ -126,15 +103,9 @@ impl Inflight {
     pub(super) fn is_idle(&self) -> bool {
         self.waiting.is_empty()
             && self.held.is_empty()
-            && self.releases.is_empty()
             && self.calls.is_empty()
             && self.orphans.is_empty()
-    }
-}
-
-fn count(host: &impl Host, id: Option<u32>, amount: u64) {
-    if let Some(id) = id.filter(|_| amount > 0) {
-        let _ = host.increment_counter(id, amount);
+            && self.queues.is_empty()
     }
 }
 
@@ -149,6 +120,9 @@ pub(super) fn start<H: Host>(
     body_follows: bool,
     since_us: u64,
 ) -> Option<Action> {
+    if route.config.inflight.is_empty() {
+        return None;
+    }
     let request = HostRequest { host: &filter.host, body: None, headers: None };
     if route.config.exempt.as_ref().is_some_and(|exempt| exempt.matches(&request)) {
         return None;
@@ -172,7 +146,7 @@ pub(super) fn start<H: Host>(
         if write_limiter_name(&rule.limiter, &value, &mut name) {
             let mut id = [0u8; PERMIT_ID_LEN];
             filter.random.fill(&mut id);
-            asked.push(Asked { rule: index, name: name.clone(), id, taken: None, failed: false, retried: false });
+            asked.push(Asked { rule: index, name: name.clone(), id, taken: None, failed: false });
         }
     }
     if asked.is_empty() {
@@ -183,41 +157,95 @@ pub(super) fn start<H: Host>(
     let count = asked.len();
     let waiting = Waiting { route: Rc::clone(route), asked, body_follows, since_us, deadline_ms };
     filter.inflight.waiting.insert(context_id, waiting);
+    let mut destinations = Vec::new();
     for index in 0..count {
-        send_acquire(filter, context_id, index, Invocation::BySha);
+        let destination = destination_of(filter, context_id, index);
+        queue(filter, destination, (context_id, index));
+        if !destinations.contains(&destination) {
+            destinations.push(destination);
+        }
+    }
+    for destination in destinations {
+        if !filter.inflight.busy.contains(&destination) {
+            flush(filter, destination, Invocation::BySha, None);
+        }
     }
     super::tick::start(filter);
-    match conclude_if_answered(filter, context_id, true) {
-        Some(action) => Some(action),
-        None => Some(Action::Pause),
+    Some(conclude_if_answered(filter, context_id, true).unwrap_or(Action::Pause))
+}
+
+/// The destination of request `context_id`'s permit `index`.
+fn destination_of<H: Host>(filter: &Filter<H>, context_id: u32, index: usize) -> Destination {
+    let Some(waiting) = filter.inflight.waiting.get(&context_id) else { return (0, 0) };
+    let slot = match waiting.asked.get(index) {
+        Some(asked) if waiting.route.config.redis.redis_cluster => crate::key::hash_slot(&asked.name),
+        _ => 0,
+    };
+    (waiting.route.index, slot)
+}
+
+fn queue<H: Host>(filter: &mut Filter<H>, destination: Destination, item: (u32, usize)) {
+    match filter.inflight.queues.iter_mut().find(|(d, _)| *d == destination) {
+        Some((_, items)) => items.push(item),
+        None => filter.inflight.queues.push((destination, vec![item])),
     }
 }
 
-/// Sends request `context_id`'s acquire of permit `index`; a refused send is that permit's failure.
-fn send_acquire<H: Host>(filter: &mut Filter<H>, context_id: u32, index: usize, invocation: Invocation) {
-    let Some(waiting) = filter.inflight.waiting.get(&context_id) else { return };
-    let Some(asked) = waiting.asked.get(index) else { return };
-    let Some(rule) = waiting.route.config.inflight.get(asked.rule) else { return };
-    let now_ms = filter.host.now_ms();
-    let acquire = SemaphoreAcquire {
-        name: &asked.name,
-        permits: rule.max_in_flight,
-        lease_end_ms: now_ms.saturating_add(rule.lease_ms),
-        now_ms,
-        id: &asked.id,
-        publish: Publish::Plain,
+/// Sends `destination`'s queued acquires (at most [`MAX_SEMAPHORE_ACQUIRES`]; with `retry`, those of a call
+/// answered `NOSCRIPT`, by source) in one call, those of requests still waiting; a refused send fails them.
+fn flush<H: Host>(
+    filter: &mut Filter<H>,
+    destination: Destination,
+    invocation: Invocation,
+    retry: Option<Vec<(u32, usize)>>,
+) {
+    let items: Vec<(u32, usize)> = match retry {
+        Some(items) => items,
+        None => {
+            let queues = &mut filter.inflight.queues;
+            let Some(at) = queues.iter().position(|(d, _)| *d == destination) else { return };
+            let Some((_, queued)) = queues.get_mut(at) else { return };
+            let items: Vec<(u32, usize)> = queued.drain(..queued.len().min(MAX_SEMAPHORE_ACQUIRES)).collect();
+            if queued.is_empty() {
+                queues.swap_remove(at);
+            }
+            items
+        }
     };
-    let command = acquire.encode(invocation, waiting.route.transport.encoding());
-    let forget_ms = forget_at(&filter.host, &waiting.route);
-    let sent = waiting.route.transport.send(&filter.host, &command);
+    let waiting = &filter.inflight.waiting;
+    let live: Vec<(u32, usize)> = items
+        .into_iter()
+        .filter(|(context_id, index)| {
+            waiting.get(context_id).and_then(|w| w.asked.get(*index)).is_some_and(|a| a.taken.is_none() && !a.failed)
+        })
+        .collect();
+    let Some(route) = live.first().and_then(|(c, _)| waiting.get(c)).map(|w| Rc::clone(&w.route)) else { return };
+    let now_ms = filter.host.now_ms();
+    let permits: Vec<SemaphoreAcquire<'_>> = live
+        .iter()
+        .filter_map(|(context_id, index)| {
+            let waiting = waiting.get(context_id)?;
+            let asked = waiting.asked.get(*index)?;
+            let rule = waiting.route.config.inflight.get(asked.rule)?;
+            let lease_end_ms = now_ms.saturating_add(rule.lease_ms);
+            Some(SemaphoreAcquire { name: &asked.name, permits: rule.max_in_flight, lease_end_ms, id: &asked.id })
+        })
+        .collect();
+    let command = encode_semaphore_acquires(&permits, now_ms, Publish::Plain, invocation, route.transport.encoding());
+    let forget_ms = forget_at(&filter.host, &route);
+    let sent = route.transport.send(&filter.host, &command);
     filter.metrics.redis_call(&filter.host);
     match sent {
         Ok(id) => {
             let sent_us = filter.metrics.clock(&filter.host);
-            let call = (CallFor::Acquire { context_id, asked: index }, sent_us, forget_ms);
-            filter.inflight.calls.insert(id.key(), call);
+            let retried = invocation == Invocation::BySource;
+            let call = AcquireCall { destination, items: live, retried };
+            filter.inflight.calls.insert(id.key(), (call, sent_us, forget_ms));
+            filter.inflight.busy.retain(|d| *d != destination);
+            filter.inflight.busy.push(destination);
         }
-        Err(_) => fail(filter, context_id, index),
+        // Decided by the request's own start, or by the tick when its wait ends.
+        Err(_) => live.into_iter().for_each(|(context_id, index)| fail(filter, context_id, index)),
     }
 }
 
@@ -231,47 +259,68 @@ fn fail<H: Host>(filter: &mut Filter<H>, context_id: u32, index: usize) {
 
 /// A reply for call `key`, if it is an in-flight call (`false`: not one of these).
 pub(super) fn on_reply<H: Host>(filter: &mut Filter<H>, key: u64, reply: &Result<Vec<u8>, Failure>) -> bool {
-    let Some((call, sent_us, _)) = filter.inflight.calls.remove(&key) else { return false };
-    filter.metrics.round_trip(&filter.host, sent_us);
-    let CallFor::Acquire { context_id, asked: index } = call else {
-        if reply.is_err() {
-            filter.metrics.redis_errors(&filter.host, 1);
-        }
-        return true;
+    let Some((call, sent_us, _)) = filter.inflight.calls.remove(&key) else {
+        return super::permit_outbox::on_reply(filter, key, reply);
     };
-    let outcome = match reply {
-        Ok(bytes) => decode_semaphore_acquire_reply(bytes),
+    filter.metrics.round_trip(&filter.host, sent_us);
+    let AcquireCall { destination, items, retried } = call;
+    let outcomes = match reply {
+        Ok(bytes) => decode_semaphore_acquire_replies(bytes, items.len()),
         Err(failure) => Err(ReplyError::Redis(failure.to_string())),
     };
-    let Some(waiting) = filter.inflight.waiting.get_mut(&context_id) else {
+    match outcomes {
+        Err(ReplyError::NoScript) if !retried => {
+            flush(filter, destination, Invocation::BySource, Some(items));
+            return true;
+        }
+        Ok(outcomes) => {
+            for ((context_id, index), outcome) in items.into_iter().zip(outcomes) {
+                answered(filter, context_id, index, outcome);
+            }
+        }
+        Err(_) => {
+            filter.metrics.redis_errors(&filter.host, 1);
+            for (context_id, index) in items {
+                if let Some(asked) = filter.inflight.waiting.get_mut(&context_id).and_then(|w| w.asked.get_mut(index)) {
+                    asked.failed = true;
+                }
+                conclude_from_reply(filter, context_id);
+            }
+        }
+    }
+    filter.inflight.busy.retain(|d| *d != destination);
+    if filter.inflight.queues.iter().any(|(d, _)| *d == destination) {
+        flush(filter, destination, Invocation::BySha, None);
+    }
+    true
+}
+
+/// Request `context_id`'s permit `index` was answered: taken or refused (a request gone releases a permit
+/// taken for it).
+fn answered<H: Host>(filter: &mut Filter<H>, context_id: u32, index: usize, outcome: SemaphoreOutcome) {
+    let taken = matches!(outcome, SemaphoreOutcome::Taken { .. });
+    let Some(asked) = filter.inflight.waiting.get_mut(&context_id).and_then(|w| w.asked.get_mut(index)) else {
         // The request ended first: a permit its acquire took goes back (again: its release may have run
         // before the acquire).
         let orphans = &mut filter.inflight.orphans;
         if let Some(at) = orphans.iter().position(|(c, i, _, _)| *c == context_id && *i == index) {
             let (_, _, held, _) = orphans.swap_remove(at);
-            if matches!(outcome, Ok(SemaphoreOutcome::Taken { .. })) {
-                filter.inflight.releases.push(held);
-            }
+            filter.permit_outbox.releases.extend(taken.then_some(held));
         }
-        return true;
+        return;
     };
-    let Some(asked) = waiting.asked.get_mut(index) else { return true };
-    match outcome {
-        Ok(SemaphoreOutcome::Taken { .. }) => asked.taken = Some(true),
-        Ok(SemaphoreOutcome::Refused { .. }) => asked.taken = Some(false),
-        Err(ReplyError::NoScript) if !asked.retried => {
-            asked.retried = true;
-            send_acquire(filter, context_id, index, Invocation::BySource);
-            return true;
-        }
-        Err(_) => fail(filter, context_id, index),
-    }
+    asked.taken = Some(taken);
+    conclude_from_reply(filter, context_id);
+}
+
+/// Concludes request `context_id` if every permit is answered, from a reply or the tick (the request is
+/// resumed when it goes on).
+fn conclude_from_reply<H: Host>(filter: &mut Filter<H>, context_id: u32) {
     if let Some(action) = conclude_if_answered(filter, context_id, false) {
         if action == Action::Continue && filter.host.resume_request().is_err() {
             super::metrics::host_refused(filter, "proxy_continue_stream");
         }
     }
-    true
 }
 
 /// When every permit of request `context_id` is answered: refused, answered locally, or its permits held
@@ -305,11 +354,8 @@ fn conclude_if_answered<H: Host>(filter: &mut Filter<H>, context_id: u32, callba
     if failed && route.config.failure_mode == FailureMode::Deny {
         release_taken(filter, &waiting);
         filter.metrics.decided(&filter.host, crate::limiter::Outcome::FailedClosed);
-        let headers = HeaderMap::new(&[]);
-        let body = b"rate limiter unavailable\n";
-        if filter.host.send_local_reply(route.config.failure_status, &headers, body, None).is_err() {
-            super::metrics::host_refused(filter, "proxy_send_local_response");
-        }
+        let (status, grpc) = (route.config.failure_status, Some(route.config.grpc.failure_status));
+        super::end::answer(filter, status, &[], route.plan.failure_body.as_bytes(), grpc, None);
         return Some(Action::Pause);
     }
     if let Some(asked) = refused(Mode::Shadow) {
@@ -326,7 +372,7 @@ fn conclude_if_answered<H: Host>(filter: &mut Filter<H>, context_id: u32, callba
             lease_ms: route.config.inflight.get(asked.rule).map_or(0, |rule| rule.lease_ms),
         })
         .collect();
-    count(&filter.host, filter.inflight.counters.admitted, held.len() as u64);
+    filter.inflight.counters.count(&filter.host, InflightCounter::Admitted, held.len() as u64);
     if !held.is_empty() {
         if filter.inflight.held.is_empty() {
             let lease_ms = held.iter().map(|h| h.lease_ms).min().unwrap_or(0);
@@ -342,7 +388,7 @@ fn release_taken<H: Host>(filter: &mut Filter<H>, waiting: &Waiting) {
     for asked in waiting.asked.iter().filter(|asked| asked.taken == Some(true)) {
         let lease_ms = waiting.route.config.inflight.get(asked.rule).map_or(0, |rule| rule.lease_ms);
         let held = Held { route: Rc::clone(&waiting.route), name: asked.name.clone(), id: asked.id, lease_ms };
-        filter.inflight.releases.push(held);
+        filter.permit_outbox.releases.push(held);
     }
 }
 
@@ -351,31 +397,26 @@ fn release_taken<H: Host>(filter: &mut Filter<H>, waiting: &Waiting) {
 fn reject<H: Host>(filter: &mut Filter<H>, route: &Route, rule: usize, mode: Mode) {
     let Some(rule) = route.config.inflight.get(rule) else { return };
     if mode == Mode::Shadow {
-        count(&filter.host, filter.inflight.counters.shadow_rejected, 1);
+        filter.inflight.counters.count(&filter.host, InflightCounter::ShadowRejected, 1);
         if filter.host.set_property(SHADOW_REJECTED_BY_PROPERTY, rule.name.as_bytes()).is_err() {
             super::metrics::host_refused(filter, "proxy_set_property");
         }
         return;
     }
-    count(&filter.host, filter.inflight.counters.rejected, 1);
+    filter.inflight.counters.count(&filter.host, InflightCounter::Rejected, 1);
     filter.metrics.decided(&filter.host, crate::limiter::Outcome::Rejected);
-    if filter.host.set_property(REJECTED_BY_PROPERTY, rule.name.as_bytes()).is_err() {
-        super::metrics::host_refused(filter, "proxy_set_property");
-    }
     let seconds = rule.retry_after_ms.div_ceil(1000).to_string();
     let pairs = [("retry-after", seconds.as_str()), ("x-ratelimited-by", rule.name.as_str())];
-    let headers = HeaderMap::new(&pairs);
-    let rejection = &route.config.rejection;
-    let is_grpc = matches!(filter.host.request_header("content-type"), Ok(Some(value)) if grpc::is_grpc(&value));
-    let code = is_grpc.then_some(route.config.grpc.rejected_status);
-    if filter.host.send_local_reply(rejection.status, &headers, rejection.body.as_bytes(), code).is_err() {
-        super::metrics::host_refused(filter, "proxy_send_local_response");
-    }
+    let (rejection, grpc) = (&route.config.rejection, Some(route.config.grpc.rejected_status));
+    super::end::answer(filter, rejection.status, &pairs, rejection.body.as_bytes(), grpc, Some(&rule.name));
 }
 
 /// `proxy_on_done` of request `context_id`: its permits go back on the next tick (those still waiting for
 /// their reply too: taken, they are released; refused, the release changes nothing).
 pub(super) fn on_done<H: Host>(filter: &mut Filter<H>, context_id: u32) {
+    if filter.inflight.is_idle() {
+        return;
+    }
     if let Some(waiting) = filter.inflight.waiting.remove(&context_id) {
         for (index, asked) in waiting.asked.iter().enumerate().filter(|(_, asked)| asked.taken != Some(false)) {
             let lease_ms = waiting.route.config.inflight.get(asked.rule).map_or(0, |rule| rule.lease_ms);
@@ -383,13 +424,13 @@ pub(super) fn on_done<H: Host>(filter: &mut Filter<H>, context_id: u32) {
             if asked.taken.is_none() && !asked.failed {
                 filter.inflight.orphans.push((context_id, index, held.clone(), waiting.deadline_ms));
             }
-            filter.inflight.releases.push(held);
+            filter.permit_outbox.releases.push(held);
         }
     }
     if let Some(held) = filter.inflight.held.remove(&context_id) {
-        filter.inflight.releases.extend(held);
+        filter.permit_outbox.releases.extend(held);
     }
-    if !filter.inflight.releases.is_empty() {
+    if !filter.permit_outbox.releases.is_empty() {
         super::tick::start(filter);
     }
 }
@@ -398,6 +439,9 @@ pub(super) fn on_done<H: Host>(filter: &mut Filter<H>, context_id: u32) {
 /// (one call per semaphore) and, every third of the shortest lease, extends the leases of the permits
 /// held (one call per semaphore).
 pub(super) fn on_tick<H: Host>(filter: &mut Filter<H>, now_ms: u64) {
+    if filter.inflight.is_idle() && filter.permit_outbox.is_idle() {
+        return;
+    }
     let due: Vec<u32> = filter
         .inflight
         .waiting
@@ -415,75 +459,36 @@ pub(super) fn on_tick<H: Host>(filter: &mut Filter<H>, now_ms: u64) {
             }
             filter.metrics.redis_errors(&filter.host, failed);
         }
-        if let Some(action) = conclude_if_answered(filter, context_id, false) {
-            if action == Action::Continue && filter.host.resume_request().is_err() {
-                super::metrics::host_refused(filter, "proxy_continue_stream");
-            }
-        }
+        conclude_from_reply(filter, context_id);
     }
     filter.inflight.orphans.retain(|(_, _, _, deadline_ms)| *deadline_ms > now_ms);
     // A call whose reply never came (its wait ended above; a release or an extension nobody waits for).
-    let before = filter.inflight.calls.len();
-    filter.inflight.calls.retain(|_, (_, _, forget_ms)| *forget_ms > now_ms);
-    filter.metrics.redis_errors(&filter.host, before - filter.inflight.calls.len());
-    let releases = core::mem::take(&mut filter.inflight.releases);
-    let released = releases.len() as u64;
-    for (route, name, _, ids) in by_semaphore(releases.iter()) {
-        let encoding = route.transport.encoding();
-        let command = encode_semaphore_release(&name, &ids, Publish::Plain, Invocation::BySource, encoding);
-        send_outbox(filter, &route, &command);
-    }
-    count(&filter.host, filter.inflight.counters.released, released);
-    if !filter.inflight.held.is_empty() && now_ms >= filter.inflight.next_extend_ms {
-        let held: Vec<&Held> = filter.inflight.held.values().flatten().collect();
-        let shortest_ms = held.iter().map(|h| h.lease_ms).min().unwrap_or(0);
-        let extended = held.len() as u64;
-        for (route, name, lease_ms, ids) in by_semaphore(held.into_iter()) {
-            let end_ms = now_ms.saturating_add(lease_ms);
-            let encoding = route.transport.encoding();
-            let publish = Publish::Plain;
-            let command = encode_semaphore_extend(&name, end_ms, now_ms, &ids, publish, Invocation::BySource, encoding);
-            send_outbox(filter, &route, &command);
+    let forgotten: Vec<u64> = filter
+        .inflight
+        .calls
+        .iter()
+        .filter(|(_, (_, _, forget_ms))| *forget_ms <= now_ms)
+        .map(|(key, _)| *key)
+        .collect();
+    filter.metrics.redis_errors(&filter.host, forgotten.len());
+    for key in forgotten {
+        if let Some((AcquireCall { destination, .. }, _, _)) = filter.inflight.calls.remove(&key) {
+            // Its requests' waits ended above; the destination takes the next acquires.
+            filter.inflight.busy.retain(|d| *d != destination);
+            if filter.inflight.queues.iter().any(|(d, _)| *d == destination) {
+                flush(filter, destination, Invocation::BySha, None);
+            }
         }
-        count(&filter.host, filter.inflight.counters.extended, extended);
+    }
+    let released = super::permit_outbox::release(filter, now_ms);
+    filter.inflight.counters.count(&filter.host, InflightCounter::Released, released as u64);
+    if !filter.inflight.held.is_empty() && now_ms >= filter.inflight.next_extend_ms {
+        let held: Vec<Held> = filter.inflight.held.values().flatten().cloned().collect();
+        let shortest_ms = held.iter().map(|h| h.lease_ms).min().unwrap_or(0);
+        let extended = super::permit_outbox::extend(filter, &held, now_ms);
+        filter.inflight.counters.count(&filter.host, InflightCounter::Extended, extended as u64);
         filter.inflight.next_extend_ms = now_ms.saturating_add(shortest_ms / 3);
     }
-}
-
-/// Permits grouped by route and semaphore name (with their lease, ms), in first-seen order.
-fn by_semaphore<'a>(held: impl Iterator<Item = &'a Held>) -> Vec<(Rc<Route>, String, u64, Vec<PermitId>)> {
-    let mut groups: Vec<(Rc<Route>, String, u64, Vec<PermitId>)> = Vec::new();
-    for permit in held {
-        let same = |(route, name, _, _): &&mut (Rc<Route>, String, u64, Vec<PermitId>)| {
-            Rc::ptr_eq(route, &permit.route) && *name == permit.name
-        };
-        match groups.iter_mut().find(same) {
-            Some((_, _, _, ids)) => ids.push(permit.id),
-            None => groups.push((Rc::clone(&permit.route), permit.name.clone(), permit.lease_ms, vec![permit.id])),
-        }
-    }
-    groups
-}
-
-/// Sends a release or an extension; nobody waits for its reply (a failure is counted in `redis_errors`).
-fn send_outbox<H: Host>(filter: &mut Filter<H>, route: &Route, command: &[u8]) {
-    filter.metrics.redis_call(&filter.host);
-    match route.transport.send(&filter.host, command) {
-        Ok(id) => {
-            let sent_us = filter.metrics.clock(&filter.host);
-            let forget_ms = forget_at(&filter.host, route);
-            filter.inflight.calls.insert(id.key(), (CallFor::Outbox, sent_us, forget_ms));
-        }
-        Err(_) => filter.metrics.redis_errors(&filter.host, 1),
-    }
-}
-
-/// When the tick forgets a call sent now through `route`: `redis.timeout` and the grace later, and a tick.
-fn forget_at(host: &impl Host, route: &Route) -> u64 {
-    host.now_ms()
-        .saturating_add(route.config.redis.timeout_ms)
-        .saturating_add(DEADLINE_GRACE_MS)
-        .saturating_add(u64::from(super::TICK_MS))
 }
 
 #[cfg(test)]

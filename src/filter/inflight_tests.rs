@@ -10,8 +10,9 @@ const CONFIG: &str = r#"{"redis":{"cluster":"webdis","timeout":200},"rules":[
     {"name":"per-user","limit_by":{"header":"x-user"},"rate":5,"interval":"1s"},
     {"name":"inflight","limit_by":{"header":"x-user"},"max_in_flight":1,"lease":"3s","retry_after":"2s"}]"#;
 
-/// SEMAPHORE_ACQUIRE's replies: taken (`free` left), refused (the earliest lease's end, a string).
-const TAKEN: &[u8] = b"*2\r\n:1\r\n:0\r\n";
+/// SEMAPHORE_ACQUIRE's replies for one permit: taken (`free` left), refused (the earliest lease's end, a
+/// string).
+const TAKEN: &[u8] = b"*3\r\n:1\r\n:0\r\n:-1\r\n";
 const REFUSED: &[u8] = b"*3\r\n:0\r\n:0\r\n$13\r\n1764300000000\r\n";
 
 fn configure(extra: &str) -> (FakeHost, Filter<FakeHost>) {
@@ -132,4 +133,29 @@ fn a_call_never_answered_is_forgotten_and_the_tick_stops() {
     filter.on_tick();
     assert_eq!(host.counter("edge_rate_limiter.redis_errors"), 1, "the release's reply never came");
     assert_eq!(host.tick_period(), 0);
+}
+
+#[test]
+fn acquires_wait_for_the_call_on_its_way_and_go_out_together() {
+    let (host, mut filter) = configure("");
+    start(&host, &mut filter, 2);
+    assert_eq!(host.http_calls().len(), 1);
+    for context_id in [3, 4] {
+        host.request(context_id, &[(":path", "/"), ("x-user", "bob"), (":authority", "api.example")]);
+        assert_eq!(filter.on_request_headers(context_id), Action::Pause);
+    }
+    assert_eq!(host.http_calls().len(), 1, "queued behind the call on its way");
+    let first = host.http_calls().pop().unwrap();
+    host.http_reply(200, TAKEN);
+    filter.on_http_call_response(first.token, 1, TAKEN.len());
+    // Request 2 goes on to its rate rule; 3 and 4's acquires leave together, in one call.
+    let calls: Vec<_> = host.http_calls().into_iter().skip(1).collect();
+    let acquires: Vec<_> = calls.iter().filter(|c| String::from_utf8_lossy(&c.body).contains("/6/")).collect();
+    assert_eq!(acquires.len(), 1, "{calls:?}");
+    let both = b"*6\r\n:1\r\n:0\r\n:-1\r\n:0\r\n:0\r\n$13\r\n1764300000000\r\n";
+    host.http_reply(200, both);
+    filter.on_http_call_response(acquires[0].token, 1, both.len());
+    assert!(matches!(host.end(4), Some(End::LocalReply { status: 429, .. })), "{:?}", host.end(4));
+    assert_eq!(host.counter("edge_rate_limiter.inflight_admitted"), 2);
+    assert_eq!(host.counter("edge_rate_limiter.inflight_rejected"), 1);
 }

@@ -11,6 +11,46 @@ use crate::transport::Failure;
 
 use super::{log, Filter, NAME};
 
+/// The counters of in-flight rules, `edge_rate_limiter.inflight_<name>` (docs/operating.md, "Metrics"),
+/// defined only when a configuration has such a rule; in [`InflightCounter`] order.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct InflightCounters([Option<u32>; 5]);
+
+/// One of [`InflightCounters`].
+#[derive(Debug, Clone, Copy)]
+pub(super) enum InflightCounter {
+    /// Permits taken by requests that went on.
+    Admitted,
+    /// Requests refused.
+    Rejected,
+    /// Requests a shadow rule would have refused.
+    ShadowRejected,
+    /// Permits given back.
+    Released,
+    /// Permits whose lease was extended.
+    Extended,
+}
+
+impl InflightCounters {
+    const NAMES: [&'static str; 5] = ["admitted", "rejected", "shadow_rejected", "released", "extended"];
+
+    /// Defined if `any` configuration has in-flight rules, else none.
+    pub(super) fn define(host: &impl Host, any: bool) -> Self {
+        let counter =
+            |name: &str| if any { host.define_counter(&format!("{NAME}.inflight_{name}")).ok() } else { None };
+        InflightCounters(Self::NAMES.map(counter))
+    }
+
+    /// Adds `amount` to one counter.
+    pub(super) fn count(&self, host: &impl Host, which: InflightCounter, amount: u64) {
+        if let Some(Some(id)) = self.0.get(which as usize) {
+            if amount > 0 {
+                let _ = host.increment_counter(*id, amount);
+            }
+        }
+    }
+}
+
 /// Counter ids, by the names in docs/operating.md, "Metrics". A counter the host refused to define is skipped.
 #[derive(Debug, Default)]
 pub(super) struct Metrics {

@@ -76,6 +76,7 @@ mod metrics;
 #[cfg(test)]
 mod metrics_tests;
 mod outbox;
+mod permit_outbox;
 mod route;
 mod settle;
 #[cfg(test)]
@@ -198,8 +199,10 @@ pub struct Filter<H: Host> {
     /// Give-back calls for the next tick, sent from this root context: settles, and the lease settlements a
     /// configuration that went away left ([`Filter::adopt`]).
     outbox: Vec<GiveBackCall>,
-    /// In-flight rules: requests waiting for permits, permits held, releases and lease extensions.
+    /// In-flight rules: requests waiting for permits, permits held.
     inflight: inflight::Inflight,
+    /// In-flight rules: permits to give back, and the release and extension calls on their way.
+    permit_outbox: permit_outbox::PermitOutbox,
 }
 
 /// The decision context of `route` at `now_ms` for the body `$body`, with `$ctx` bound to it: the
@@ -253,8 +256,8 @@ impl<H: Host> Filter<H> {
             None => "no global rules".to_string(),
         };
         let overrides = plugin.overrides.len();
-        let plugin_histograms = plugin.configs().any(|(_, config)| config.histograms);
-        let plugin_inflight = plugin.configs().any(|(_, config)| !config.inflight.is_empty());
+        let histograms = plugin.configs().any(|(_, config)| config.histograms);
+        let inflight = plugin.configs().any(|(_, config)| !config.inflight.is_empty());
         let mut defined = Vec::new();
         let routes = plugin.map(|index, config| {
             let rule_metrics = Metrics::rules(&host, &config, &mut defined);
@@ -266,7 +269,7 @@ impl<H: Host> Filter<H> {
             &format!("plugin_version {PLUGIN_VERSION}: configured {global}, {overrides} route/domain override(s)"),
         );
         Ok(Filter {
-            metrics: Metrics::define(&host, plugin_histograms),
+            metrics: Metrics::define(&host, histograms),
             cache: RefCell::new(LimiterCache::new(cache_size, [random.u64(..), random.u64(..)])),
             failure_log: FailureLog::default(),
             limiter_errors: LimiterErrorLog::default(),
@@ -290,7 +293,8 @@ impl<H: Host> Filter<H> {
             settling: IdMap::default(),
             outbox: Vec::new(),
             awaiting_body: IdMap::default(),
-            inflight: inflight::Inflight::new(&host, plugin_inflight),
+            inflight: inflight::Inflight::new(&host, inflight),
+            permit_outbox: permit_outbox::PermitOutbox::default(),
             routes,
             host,
         })
@@ -327,10 +331,8 @@ impl<H: Host> Filter<H> {
         }
         let Some(route) = self.select() else { return Action::Continue };
         let since_us = self.metrics.clock(&self.host);
-        if !route.config.inflight.is_empty() {
-            if let Some(action) = inflight::start(self, context_id, &route, body_follows, since_us) {
-                return action;
-            }
+        if let Some(action) = inflight::start(self, context_id, &route, body_follows, since_us) {
+            return action;
         }
         self.start_rates(context_id, route, body_follows, since_us)
     }
@@ -410,9 +412,7 @@ impl<H: Host> Filter<H> {
         if !self.awaiting_body.is_empty() {
             self.awaiting_body.remove(&context_id);
         }
-        if !self.inflight.is_idle() {
-            inflight::on_done(self, context_id);
-        }
+        inflight::on_done(self, context_id);
     }
 
     /// `proxy_on_http_call_response` (delivered to the root context): a reply of the HTTP bridge.
@@ -442,16 +442,14 @@ impl<H: Host> Filter<H> {
         outbox::send_queued(self);
         give_back::expire_give_backs(self, now_ms);
         outbox::expire_batches(self, now_ms);
-        if !self.inflight.is_idle() {
-            inflight::on_tick(self, now_ms);
-        }
+        inflight::on_tick(self, now_ms);
         tick::stop_when_idle(self);
     }
 
     /// A reply (or failure) for this call: a give-back's, or a request's (fed to its flow, one step).
     fn on_reply(&mut self, id: CallId, reply: Result<Vec<u8>, Failure>) {
         let key = id.key();
-        if !self.inflight.is_idle() && inflight::on_reply(self, key, &reply) {
+        if !(self.inflight.is_idle() && self.permit_outbox.is_idle()) && inflight::on_reply(self, key, &reply) {
             return;
         }
         if !self.give_backs.is_empty() {

@@ -35,9 +35,9 @@ pub use reply::{
     LimiterReply, ReplyError,
 };
 pub use semaphore::{
-    decode_semaphore_acquire_reply, encode_semaphore_extend, encode_semaphore_release, Publish, SemaphoreAcquire,
-    SemaphoreKeys, SemaphoreOutcome, NO_LEASE_SCORE, PERMIT_ID_LEN, SEMAPHORE_ACQUIRE, SEMAPHORE_EXTEND,
-    SEMAPHORE_RELEASE,
+    decode_semaphore_acquire_replies, encode_semaphore_acquires, encode_semaphore_extend, encode_semaphore_release,
+    Publish, SemaphoreAcquire, SemaphoreKeys, SemaphoreOutcome, SemaphorePermits, MAX_SEMAPHORE_ACQUIRES,
+    NO_LEASE_SCORE, PERMIT_ID_LEN, SEMAPHORE_ACQUIRE, SEMAPHORE_EXTEND, SEMAPHORE_RELEASE,
 };
 pub use settlement::{MemberAt, Settlement};
 

@@ -1,4 +1,4 @@
-//! In-flight permits (issue 31's `concurrency` rules, not yet wired to a rule): a semaphore shared with
+//! In-flight permits (rules with `max_in_flight`, docs/configuration.md, "In-flight limits"): semaphores shared with
 //! Redisson's `RPermitExpirableSemaphore`, in its layout (Redisson 4.7.0 and 3.52.0
 //! `RedissonPermitExpirableSemaphore`, which keep the same keys and scripts; docs/redisson.md,
 //! "Semaphores"):
@@ -87,101 +87,124 @@ impl Publish {
     }
 }
 
-/// One permit taken for a request ([`SEMAPHORE_ACQUIRE`]): `ARGV` the semaphore's permits (set if it does
-/// not exist yet, as Redisson's `trySetPermits`), the lease's end and now (ms since the epoch), the permit's
-/// id, the publish command. Permits whose lease ended are reclaimed first. Reply: [`SemaphoreOutcome`].
+/// One permit to take for a request, in a [`SEMAPHORE_ACQUIRE`] call ([`encode_semaphore_acquires`]).
 #[derive(Debug, Clone, Copy)]
 pub struct SemaphoreAcquire<'a> {
     /// The semaphore's name.
     pub name: &'a str,
-    /// Its size: the permits it is created with when it does not exist.
+    /// Its size: the permits it is created with when it does not exist (Redisson's `trySetPermits`).
     pub permits: u64,
     /// When the permit's lease ends, ms since the epoch (now + the rule's `lease`).
     pub lease_end_ms: u64,
-    /// Now, ms since the epoch, by the gateway's clock (leases that ended by then are reclaimed).
-    pub now_ms: u64,
     /// The permit's id.
     pub id: &'a [u8; PERMIT_ID_LEN],
-    /// How freed permits are announced.
-    pub publish: Publish,
 }
 
-impl SemaphoreAcquire<'_> {
-    /// The command, by sha or by source, in the transport's wire form.
-    pub fn encode(&self, invocation: Invocation, encoding: Encoding) -> Vec<u8> {
-        let mut out = Vec::with_capacity(256);
-        let mut writer = script_call(&mut out, encoding, &SEMAPHORE_ACQUIRE, invocation, self.name, 5);
-        writer.arg(itoa::Buffer::new().format(self.permits).as_bytes());
-        writer.arg(itoa::Buffer::new().format(self.lease_end_ms).as_bytes());
-        writer.arg(itoa::Buffer::new().format(self.now_ms).as_bytes());
-        writer.arg(self.id);
-        writer.arg(self.publish.command());
-        writer.finish();
-        out
-    }
-}
-
-/// The [`SEMAPHORE_RELEASE`] of permits `ids` of semaphore `name`: each still held is removed and counted
-/// back to the free permits, the new count published; one reclaimed already (its lease ended) or released
-/// changes nothing. Reply: the permits given back.
-pub fn encode_semaphore_release(
-    name: &str,
-    ids: &[[u8; PERMIT_ID_LEN]],
-    publish: Publish,
-    invocation: Invocation,
-    encoding: Encoding,
-) -> Vec<u8> {
-    let mut out = Vec::with_capacity(128 + ids.len() * 3 * PERMIT_ID_LEN);
-    let mut writer = script_call(&mut out, encoding, &SEMAPHORE_RELEASE, invocation, name, 1 + ids.len());
-    writer.arg(publish.command());
-    for id in ids {
-        writer.arg(id);
-    }
-    writer.finish();
-    out
-}
-
-/// The [`SEMAPHORE_EXTEND`] of permits `ids` of semaphore `name`: permits whose lease ended by `now_ms` are
-/// reclaimed first (so a lease that ended is not revived, as Redisson's `updateLeaseTime`), then each of
-/// `ids` still held gets `lease_end_ms` (ms since the epoch). Reply: the permits whose lease moved.
-pub fn encode_semaphore_extend(
-    name: &str,
-    lease_end_ms: u64,
+/// The [`SEMAPHORE_ACQUIRE`] of `permits` (one per request; several coalesced in one call), at `now_ms` (ms
+/// since the epoch, the gateway's clock: leases that ended by then are reclaimed). Each is taken as if
+/// alone, in order. Reply: [`decode_semaphore_acquire_replies`].
+pub fn encode_semaphore_acquires(
+    permits: &[SemaphoreAcquire<'_>],
     now_ms: u64,
-    ids: &[[u8; PERMIT_ID_LEN]],
     publish: Publish,
     invocation: Invocation,
     encoding: Encoding,
 ) -> Vec<u8> {
-    let mut out = Vec::with_capacity(160 + ids.len() * 3 * PERMIT_ID_LEN);
-    let mut writer = script_call(&mut out, encoding, &SEMAPHORE_EXTEND, invocation, name, 3 + ids.len());
-    writer.arg(itoa::Buffer::new().format(lease_end_ms).as_bytes());
+    let mut out = Vec::with_capacity(128 + permits.len() * 160);
+    let mut writer = ArgWriter::new(&mut out, encoding, 3 + permits.len() * 6 + 2);
+    writer.invoke(&SEMAPHORE_ACQUIRE, invocation);
+    writer.arg(itoa::Buffer::new().format(permits.len() * 3).as_bytes());
+    for permit in permits {
+        push_keys(&mut writer, permit.name);
+    }
     writer.arg(itoa::Buffer::new().format(now_ms).as_bytes());
     writer.arg(publish.command());
-    for id in ids {
-        writer.arg(id);
+    for permit in permits {
+        writer.arg(itoa::Buffer::new().format(permit.permits).as_bytes());
+        writer.arg(itoa::Buffer::new().format(permit.lease_end_ms).as_bytes());
+        writer.arg(permit.id);
     }
     writer.finish();
     out
 }
 
-/// `EVALSHA <sha> 3` (or `EVAL <source> 3`) and semaphore `name`'s keys, for a call of `args` arguments.
-fn script_call<'a>(
-    out: &'a mut Vec<u8>,
-    encoding: Encoding,
-    script: &Script,
+/// Permits of one semaphore, for [`encode_semaphore_release`] and [`encode_semaphore_extend`].
+#[derive(Debug, Clone, Copy)]
+pub struct SemaphorePermits<'a> {
+    /// The semaphore's name.
+    pub name: &'a str,
+    /// Its permits' ids.
+    pub ids: &'a [[u8; PERMIT_ID_LEN]],
+    /// The leases' new end, ms since the epoch ([`encode_semaphore_extend`]; unused by a release).
+    pub lease_end_ms: u64,
+}
+
+/// The [`SEMAPHORE_RELEASE`] of the permits of `semaphores` (every semaphore of one destination in one call):
+/// each still held is removed and counted back to its semaphore's free permits, the new count published; one
+/// reclaimed already (its lease ended) or released changes nothing. Reply: the permits given back.
+pub fn encode_semaphore_release(
+    semaphores: &[SemaphorePermits<'_>],
+    publish: Publish,
     invocation: Invocation,
-    name: &str,
-    args: usize,
-) -> ArgWriter<'a> {
+    encoding: Encoding,
+) -> Vec<u8> {
+    let ids: usize = semaphores.iter().map(|s| s.ids.len()).sum();
+    let mut out = Vec::with_capacity(128 + semaphores.len() * 96 + ids * 3 * PERMIT_ID_LEN);
+    let mut writer = ArgWriter::new(&mut out, encoding, 3 + semaphores.len() * 4 + 1 + ids);
+    writer.invoke(&SEMAPHORE_RELEASE, invocation);
+    writer.arg(itoa::Buffer::new().format(semaphores.len() * 3).as_bytes());
+    for semaphore in semaphores {
+        push_keys(&mut writer, semaphore.name);
+    }
+    writer.arg(publish.command());
+    for semaphore in semaphores {
+        writer.arg(itoa::Buffer::new().format(semaphore.ids.len()).as_bytes());
+        for id in semaphore.ids {
+            writer.arg(id);
+        }
+    }
+    writer.finish();
+    out
+}
+
+/// The [`SEMAPHORE_EXTEND`] of the permits of `semaphores` (every semaphore of one destination in one call):
+/// permits whose lease ended by `now_ms` are reclaimed first (so a lease that ended is not revived, as
+/// Redisson's `updateLeaseTime`), then each permit still held gets its semaphore's `lease_end_ms` (ms since
+/// the epoch). Reply: the permits whose lease moved.
+pub fn encode_semaphore_extend(
+    semaphores: &[SemaphorePermits<'_>],
+    now_ms: u64,
+    publish: Publish,
+    invocation: Invocation,
+    encoding: Encoding,
+) -> Vec<u8> {
+    let ids: usize = semaphores.iter().map(|s| s.ids.len()).sum();
+    let mut out = Vec::with_capacity(160 + semaphores.len() * 112 + ids * 3 * PERMIT_ID_LEN);
+    let mut writer = ArgWriter::new(&mut out, encoding, 3 + semaphores.len() * 5 + 2 + ids);
+    writer.invoke(&SEMAPHORE_EXTEND, invocation);
+    writer.arg(itoa::Buffer::new().format(semaphores.len() * 3).as_bytes());
+    for semaphore in semaphores {
+        push_keys(&mut writer, semaphore.name);
+    }
+    writer.arg(itoa::Buffer::new().format(now_ms).as_bytes());
+    writer.arg(publish.command());
+    for semaphore in semaphores {
+        writer.arg(itoa::Buffer::new().format(semaphore.lease_end_ms).as_bytes());
+        writer.arg(itoa::Buffer::new().format(semaphore.ids.len()).as_bytes());
+        for id in semaphore.ids {
+            writer.arg(id);
+        }
+    }
+    writer.finish();
+    out
+}
+
+/// Semaphore `name`'s three keys ([`SemaphoreKeys`]), each an argument.
+fn push_keys(writer: &mut ArgWriter<'_>, name: &str) {
     let keys = SemaphoreKeys::of(name);
-    let mut writer = ArgWriter::new(out, encoding, 3 + 3 + args);
-    writer.invoke(script, invocation);
-    writer.arg(b"3");
     writer.arg(keys.free.as_bytes());
     writer.arg(keys.taken.as_bytes());
     writer.arg(keys.channel.as_bytes());
-    writer
 }
 
 /// What [`SEMAPHORE_ACQUIRE`] answered.
@@ -202,19 +225,30 @@ pub enum SemaphoreOutcome {
     },
 }
 
-/// Decodes [`SEMAPHORE_ACQUIRE`]'s reply (`{1, free}` or `{0, free, earliest end or -1}`; webdis's bulk
-/// strings of digits read as integers).
+/// Most permits in one [`SEMAPHORE_ACQUIRE`] call (a batch's requests).
+pub const MAX_SEMAPHORE_ACQUIRES: usize = 64;
+
+/// Decodes [`SEMAPHORE_ACQUIRE`]'s reply for `count` permits (three elements each: `1, free, -1` or
+/// `0, free, earliest end or -1`; webdis's bulk strings of digits read as integers), in order.
 ///
 /// # Errors
 /// [`ReplyError::NoScript`] when Redis lacks the script, [`ReplyError::Redis`] for another error reply,
 /// [`ReplyError::Unexpected`] for a reply of another shape.
-pub fn decode_semaphore_acquire_reply(bytes: &[u8]) -> Result<SemaphoreOutcome, ReplyError> {
-    let mut numbers = [0i64; 3];
-    match decode_integers(bytes, &mut numbers) {
-        Some(Integers::Array(2)) if numbers[0] == 1 => Ok(SemaphoreOutcome::Taken { free: numbers[1] }),
-        Some(Integers::Array(3)) if numbers[0] == 0 => {
-            Ok(SemaphoreOutcome::Refused { free: numbers[1], earliest_end_ms: u64::try_from(numbers[2]).ok() })
-        }
+pub fn decode_semaphore_acquire_replies(bytes: &[u8], count: usize) -> Result<Vec<SemaphoreOutcome>, ReplyError> {
+    let mut numbers = [0i64; 3 * MAX_SEMAPHORE_ACQUIRES];
+    let wanted = count.saturating_mul(3).min(numbers.len());
+    match decode_integers(bytes, numbers.get_mut(..wanted).unwrap_or_default()) {
+        Some(Integers::Array(found)) if found == wanted && count <= MAX_SEMAPHORE_ACQUIRES => Ok(numbers
+            .chunks_exact(3)
+            .take(count)
+            .map(|item| match *item {
+                [1, free, _] => SemaphoreOutcome::Taken { free },
+                [_, free, earliest] => {
+                    SemaphoreOutcome::Refused { free, earliest_end_ms: u64::try_from(earliest).ok() }
+                }
+                _ => SemaphoreOutcome::Refused { free: 0, earliest_end_ms: None },
+            })
+            .collect()),
         Some(_) => Err(ReplyError::Unexpected("a semaphore reply of another shape".into())),
         None => match decode_reply(bytes) {
             Ok(Reply::Error(text)) if text.starts_with("NOSCRIPT") => Err(ReplyError::NoScript),
@@ -261,55 +295,74 @@ mod tests {
 
     #[test]
     fn the_commands_carry_the_keys_and_arguments_in_order() {
-        let acquire = SemaphoreAcquire {
-            name: "s",
-            permits: 8,
-            lease_end_ms: 1_700_000_030_000,
-            now_ms: 1_700_000_000_000,
-            id: &ID,
-            publish: Publish::Plain,
-        };
+        let permits = [
+            SemaphoreAcquire { name: "s", permits: 8, lease_end_ms: 1_700_000_030_000, id: &ID },
+            SemaphoreAcquire { name: "t", permits: 2, lease_end_ms: 1_700_000_040_000, id: &ID },
+        ];
+        let acquire =
+            encode_semaphore_acquires(&permits, 1_700_000_000_000, Publish::Plain, Invocation::BySha, Encoding::Resp);
         let expected: Vec<&[u8]> = vec![
             b"EVALSHA",
             SEMAPHORE_ACQUIRE.sha().as_bytes(),
-            b"3",
+            b"6",
             b"s",
             b"{s}:timeout",
             b"redisson_sc:{s}",
+            b"t",
+            b"{t}:timeout",
+            b"redisson_sc:{t}",
+            b"1700000000000",
+            b"publish",
             b"8",
             b"1700000030000",
-            b"1700000000000",
             &ID,
-            b"publish",
+            b"2",
+            b"1700000040000",
+            &ID,
         ];
-        assert_eq!(words(&acquire.encode(Invocation::BySha, Encoding::Resp)), expected);
-        let release = encode_semaphore_release("s", &[ID, ID], Publish::Sharded, Invocation::BySha, Encoding::Resp);
-        assert_eq!(words(&release)[2..], [&b"3"[..], b"s", b"{s}:timeout", b"redisson_sc:{s}", b"spublish", &ID, &ID]);
-        let extend = encode_semaphore_extend("s", 9, 5, &[ID], Publish::Plain, Invocation::BySource, Encoding::Resp);
+        assert_eq!(words(&acquire), expected);
+        let semaphores = [
+            SemaphorePermits { name: "s", ids: &[ID, ID], lease_end_ms: 9 },
+            SemaphorePermits { name: "t", ids: &[ID], lease_end_ms: 7 },
+        ];
+        let release = encode_semaphore_release(&semaphores, Publish::Sharded, Invocation::BySha, Encoding::Resp);
+        assert_eq!(words(&release)[2], b"6");
+        assert_eq!(words(&release)[9..], [&b"spublish"[..], b"2", &ID, &ID, b"1", &ID]);
+        let extend = encode_semaphore_extend(&semaphores, 5, Publish::Plain, Invocation::BySource, Encoding::Resp);
         let extend = words(&extend);
         assert_eq!(extend[0], b"EVAL");
         assert_eq!(extend[1], SEMAPHORE_EXTEND.source.as_bytes());
-        assert_eq!(extend[6..], [&b"9"[..], b"5", b"publish", &ID]);
+        assert_eq!(extend[9..], [&b"5"[..], b"publish", b"9", b"2", &ID, &ID, b"7", b"1", &ID]);
         // The bridge's path form: the same words, percent-encoded, `/` between them.
-        let path = acquire.encode(Invocation::BySha, Encoding::WebdisPath);
+        let path = encode_semaphore_acquires(&permits[..1], 1, Publish::Plain, Invocation::BySha, Encoding::WebdisPath);
         assert!(path.starts_with(format!("EVALSHA/{}/3/s/%7Bs%7D%3Atimeout/", SEMAPHORE_ACQUIRE.sha()).as_bytes()));
-        assert!(path.ends_with(b"/publish.raw"));
+        assert!(path.ends_with(b".raw"));
     }
 
     #[test]
-    fn replies_decode_to_taken_or_refused() {
-        assert_eq!(decode_semaphore_acquire_reply(b"*2\r\n:1\r\n:7\r\n"), Ok(SemaphoreOutcome::Taken { free: 7 }));
+    fn replies_decode_to_taken_or_refused_in_order() {
         assert_eq!(
-            decode_semaphore_acquire_reply(b"*3\r\n:0\r\n:0\r\n:1700000030000\r\n"),
-            Ok(SemaphoreOutcome::Refused { free: 0, earliest_end_ms: Some(1_700_000_030_000) })
+            decode_semaphore_acquire_replies(b"*3\r\n:1\r\n:7\r\n:-1\r\n", 1),
+            Ok(vec![SemaphoreOutcome::Taken { free: 7 }])
         );
         assert_eq!(
-            decode_semaphore_acquire_reply(b"*3\r\n$1\r\n0\r\n$2\r\n-2\r\n$2\r\n-1\r\n"),
-            Ok(SemaphoreOutcome::Refused { free: -2, earliest_end_ms: None }),
+            decode_semaphore_acquire_replies(b"*6\r\n:1\r\n:0\r\n:-1\r\n:0\r\n:0\r\n$13\r\n1700000030000\r\n", 2),
+            Ok(vec![
+                SemaphoreOutcome::Taken { free: 0 },
+                SemaphoreOutcome::Refused { free: 0, earliest_end_ms: Some(1_700_000_030_000) }
+            ])
+        );
+        assert_eq!(
+            decode_semaphore_acquire_replies(b"*3\r\n$1\r\n0\r\n$2\r\n-2\r\n$2\r\n-1\r\n", 1),
+            Ok(vec![SemaphoreOutcome::Refused { free: -2, earliest_end_ms: None }]),
             "webdis's bulk strings"
         );
-        assert_eq!(decode_semaphore_acquire_reply(b"-NOSCRIPT No matching script\r\n"), Err(ReplyError::NoScript));
-        assert!(matches!(decode_semaphore_acquire_reply(b":1\r\n"), Err(ReplyError::Unexpected(_))));
+        assert_eq!(decode_semaphore_acquire_replies(b"-NOSCRIPT No matching script\r\n", 1), Err(ReplyError::NoScript));
+        assert!(matches!(decode_semaphore_acquire_replies(b":1\r\n", 1), Err(ReplyError::Unexpected(_))));
+        assert!(
+            matches!(decode_semaphore_acquire_replies(b"*3\r\n:1\r\n:7\r\n:-1\r\n", 2), Err(ReplyError::Unexpected(_))),
+            "fewer permits than asked"
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 `RPermitExpirableSemaphore` (tests/interop/redisson, `redisson_java.JavaSemaphore`) on one real Redis.
 Each side takes, gives back, extends and reclaims the other's permits; a permit whose lease ended comes back
 to both; together they never hold more than the semaphore's size (issue 31; the rule that uses the scripts
-is not wired into the filter yet)."""
+is the filter's in-flight rule, tested in real Envoy by test_inflight.py)."""
 
 from __future__ import annotations
 
@@ -41,19 +41,22 @@ class Gateway:
         self.scripts = {kind: source(f"semaphore_{kind}.lua") for kind in ("acquire", "release", "extend")}
 
     def acquire(self, lease_ms: int) -> tuple[bytes | None, list[int]]:
-        """One permit with a lease: its id (None when refused) and the script's reply."""
+        """One permit with a lease: its id (None when refused) and the script's reply for it ([1, free] when
+        taken, [0, free, end of the earliest lease or -1] when refused)."""
         permit, now = os.urandom(16), int(h.epoch_ms())
-        reply = self.client.eval(self.scripts["acquire"], 3, FREE, TAKEN, CHANNEL, self.size, now + lease_ms, now,
-                                 permit, "publish")
-        return (permit if reply[0] == 1 else None), [int(x) for x in reply]
+        reply = self.client.eval(self.scripts["acquire"], 3, FREE, TAKEN, CHANNEL, now, "publish", self.size,
+                                 now + lease_ms, permit)
+        numbers = [int(x) for x in reply]
+        return (permit, numbers[:2]) if numbers[0] == 1 else (None, numbers)
 
     def release(self, *permits: bytes) -> int:
-        return int(self.client.eval(self.scripts["release"], 3, FREE, TAKEN, CHANNEL, "publish", *permits))
+        return int(self.client.eval(self.scripts["release"], 3, FREE, TAKEN, CHANNEL, "publish", len(permits),
+                                    *permits))
 
     def extend(self, lease_ms: int, *permits: bytes) -> int:
         now = int(h.epoch_ms())
-        return int(self.client.eval(self.scripts["extend"], 3, FREE, TAKEN, CHANNEL, now + lease_ms, now,
-                                    "publish", *permits))
+        return int(self.client.eval(self.scripts["extend"], 3, FREE, TAKEN, CHANNEL, now, "publish", now + lease_ms,
+                                    len(permits), *permits))
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,167 @@
+//! What leaves from the tick for in-flight rules ([`super::inflight`]): the permits of requests that ended,
+//! given back, and the leases of the permits held, extended; every semaphore of one destination (a route,
+//! and on a Redis Cluster a hash slot) in one call ([`crate::script::SEMAPHORE_RELEASE`],
+//! [`crate::script::SEMAPHORE_EXTEND`]), at most [`MAX_IDS`] permits per call. Nobody waits for these calls:
+//! a reply is only counted (a failure in `redis_errors`), and one that never comes is forgotten after
+//! `redis.timeout`.
+
+use alloc::rc::Rc;
+
+use crate::prelude::*;
+
+use crate::host::Host;
+use crate::id_map::CallMap;
+use crate::script::{
+    encode_semaphore_extend, encode_semaphore_release, Encoding, Invocation, Publish, SemaphorePermits, PERMIT_ID_LEN,
+};
+use crate::transport::Failure;
+
+use super::route::Route;
+use super::{Filter, DEADLINE_GRACE_MS, TICK_MS};
+
+/// A permit's id: 16 random bytes, as Redisson's `generateId`.
+pub(super) type PermitId = [u8; PERMIT_ID_LEN];
+
+/// Most permits in one release or extension call (its body stays under about 16 KB in webdis's form).
+const MAX_IDS: usize = 256;
+
+/// A permit held by a request: given back, or its lease extended.
+#[derive(Debug, Clone)]
+pub(super) struct Held {
+    pub(super) route: Rc<Route>,
+    /// The semaphore's name.
+    pub(super) name: String,
+    pub(super) id: PermitId,
+    /// The rule's lease, ms.
+    pub(super) lease_ms: u64,
+}
+
+/// Releases waiting for the tick, and the calls on their way.
+#[derive(Debug, Default)]
+pub(super) struct PermitOutbox {
+    pub(super) releases: Vec<Held>,
+    /// By [`crate::transport::CallId::key`]: when each was sent (us) and when the tick forgets it (ms).
+    calls: CallMap<(u64, u64)>,
+}
+
+impl PermitOutbox {
+    /// Whether nothing waits: no release queued, no call on its way.
+    pub(super) fn is_idle(&self) -> bool {
+        self.releases.is_empty() && self.calls.is_empty()
+    }
+}
+
+fn outbox<H: Host>(filter: &mut Filter<H>) -> &mut PermitOutbox {
+    &mut filter.permit_outbox
+}
+
+/// A reply for call `key`, if it is a release's or an extension's (`false`: not one of these).
+pub(super) fn on_reply<H: Host>(filter: &mut Filter<H>, key: u64, reply: &Result<Vec<u8>, Failure>) -> bool {
+    let Some((sent_us, _)) = outbox(filter).calls.remove(&key) else { return false };
+    filter.metrics.round_trip(&filter.host, sent_us);
+    let failed = match reply {
+        Ok(bytes) => bytes.first() == Some(&b'-'),
+        Err(_) => true,
+    };
+    if failed {
+        filter.metrics.redis_errors(&filter.host, 1);
+    }
+    true
+}
+
+/// The tick: forgets the calls never answered, gives back the queued releases; returns how many permits
+/// it gave back.
+pub(super) fn release<H: Host>(filter: &mut Filter<H>, now_ms: u64) -> usize {
+    let before = outbox(filter).calls.len();
+    outbox(filter).calls.retain(|_, (_, forget_ms)| *forget_ms > now_ms);
+    let forgotten = before - outbox(filter).calls.len();
+    filter.metrics.redis_errors(&filter.host, forgotten);
+    let releases = core::mem::take(&mut outbox(filter).releases);
+    send(filter, &releases, now_ms, |semaphores, _, encoding| {
+        encode_semaphore_release(semaphores, Publish::Plain, Invocation::BySource, encoding)
+    });
+    releases.len()
+}
+
+/// Extends the leases of `held` to now + each one's lease; returns how many.
+pub(super) fn extend<H: Host>(filter: &mut Filter<H>, held: &[Held], now_ms: u64) -> usize {
+    send(filter, held, now_ms, |semaphores, now_ms, encoding| {
+        encode_semaphore_extend(semaphores, now_ms, Publish::Plain, Invocation::BySource, encoding)
+    });
+    held.len()
+}
+
+/// Sends `permits` grouped by destination and semaphore, at most [`MAX_IDS`] per call, each call encoded by
+/// `encode` (its semaphores, now, the route's encoding). By source: these calls are rare next to the
+/// acquires, and nobody waits for a `NOSCRIPT` resend.
+fn send<H: Host>(
+    filter: &mut Filter<H>,
+    permits: &[Held],
+    now_ms: u64,
+    encode: impl Fn(&[SemaphorePermits<'_>], u64, Encoding) -> Vec<u8>,
+) {
+    for (route, groups) in by_destination(permits) {
+        let mut call: Vec<SemaphorePermits<'_>> = Vec::new();
+        let mut ids = 0;
+        for (name, group, lease_ms) in &groups {
+            // A semaphore's permits in chunks of at most MAX_IDS; calls of at most MAX_IDS permits.
+            for chunk in group.chunks(MAX_IDS) {
+                if ids + chunk.len() > MAX_IDS && !call.is_empty() {
+                    send_call(filter, &route, &encode(&call, now_ms, route.transport.encoding()));
+                    call.clear();
+                    ids = 0;
+                }
+                ids += chunk.len();
+                call.push(SemaphorePermits { name, ids: chunk, lease_end_ms: now_ms.saturating_add(*lease_ms) });
+            }
+        }
+        if !call.is_empty() {
+            send_call(filter, &route, &encode(&call, now_ms, route.transport.encoding()));
+        }
+    }
+}
+
+/// Permits grouped by destination (route and, on a Redis Cluster, hash slot), then by semaphore (its name,
+/// ids and lease), in first-seen order.
+#[allow(clippy::type_complexity)]
+fn by_destination(permits: &[Held]) -> Vec<(Rc<Route>, Vec<(String, Vec<PermitId>, u64)>)> {
+    let mut destinations: Vec<((usize, u16), Rc<Route>, Vec<(String, Vec<PermitId>, u64)>)> = Vec::new();
+    for permit in permits {
+        let slot = if permit.route.config.redis.redis_cluster { crate::key::hash_slot(&permit.name) } else { 0 };
+        let key = (permit.route.index, slot);
+        let at = match destinations.iter().position(|(k, route, _)| *k == key && Rc::ptr_eq(route, &permit.route)) {
+            Some(at) => at,
+            None => {
+                destinations.push((key, Rc::clone(&permit.route), Vec::new()));
+                destinations.len() - 1
+            }
+        };
+        let Some((_, _, groups)) = destinations.get_mut(at) else { continue };
+        match groups.iter_mut().find(|(name, _, _)| *name == permit.name) {
+            Some((_, ids, _)) => ids.push(permit.id),
+            None => groups.push((permit.name.clone(), vec![permit.id], permit.lease_ms)),
+        }
+    }
+    destinations.into_iter().map(|(_, route, groups)| (route, groups)).collect()
+}
+
+/// Sends one release or extension; a refused send is counted in `redis_errors`.
+fn send_call<H: Host>(filter: &mut Filter<H>, route: &Route, command: &[u8]) {
+    filter.metrics.redis_call(&filter.host);
+    match route.transport.send(&filter.host, command) {
+        Ok(id) => {
+            let sent_us = filter.metrics.clock(&filter.host);
+            let forget_ms = forget_at(&filter.host, route);
+            outbox(filter).calls.insert(id.key(), (sent_us, forget_ms));
+        }
+        Err(_) => filter.metrics.redis_errors(&filter.host, 1),
+    }
+}
+
+/// When the tick forgets a call sent now through `route`: `redis.timeout`, the grace and a tick later.
+pub(super) fn forget_at(host: &impl Host, route: &Route) -> u64 {
+    host.now_ms()
+        .saturating_add(route.config.redis.timeout_ms)
+        .saturating_add(DEADLINE_GRACE_MS)
+        .saturating_add(u64::from(TICK_MS))
+}
