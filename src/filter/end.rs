@@ -15,9 +15,10 @@ use crate::response::{grpc, MAX_HEADERS};
 
 use super::flow::{Flow, Origin, Stage};
 use super::give_back::{GiveBackCall, GiveBackKind};
-use super::metrics::Metrics;
+use super::metrics::{InflightCounter, InflightCounters, Metrics};
 use super::route::Route;
 use super::{Action, Filter, REJECTED_BY_PROPERTY, SHADOW_REJECTED_BY_PROPERTY};
+use crate::config::Mode;
 
 /// Counts a decision (and records its pause since `since_us`, [`Metrics::clock`]), moves the circuit,
 /// settles what the request took (leases committed or put back, Redis members given back if it does not go
@@ -163,4 +164,29 @@ pub(super) fn answer<H: Host>(
     if filter.host.send_local_reply(status, &HeaderMap::new(pairs), body, code).is_err() {
         super::metrics::host_refused(filter, "proxy_send_local_response");
     }
+}
+
+/// Answers the effective request as refused by in-flight rule `rule` (`Enforce`), or records the shadow
+/// rule that would have refused it (`Shadow`).
+pub(super) fn reject_inflight<H: Host>(
+    filter: &mut Filter<H>,
+    route: &Route,
+    rule: usize,
+    mode: Mode,
+    counters: InflightCounters,
+) {
+    let Some(rule) = route.config.inflight.get(rule) else { return };
+    if mode == Mode::Shadow {
+        counters.count(&filter.host, InflightCounter::ShadowRejected, 1);
+        if filter.host.set_property(SHADOW_REJECTED_BY_PROPERTY, rule.name.as_bytes()).is_err() {
+            super::metrics::host_refused(filter, "proxy_set_property");
+        }
+        return;
+    }
+    counters.count(&filter.host, InflightCounter::Rejected, 1);
+    filter.metrics.decided(&filter.host, crate::limiter::Outcome::Rejected);
+    let seconds = rule.retry_after_ms.div_ceil(1000).to_string();
+    let pairs = [("retry-after", seconds.as_str()), ("x-ratelimited-by", rule.name.as_str())];
+    let (rejection, grpc) = (&route.config.rejection, Some(route.config.grpc.rejected_status));
+    answer(filter, rejection.status, &pairs, rejection.body.as_bytes(), grpc, Some(&rule.name));
 }

@@ -19,6 +19,7 @@ use crate::config::{FailureMode, Mode, OnMissing};
 use crate::host::Host;
 use crate::id_map::{CallMap, IdMap};
 use crate::key::{extract, write_limiter_name, KeyValue};
+use crate::limiter::RuleOutcome;
 use crate::script::{
     decode_semaphore_acquire_replies, encode_semaphore_acquires, Invocation, Publish, ReplyError, SemaphoreAcquire,
     SemaphoreOutcome, MAX_SEMAPHORE_ACQUIRES, PERMIT_ID_LEN,
@@ -26,10 +27,10 @@ use crate::script::{
 use crate::transport::Failure;
 
 use super::flow::HostRequest;
-use super::metrics::{InflightCounter, InflightCounters};
+use super::metrics::{InflightCounter, InflightCounters, Metrics};
 use super::permit_outbox::{forget_at, Held, PermitId};
 use super::route::Route;
-use super::{Action, Filter, DEADLINE_GRACE_MS, SHADOW_REJECTED_BY_PROPERTY};
+use super::{Action, Filter, DEADLINE_GRACE_MS};
 
 /// One permit a request asked for.
 #[derive(Debug, Clone)]
@@ -136,7 +137,8 @@ pub(super) fn start<H: Host>(
         let value = match (extract(&rule.source, &request), rule.on_missing) {
             (KeyValue::Missing, OnMissing::Skip) => continue,
             (KeyValue::Missing, OnMissing::Deny) if rule.mode == Mode::Enforce => {
-                reject(filter, route, index, Mode::Enforce);
+                let counters = filter.inflight.counters;
+                super::end::reject_inflight(filter, route, index, Mode::Enforce, counters);
                 return Some(Action::Pause);
             }
             (KeyValue::Missing, OnMissing::Deny) => continue,
@@ -344,10 +346,11 @@ fn conclude_if_answered<H: Host>(filter: &mut Filter<H>, context_id: u32, callba
             asked.taken == Some(false) && route.config.inflight.get(asked.rule).is_some_and(|rule| rule.mode == mode)
         })
     };
+    count_rules(filter, &waiting);
     if let Some(asked) = refused(Mode::Enforce) {
         let rule = asked.rule;
         release_taken(filter, &waiting);
-        reject(filter, &route, rule, Mode::Enforce);
+        super::end::reject_inflight(filter, &route, rule, Mode::Enforce, filter.inflight.counters);
         return Some(Action::Pause);
     }
     let failed = waiting.asked.iter().any(|asked| asked.failed);
@@ -359,7 +362,7 @@ fn conclude_if_answered<H: Host>(filter: &mut Filter<H>, context_id: u32, callba
         return Some(Action::Pause);
     }
     if let Some(asked) = refused(Mode::Shadow) {
-        reject(filter, &route, asked.rule, Mode::Shadow);
+        super::end::reject_inflight(filter, &route, asked.rule, Mode::Shadow, filter.inflight.counters);
     }
     let held: Vec<Held> = waiting
         .asked
@@ -383,6 +386,24 @@ fn conclude_if_answered<H: Host>(filter: &mut Filter<H>, context_id: u32, callba
     Some(filter.start_rates(context_id, route, waiting.body_follows, waiting.since_us))
 }
 
+/// Counts each rule of a concluded request in its own counters (`edge_rate_limiter.rule.<name>.<outcome>`):
+/// taken `allowed`, refused `rejected` (a shadow rule `shadow_rejected`), failed `failures`.
+fn count_rules<H: Host>(filter: &Filter<H>, waiting: &Waiting) {
+    let rules = &waiting.route.config;
+    for asked in &waiting.asked {
+        let Some(rule) = rules.inflight.get(asked.rule) else { continue };
+        let outcome = match (asked.taken, rule.mode) {
+            (Some(true), _) => RuleOutcome::Allowed,
+            (Some(false), Mode::Enforce) => RuleOutcome::Rejected,
+            (Some(false), Mode::Shadow) => RuleOutcome::ShadowRejected,
+            (None, _) => RuleOutcome::Failed,
+        };
+        if let Some(ids) = waiting.route.rule_metrics.get(rules.rules.len() + asked.rule) {
+            Metrics::rule(&filter.host, &ids.counters, outcome);
+        }
+    }
+}
+
 /// Moves the permits request `waiting` took to the releases.
 fn release_taken<H: Host>(filter: &mut Filter<H>, waiting: &Waiting) {
     for asked in waiting.asked.iter().filter(|asked| asked.taken == Some(true)) {
@@ -390,25 +411,6 @@ fn release_taken<H: Host>(filter: &mut Filter<H>, waiting: &Waiting) {
         let held = Held { route: Rc::clone(&waiting.route), name: asked.name.clone(), id: asked.id, lease_ms };
         filter.permit_outbox.releases.push(held);
     }
-}
-
-/// Answers the effective request as refused by in-flight rule `rule` (`Enforce`), or records the shadow
-/// rule that would have refused it (`Shadow`).
-fn reject<H: Host>(filter: &mut Filter<H>, route: &Route, rule: usize, mode: Mode) {
-    let Some(rule) = route.config.inflight.get(rule) else { return };
-    if mode == Mode::Shadow {
-        filter.inflight.counters.count(&filter.host, InflightCounter::ShadowRejected, 1);
-        if filter.host.set_property(SHADOW_REJECTED_BY_PROPERTY, rule.name.as_bytes()).is_err() {
-            super::metrics::host_refused(filter, "proxy_set_property");
-        }
-        return;
-    }
-    filter.inflight.counters.count(&filter.host, InflightCounter::Rejected, 1);
-    filter.metrics.decided(&filter.host, crate::limiter::Outcome::Rejected);
-    let seconds = rule.retry_after_ms.div_ceil(1000).to_string();
-    let pairs = [("retry-after", seconds.as_str()), ("x-ratelimited-by", rule.name.as_str())];
-    let (rejection, grpc) = (&route.config.rejection, Some(route.config.grpc.rejected_status));
-    super::end::answer(filter, rejection.status, &pairs, rejection.body.as_bytes(), grpc, Some(&rule.name));
 }
 
 /// `proxy_on_done` of request `context_id`: its permits go back on the next tick (those still waiting for

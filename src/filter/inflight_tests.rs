@@ -50,6 +50,8 @@ fn a_permit_is_taken_before_the_rate_rules_and_given_back_from_the_tick_when_the
     assert_eq!(host.end(2), Some(End::Resumed));
     assert_eq!(host.counter("edge_rate_limiter.inflight_admitted"), 1);
     assert_eq!(host.counter("edge_rate_limiter.allowed"), 1);
+    assert_eq!(host.counter("edge_rate_limiter.rule.inflight.allowed"), 1);
+    assert_eq!(host.counter("edge_rate_limiter.rule.per-user.allowed"), 1);
     // Running: the tick extends the lease every third of it (1 s), one call for the semaphore.
     host.clear_calls();
     host.advance(1_001);
@@ -85,6 +87,8 @@ fn a_refusal_is_answered_at_once_with_the_rule_and_retry_after_and_asks_no_rate_
     assert_eq!(host.http_calls().len(), 1, "the rate rule was not asked");
     assert_eq!(host.counter("edge_rate_limiter.inflight_rejected"), 1);
     assert_eq!(host.counter("edge_rate_limiter.rejected"), 1);
+    assert_eq!(host.counter("edge_rate_limiter.rule.inflight.rejected"), 1, "the rule's own counter");
+    assert_eq!(host.counter("edge_rate_limiter.rule.per-user.allowed"), 0, "the rate rule was not asked");
     assert!(host.filter_state(2).contains(&(REJECTED_BY_PROPERTY.into(), "inflight".into())));
 }
 

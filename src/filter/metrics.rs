@@ -144,31 +144,30 @@ impl Metrics {
         }
     }
 
-    /// The metrics of each rule entry of `config`, defined unless `defined` has them already (a rule with
+    /// The metrics of each rule entry of `config`, then of each of its in-flight rules (index
+    /// `config.rules.len() + i`: counters alone), defined unless `defined` has them already (a rule with
     /// `cost` defined before without its histogram gets it now).
     pub(super) fn rules(host: &impl Host, config: &PluginConfig, defined: &mut DefinedRules) -> Vec<RuleMetrics> {
         let counter = |name: &str| host.define_counter(&format!("{NAME}.{name}")).ok();
         let settled = |rule: &str| host.define_histogram(&format!("{NAME}.rule.{rule}.settled_percent")).ok();
-        config
-            .rules
-            .iter()
-            .map(|rule| {
-                let wants_settled = config.histograms && rule.cost.is_some();
-                match defined.iter_mut().find(|(name, _)| *name == rule.name) {
-                    Some((_, ids)) => {
-                        if wants_settled && ids.settled_percent.is_none() {
-                            ids.settled_percent = settled(&rule.name);
-                        }
-                        *ids
+        let rate_rules = config.rules.iter().map(|rule| (&rule.name, config.histograms && rule.cost.is_some()));
+        let inflight_rules = config.inflight.iter().map(|rule| (&rule.name, false));
+        rate_rules
+            .chain(inflight_rules)
+            .map(|(rule_name, wants_settled)| match defined.iter_mut().find(|(name, _)| name == rule_name) {
+                Some((_, ids)) => {
+                    if wants_settled && ids.settled_percent.is_none() {
+                        ids.settled_percent = settled(rule_name);
                     }
-                    None => {
-                        let ids = RuleMetrics {
-                            counters: RuleOutcome::ALL.map(|o| counter(&format!("rule.{}.{}", rule.name, o.counter()))),
-                            settled_percent: if wants_settled { settled(&rule.name) } else { None },
-                        };
-                        defined.push((rule.name.clone(), ids));
-                        ids
-                    }
+                    *ids
+                }
+                None => {
+                    let ids = RuleMetrics {
+                        counters: RuleOutcome::ALL.map(|o| counter(&format!("rule.{}.{}", rule_name, o.counter()))),
+                        settled_percent: if wants_settled { settled(rule_name) } else { None },
+                    };
+                    defined.push((rule_name.clone(), ids));
+                    ids
                 }
             })
             .collect()
