@@ -148,7 +148,7 @@ def test_two_gateways_never_hold_more_than_the_limits_in_flight(stack, upstream)
     rules = [inflight_rule(PER_KEY, name="per-user"), inflight_rule(TOTAL, name="total", limit_by="global")]
     gateways = [gateway(stack, upstream, *rules) for _ in range(2)]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        runs = list(pool.map(lambda g: hammer(g[0].port, 4.0, 24, g[0].port), gateways))
+        runs = list(pool.map(lambda g: hammer(g[0].port, 3.0, 24, g[0].port), gateways))
     ends = [end for run in runs for end in run]
     entries = [entry for _, log in gateways for entry in read_log(log)]
     # In flight, by the access log: from when Envoy began sending the request upstream (after the filter had
