@@ -262,3 +262,23 @@ def test_java_and_the_gateway_share_one_semaphore(stack, upstream, tmp_path):
           f"gateway ends {sorted(set(gateway_ends))}")
     assert java_spans and len(gateway_spans) > 3
     assert peak <= 4, peak
+
+
+@pytest.mark.parametrize("build", ["higress", "envoy"])
+def test_in_the_host_emulator_a_batch_of_requests_in_flight_together_gets_one_permit(stack, build):
+    """Both builds in the project's host emulator (the Higress build through the host's Redis client, the
+    stock build through webdis): limit 1, three requests of one user in flight together (one VM) take
+    their permits in two calls (the second and third wait for the first call and go out together): one is
+    admitted, two get 429 naming the rule; when they ended, the permit is back."""
+    config = h.config_for(build, inflight_rule(1))
+    emulator = stack.emulator(config, build=build, vms=1)
+    answers = emulator.send_batch([{"headers": {"x-user-id": USER}, "vm": 0} for _ in range(3)])
+    assert sorted(answer.status for answer in answers) == [200, 429, 429], answers
+    assert all(a.headers.get("x-ratelimited-by") == "inflight" for a in answers if a.status == 429), answers
+    def back() -> bool:
+        emulator.run_for(50)
+        return free_permits(stack) == (1, 0)
+    h.wait_until(back, 3.0, "the permit back")
+    metrics = emulator.metrics()
+    assert (metrics.get("inflight_admitted"), metrics.get("inflight_rejected")) == (1, 2), metrics
+    assert metrics.get("redis_calls", 0) >= 2
