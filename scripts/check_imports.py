@@ -53,7 +53,8 @@ SUBFLOORS: dict[str, list[str]] = {
         "give_back",                  # 2 give-back calls, one at a time
         "outbox settle permit_outbox",  # 3 what leaves from the tick: the outbox, reservations and their settles, in-flight permits
         "body end flow coalesce",     # 4 the request driver
-        "handover inflight",          # 5 a configuration that goes away and the one that takes over; in-flight permits
+        "inflight",                   # 5 in-flight permits, before the rate rules
+        "handover",                   # 6 a configuration that goes away and the one that takes over
     ],
 }
 SUPER_PATH = re.compile(r"\bsuper::(?:\{\s*)?([a-z_][a-z0-9_]*)")

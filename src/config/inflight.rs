@@ -59,8 +59,15 @@ pub(super) fn is_inflight(rule: &serde_json::Value) -> bool {
     rule.get("max_in_flight").is_some()
 }
 
-/// Reads an in-flight rule.
-pub(super) fn read_inflight_rule(mut rule: Object<'_>, default_mode: Mode) -> Result<InflightRule, ConfigError> {
+/// Reads an in-flight rule of a configuration whose `redis.timeout` is `timeout_ms`: its `lease` must be at
+/// least 4 timeouts, so that an acquire answered within the timeout, and then an extension sent within a
+/// third of the lease and answered within the timeout, land before the lease ends (else the permit would be
+/// reclaimed while its request runs).
+pub(super) fn read_inflight_rule(
+    mut rule: Object<'_>,
+    default_mode: Mode,
+    timeout_ms: u64,
+) -> Result<InflightRule, ConfigError> {
     let name = rule.required("name", Object::string)?;
     if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
         return Err(rule.error("name", format!("{} must be non-empty and use only A-Z a-z 0-9 _ -", quoted(&name))));
@@ -77,6 +84,12 @@ pub(super) fn read_inflight_rule(mut rule: Object<'_>, default_mode: Mode) -> Re
     let lease_ms = rule.duration("lease")?.map_or(DEFAULT_LEASE_MS, |DurationMs(ms)| ms);
     if !(MIN_LEASE_MS..=MAX_LEASE_MS).contains(&lease_ms) {
         return Err(rule.error("lease", format!("must be between {MIN_LEASE_MS} ms and {MAX_LEASE_MS} ms (a day)")));
+    }
+    if lease_ms < timeout_ms.saturating_mul(4) {
+        return Err(rule.error(
+            "lease",
+            format!("{lease_ms} ms must be at least 4 x redis.timeout ({timeout_ms} ms): an answer or an extension that takes the timeout must land before the lease ends"),
+        ));
     }
     let retry_after_ms = rule.duration("retry_after")?.map_or(DEFAULT_RETRY_AFTER_MS, |DurationMs(ms)| ms);
     if retry_after_ms > MAX_LEASE_MS {

@@ -462,10 +462,10 @@ mod tests {
         let rule = &config.inflight[0];
         assert_eq!((rule.name.as_str(), rule.limiter.as_str(), rule.max_in_flight), ("f", "erl:f", 4));
         assert_eq!((rule.lease_ms, rule.retry_after_ms, rule.mode), (30_000, 1_000, Mode::Enforce));
-        let only = r#"{"redis":{"cluster":"c"},"rules":[{"name":"f","limit_by":{"header":"x-key"},"max_in_flight":2,"lease":"2s","retry_after":"3s"}]}"#;
+        let only = r#"{"redis":{"cluster":"c"},"rules":[{"name":"f","limit_by":{"header":"x-key"},"max_in_flight":2,"lease":"4s","retry_after":"3s"}]}"#;
         let config = parse(only).unwrap();
         assert!(config.rules.is_empty());
-        assert_eq!((config.inflight[0].lease_ms, config.inflight[0].retry_after_ms), (2_000, 3_000));
+        assert_eq!((config.inflight[0].lease_ms, config.inflight[0].retry_after_ms), (4_000, 3_000));
     }
 
     #[test]
@@ -850,6 +850,11 @@ mod tests {
             (
                 MINIMAL.replace("}]}", &format!("}},{}]}}", INF.replace("4}", "4,\"lease\":\"100ms\"}"))),
                 "rules[1].lease: must be between 300 ms and 86400000 ms",
+            ),
+            (
+                MINIMAL.replace("}]}", &format!("}},{}]}}", INF.replace("4}", "4,\"lease\":\"3s\"}")))
+                    .replace("\"webdis\"", "\"webdis\",\"timeout\":\"1s\""),
+                "rules[1].lease: 3000 ms must be at least 4 x redis.timeout (1000 ms)",
             ),
             (
                 MINIMAL.replace("}]}", &format!("}},{}]}}", INF.replace("4}", "4,\"rate\":5}"))),

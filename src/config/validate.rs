@@ -98,7 +98,7 @@ impl PluginConfig {
             return Err(top.error("rules", "at least one rule is required"));
         }
         let mode = top.choice("mode", &[("enforce", Mode::Enforce), ("shadow", Mode::Shadow)])?.unwrap_or_default();
-        let (rules, inflight) = read_rules(items, &at, mode)?;
+        let (rules, inflight) = read_rules(items, &at, mode, redis.timeout_ms)?;
         let failure_mode = top.choice(
             "failure_mode",
             &[("allow", FailureMode::Allow), ("deny", FailureMode::Deny), ("local", FailureMode::Local)],
@@ -164,14 +164,20 @@ impl PluginConfig {
 }
 
 /// The `rules` array at `at`: the rate rules (a rule's `rates_by_value` entries one each) and the in-flight
-/// rules (`max_in_flight`), each in configuration order; every rule name unique across both.
-fn read_rules(items: &[Value], at: &str, mode: Mode) -> Result<(Vec<Rule>, Vec<super::InflightRule>), ConfigError> {
+/// rules (`max_in_flight`, their lease checked against `redis.timeout`, `timeout_ms`), each in configuration
+/// order; every rule name unique across both.
+fn read_rules(
+    items: &[Value],
+    at: &str,
+    mode: Mode,
+    timeout_ms: u64,
+) -> Result<(Vec<Rule>, Vec<super::InflightRule>), ConfigError> {
     let mut rules: Vec<Rule> = Vec::with_capacity(items.len());
     let mut inflight: Vec<super::InflightRule> = Vec::new();
     for (index, item) in items.iter().enumerate() {
         let path = format!("{at}[{index}]");
         let (inflight_rule, entries) = if super::inflight::is_inflight(item) {
-            (Some(super::inflight::read_inflight_rule(Object::new(item, &path)?, mode)?), Vec::new())
+            (Some(super::inflight::read_inflight_rule(Object::new(item, &path)?, mode, timeout_ms)?), Vec::new())
         } else {
             (None, super::rules::read_rule(Object::new(item, &path)?, mode)?)
         };

@@ -13,6 +13,7 @@ use crate::script::Settlement;
 
 use super::body::Awaiting;
 use super::give_back::{GiveBackCall, GiveBackKind};
+use super::permit_outbox::Held;
 use super::settle::Settling;
 use super::Filter;
 
@@ -32,6 +33,9 @@ pub struct Retirement {
     /// Requests waiting for their body before they are decided: their body callbacks reach the filter that
     /// takes this one's place, which decides them with the route (and headers) they started with.
     awaiting_body: Vec<(u32, Awaiting)>,
+    /// In-flight permits of running requests and permits to give back: extended and released by the filter
+    /// that takes this one's place.
+    inflight: InflightRetirement,
 }
 
 impl Retirement {
@@ -46,6 +50,8 @@ impl<H: Host> Filter<H> {
     /// requests end now (as at their deadline: the failure mode), and its leases are settled as they stand,
     /// to be sent by the filter that takes its place ([`Filter::adopt`]).
     pub fn retire(&mut self) -> Retirement {
+        // First: a request waiting for its permits may go on to its rate rules, and pause there.
+        let inflight = retire_inflight(self);
         let paused: Vec<u32> = self.flows.keys().copied().collect();
         super::flow::end_flows(self, paused);
         let mut redis: Vec<RedisConfig> = Vec::new();
@@ -60,6 +66,7 @@ impl<H: Host> Filter<H> {
             settling: self.settling.drain().collect(),
             settle_calls: core::mem::take(&mut self.outbox),
             awaiting_body: self.awaiting_body.drain().collect(),
+            inflight,
         }
     }
 
@@ -79,6 +86,7 @@ impl<H: Host> Filter<H> {
         self.settling.extend(retirement.settling.drain(..));
         self.outbox.append(&mut retirement.settle_calls);
         self.awaiting_body.extend(retirement.awaiting_body.drain(..));
+        adopt_inflight(self, core::mem::take(&mut retirement.inflight));
         let route = match retirement.redis.as_slice() {
             [only] => self.routes.configs().find(|(_, route)| route.config.redis == *only).map(|(_, r)| Rc::clone(r)),
             _ => None,
@@ -91,7 +99,7 @@ impl<H: Host> Filter<H> {
             }
             None => self.metrics.lease_permits_lost(&self.host, retirement.unsettled_permits()),
         }
-        if self.outbox.is_empty() || self.ticking {
+        if (self.outbox.is_empty() && self.inflight.is_idle() && self.permit_outbox.is_idle()) || self.ticking {
             return;
         }
         let own_root = match self.root_context {
@@ -118,4 +126,36 @@ impl<H: Host> Filter<H> {
             self.metrics.settled_without_usage(&self.host);
         }
     }
+}
+
+/// What a filter that goes away leaves of its in-flight state ([`Filter::retire`]): the permits of
+/// its running requests (whose callbacks now reach the filter that takes its place, which releases and
+/// extends them) and those waiting to be given back.
+#[derive(Debug, Default)]
+struct InflightRetirement {
+    held: Vec<(u32, Vec<Held>)>,
+    releases: Vec<Held>,
+}
+
+/// The filter goes away: requests waiting for permits end now in the failure mode (their unanswered permits
+/// given back), and its permits are handed over.
+fn retire_inflight<H: Host>(filter: &mut Filter<H>) -> InflightRetirement {
+    super::inflight::end_waits(filter, filter.host.now_ms(), true);
+    for (_, _, held, _) in core::mem::take(&mut filter.inflight.orphans) {
+        filter.permit_outbox.releases.push(held);
+    }
+    InflightRetirement {
+        held: filter.inflight.held.drain().collect(),
+        releases: core::mem::take(&mut filter.permit_outbox.releases),
+    }
+}
+
+/// Takes over what a filter that went away left ([`retire_inflight`]): its running requests' permits are extended
+/// and given back from this filter's tick.
+fn adopt_inflight<H: Host>(filter: &mut Filter<H>, retirement: InflightRetirement) {
+    let now_ms = filter.host.now_ms();
+    for (context_id, held) in retirement.held {
+        filter.inflight.hold(context_id, held, now_ms);
+    }
+    filter.permit_outbox.releases.extend(retirement.releases);
 }

@@ -1,15 +1,8 @@
 //! In-flight rules (`max_in_flight`; docs/configuration.md, "In-flight limits"): before its rate rules, a
-//! request takes one permit of each in-flight rule's semaphore ([`crate::script::SEMAPHORE_ACQUIRE`], layout
-//! as Redisson's `RPermitExpirableSemaphore`), and holds it until its stream ends ([`on_done`]: the response
-//! ended, the client left, the upstream reset it, or a rate rule rejected it). The acquires of a destination
-//! are coalesced: while one call is on its way, the next requests' acquires wait and go out together in
-//! the next. Permits are given back from the tick, and while a request runs the tick moves its lease's end
-//! every third of the lease ([`super::permit_outbox`]: one call per destination), so a gateway that dies
-//! leaves its permits for at most one lease.
-//!
-//! A request refused by an enforced rule is answered at once (`rejected_status`, `x-ratelimited-by`, the
-//! rule's `retry_after`), and gives back what its other in-flight rules took. A call that fails follows
-//! `failure_mode` (`allow`: the request goes on without that permit; `deny`: `failure_status`).
+//! request takes one permit of each in-flight rule's semaphore ([`crate::script::SEMAPHORE_ACQUIRE`]; acquires
+//! coalesced per destination) and holds it until its stream ends ([`on_done`]); [`super::permit_outbox`]
+//! gives permits back and extends leases from the tick. A refusal is answered at once; a failed call follows
+//! `failure_mode`.
 
 use alloc::rc::Rc;
 
@@ -28,7 +21,7 @@ use crate::transport::Failure;
 
 use super::flow::HostRequest;
 use super::metrics::{InflightCounter, InflightCounters, Metrics};
-use super::permit_outbox::{forget_at, Held, PermitId};
+use super::permit_outbox::{destination, forget_at, Destination, Held, PermitId};
 use super::route::Route;
 use super::{Action, Filter, DEADLINE_GRACE_MS};
 
@@ -67,16 +60,12 @@ struct AcquireCall {
     retried: bool,
 }
 
-/// Where a call goes: the route (by its index) and, on a Redis Cluster, the semaphore's hash slot (a call's
-/// keys must share one), else 0.
-type Destination = (usize, u16);
-
 /// The in-flight state of one filter: requests waiting for permits, permits held by running requests,
 /// permits to give back on the next tick, and the calls on their way.
 #[derive(Debug, Default)]
 pub(super) struct Inflight {
     waiting: IdMap<Waiting>,
-    held: IdMap<Vec<Held>>,
+    pub(super) held: IdMap<Vec<Held>>,
     /// By [`crate::transport::CallId::key`]: the acquires it carries, when it was sent (us,
     /// [`super::metrics::Metrics::clock`]) and when the tick forgets it (ms: `redis.timeout` and the grace
     /// after sending; a reply after that is dropped).
@@ -87,7 +76,7 @@ pub(super) struct Inflight {
     busy: Vec<Destination>,
     /// Permits of requests that ended before their acquire's reply: (request, permit index, the permit,
     /// when the wait ends, ms). A reply that took it releases it again (the release may have run first).
-    orphans: Vec<(u32, usize, Held, u64)>,
+    pub(super) orphans: Vec<(u32, usize, Held, u64)>,
     /// When the tick next extends the leases of held permits, ms since the epoch.
     next_extend_ms: u64,
     counters: InflightCounters,
@@ -97,6 +86,15 @@ impl Inflight {
     /// The state of a filter whose configurations have in-flight rules (`any`): its counters defined.
     pub(super) fn new(host: &impl Host, any: bool) -> Self {
         Inflight { counters: InflightCounters::define(host, any), ..Inflight::default() }
+    }
+
+    /// Request `context_id` holds these permits (none: nothing): their leases are extended within a third of
+    /// the shortest, whatever the permits held before wait for.
+    pub(super) fn hold(&mut self, context_id: u32, held: Vec<Held>, now_ms: u64) {
+        let Some(lease_ms) = held.iter().map(|h| h.lease_ms).min() else { return };
+        let due_ms = now_ms.saturating_add(lease_ms / 3);
+        self.next_extend_ms = if self.held.is_empty() { due_ms } else { self.next_extend_ms.min(due_ms) };
+        self.held.insert(context_id, held);
     }
 
     /// Whether nothing waits for the tick: no request waits, no permit is held or to give back, no call
@@ -156,12 +154,11 @@ pub(super) fn start<H: Host>(
     }
     let now_ms = filter.host.now_ms();
     let deadline_ms = now_ms.saturating_add(route.config.redis.timeout_ms).saturating_add(DEADLINE_GRACE_MS);
-    let count = asked.len();
+    let destinations_of: Vec<Destination> = asked.iter().map(|asked| destination(route, &asked.name)).collect();
     let waiting = Waiting { route: Rc::clone(route), asked, body_follows, since_us, deadline_ms };
     filter.inflight.waiting.insert(context_id, waiting);
     let mut destinations = Vec::new();
-    for index in 0..count {
-        let destination = destination_of(filter, context_id, index);
+    for (index, &destination) in destinations_of.iter().enumerate() {
         queue(filter, destination, (context_id, index));
         if !destinations.contains(&destination) {
             destinations.push(destination);
@@ -174,16 +171,6 @@ pub(super) fn start<H: Host>(
     }
     super::tick::start(filter);
     Some(conclude_if_answered(filter, context_id, true).unwrap_or(Action::Pause))
-}
-
-/// The destination of request `context_id`'s permit `index`.
-fn destination_of<H: Host>(filter: &Filter<H>, context_id: u32, index: usize) -> Destination {
-    let Some(waiting) = filter.inflight.waiting.get(&context_id) else { return (0, 0) };
-    let slot = match waiting.asked.get(index) {
-        Some(asked) if waiting.route.config.redis.redis_cluster => crate::key::hash_slot(&asked.name),
-        _ => 0,
-    };
-    (waiting.route.index, slot)
 }
 
 fn queue<H: Host>(filter: &mut Filter<H>, destination: Destination, item: (u32, usize)) {
@@ -201,6 +188,7 @@ fn flush<H: Host>(
     invocation: Invocation,
     retry: Option<Vec<(u32, usize)>>,
 ) {
+    let retrying = retry.is_some();
     let items: Vec<(u32, usize)> = match retry {
         Some(items) => items,
         None => {
@@ -221,7 +209,13 @@ fn flush<H: Host>(
             waiting.get(context_id).and_then(|w| w.asked.get(*index)).is_some_and(|a| a.taken.is_none() && !a.failed)
         })
         .collect();
-    let Some(route) = live.first().and_then(|(c, _)| waiting.get(c)).map(|w| Rc::clone(&w.route)) else { return };
+    let Some(route) = live.first().and_then(|(c, _)| waiting.get(c)).map(|w| Rc::clone(&w.route)) else {
+        // Every request of this part ended: the next part of the queue, if any, goes now.
+        if !retrying && filter.inflight.queues.iter().any(|(d, _)| *d == destination) {
+            flush(filter, destination, invocation, None);
+        }
+        return;
+    };
     let now_ms = filter.host.now_ms();
     let permits: Vec<SemaphoreAcquire<'_>> = live
         .iter()
@@ -241,19 +235,27 @@ fn flush<H: Host>(
         Ok(id) => {
             let sent_us = filter.metrics.clock(&filter.host);
             let retried = invocation == Invocation::BySource;
+            let deadline_ms = forget_ms.saturating_sub(u64::from(super::TICK_MS));
+            for (context_id, _) in &live {
+                if let Some(waiting) = filter.inflight.waiting.get_mut(context_id) {
+                    waiting.deadline_ms = waiting.deadline_ms.max(deadline_ms);
+                }
+            }
             let call = AcquireCall { destination, items: live, retried };
             filter.inflight.calls.insert(id.key(), (call, sent_us, forget_ms));
             filter.inflight.busy.retain(|d| *d != destination);
             filter.inflight.busy.push(destination);
         }
-        // Decided by the request's own start, or by the tick when its wait ends.
-        Err(_) => live.into_iter().for_each(|(context_id, index)| fail(filter, context_id, index)),
+        // One error for the call; its requests are decided by their own start, or by the tick.
+        Err(_) => {
+            filter.metrics.redis_errors(&filter.host, 1);
+            live.into_iter().for_each(|(context_id, index)| fail(filter, context_id, index));
+        }
     }
 }
 
-/// Marks request `context_id`'s permit `index` failed (counted in `redis_errors`).
+/// Marks request `context_id`'s permit `index` failed.
 fn fail<H: Host>(filter: &mut Filter<H>, context_id: u32, index: usize) {
-    filter.metrics.redis_errors(&filter.host, 1);
     if let Some(asked) = filter.inflight.waiting.get_mut(&context_id).and_then(|w| w.asked.get_mut(index)) {
         asked.failed = true;
     }
@@ -334,19 +336,27 @@ fn conclude_if_answered<H: Host>(filter: &mut Filter<H>, context_id: u32, callba
     if waiting.asked.iter().any(|asked| asked.taken.is_none() && !asked.failed) {
         return None;
     }
-    let waiting = filter.inflight.waiting.remove(&context_id)?;
     if !callback && filter.host.set_effective_context(context_id).is_err() {
+        // Decided, but not delivered: the next tick tries again (the request's end gives its permits back).
         super::metrics::host_refused(filter, "proxy_set_effective_context");
-        release_taken(filter, &waiting);
+        if let Some(waiting) = filter.inflight.waiting.get_mut(&context_id) {
+            waiting.deadline_ms = 0;
+        }
+        super::tick::start(filter);
         return Some(Action::Pause);
     }
+    let waiting = filter.inflight.waiting.remove(&context_id)?;
     let route = Rc::clone(&waiting.route);
     let refused = |mode: Mode| {
         waiting.asked.iter().find(|asked| {
             asked.taken == Some(false) && route.config.inflight.get(asked.rule).is_some_and(|rule| rule.mode == mode)
         })
     };
-    count_rules(filter, &waiting);
+    let outcomes = waiting.asked.iter().map(|asked| {
+        let shadow = route.config.inflight.get(asked.rule).is_some_and(|rule| rule.mode == Mode::Shadow);
+        (route.config.rules.len() + asked.rule, RuleOutcome::of_permit(asked.taken, shadow))
+    });
+    Metrics::rules_counted(&filter.host, &route.rule_metrics, outcomes);
     if let Some(asked) = refused(Mode::Enforce) {
         let rule = asked.rule;
         release_taken(filter, &waiting);
@@ -364,51 +374,24 @@ fn conclude_if_answered<H: Host>(filter: &mut Filter<H>, context_id: u32, callba
     if let Some(asked) = refused(Mode::Shadow) {
         super::end::reject_inflight(filter, &route, asked.rule, Mode::Shadow, filter.inflight.counters);
     }
-    let held: Vec<Held> = waiting
-        .asked
-        .iter()
-        .filter(|asked| asked.taken == Some(true))
-        .map(|asked| Held {
-            route: Rc::clone(&route),
-            name: asked.name.clone(),
-            id: asked.id,
-            lease_ms: route.config.inflight.get(asked.rule).map_or(0, |rule| rule.lease_ms),
-        })
-        .collect();
+    let held: Vec<Held> =
+        waiting.asked.iter().filter(|asked| asked.taken == Some(true)).map(|asked| held_of(&route, asked)).collect();
     filter.inflight.counters.count(&filter.host, InflightCounter::Admitted, held.len() as u64);
-    if !held.is_empty() {
-        if filter.inflight.held.is_empty() {
-            let lease_ms = held.iter().map(|h| h.lease_ms).min().unwrap_or(0);
-            filter.inflight.next_extend_ms = filter.host.now_ms().saturating_add(lease_ms / 3);
-        }
-        filter.inflight.held.insert(context_id, held);
-    }
+    let now_ms = filter.host.now_ms();
+    filter.inflight.hold(context_id, held, now_ms);
     Some(filter.start_rates(context_id, route, waiting.body_follows, waiting.since_us))
 }
 
-/// Counts each rule of a concluded request in its own counters (`edge_rate_limiter.rule.<name>.<outcome>`):
-/// taken `allowed`, refused `rejected` (a shadow rule `shadow_rejected`), failed `failures`.
-fn count_rules<H: Host>(filter: &Filter<H>, waiting: &Waiting) {
-    let rules = &waiting.route.config;
-    for asked in &waiting.asked {
-        let Some(rule) = rules.inflight.get(asked.rule) else { continue };
-        let outcome = match (asked.taken, rule.mode) {
-            (Some(true), _) => RuleOutcome::Allowed,
-            (Some(false), Mode::Enforce) => RuleOutcome::Rejected,
-            (Some(false), Mode::Shadow) => RuleOutcome::ShadowRejected,
-            (None, _) => RuleOutcome::Failed,
-        };
-        if let Some(ids) = waiting.route.rule_metrics.get(rules.rules.len() + asked.rule) {
-            Metrics::rule(&filter.host, &ids.counters, outcome);
-        }
-    }
+/// The permit `asked` of a request of `route`, as held.
+fn held_of(route: &Rc<Route>, asked: &Asked) -> Held {
+    let lease_ms = route.config.inflight.get(asked.rule).map_or(0, |rule| rule.lease_ms);
+    Held { route: Rc::clone(route), name: asked.name.clone(), id: asked.id, lease_ms }
 }
 
 /// Moves the permits request `waiting` took to the releases.
 fn release_taken<H: Host>(filter: &mut Filter<H>, waiting: &Waiting) {
     for asked in waiting.asked.iter().filter(|asked| asked.taken == Some(true)) {
-        let lease_ms = waiting.route.config.inflight.get(asked.rule).map_or(0, |rule| rule.lease_ms);
-        let held = Held { route: Rc::clone(&waiting.route), name: asked.name.clone(), id: asked.id, lease_ms };
+        let held = held_of(&waiting.route, asked);
         filter.permit_outbox.releases.push(held);
     }
 }
@@ -421,8 +404,7 @@ pub(super) fn on_done<H: Host>(filter: &mut Filter<H>, context_id: u32) {
     }
     if let Some(waiting) = filter.inflight.waiting.remove(&context_id) {
         for (index, asked) in waiting.asked.iter().enumerate().filter(|(_, asked)| asked.taken != Some(false)) {
-            let lease_ms = waiting.route.config.inflight.get(asked.rule).map_or(0, |rule| rule.lease_ms);
-            let held = Held { route: Rc::clone(&waiting.route), name: asked.name.clone(), id: asked.id, lease_ms };
+            let held = held_of(&waiting.route, asked);
             if asked.taken.is_none() && !asked.failed {
                 filter.inflight.orphans.push((context_id, index, held.clone(), waiting.deadline_ms));
             }
@@ -437,6 +419,34 @@ pub(super) fn on_done<H: Host>(filter: &mut Filter<H>, context_id: u32) {
     }
 }
 
+/// Ends the waits past their deadline (`all`: every wait, the filter going away) in the failure mode, their
+/// unanswered permits failed ([`give_up`]).
+pub(super) fn end_waits<H: Host>(filter: &mut Filter<H>, now_ms: u64, all: bool) {
+    let waits = filter.inflight.waiting.iter();
+    let due: Vec<u32> = waits.filter(|(_, w)| all || w.deadline_ms <= now_ms).map(|(&c, _)| c).collect();
+    for context_id in due {
+        give_up(filter, context_id, now_ms);
+        conclude_from_reply(filter, context_id);
+        if all {
+            filter.inflight.waiting.remove(&context_id);
+        }
+    }
+}
+
+/// Request `context_id`'s permits still unanswered fail (its wait ended, or its filter goes away): each is
+/// kept as an orphan until `until_ms` past now, so that a reply that took it after all gives it back.
+fn give_up<H: Host>(filter: &mut Filter<H>, context_id: u32, now_ms: u64) {
+    let Some(waiting) = filter.inflight.waiting.get_mut(&context_id) else { return };
+    let until_ms = forget_at(&filter.host, &waiting.route).max(now_ms);
+    for (index, asked) in waiting.asked.iter_mut().enumerate() {
+        if asked.taken.is_none() && !asked.failed {
+            asked.failed = true;
+            let held = held_of(&waiting.route, asked);
+            filter.inflight.orphans.push((context_id, index, held, until_ms));
+        }
+    }
+}
+
 /// The tick: ends the waits past their deadline (their calls failed), gives the released permits back
 /// (one call per semaphore) and, every third of the shortest lease, extends the leases of the permits
 /// held (one call per semaphore).
@@ -444,25 +454,7 @@ pub(super) fn on_tick<H: Host>(filter: &mut Filter<H>, now_ms: u64) {
     if filter.inflight.is_idle() && filter.permit_outbox.is_idle() {
         return;
     }
-    let due: Vec<u32> = filter
-        .inflight
-        .waiting
-        .iter()
-        .filter(|(_, waiting)| waiting.deadline_ms <= now_ms)
-        .map(|(&context_id, _)| context_id)
-        .collect();
-    for context_id in due {
-        if let Some(waiting) = filter.inflight.waiting.get_mut(&context_id) {
-            let unanswered = waiting.asked.iter_mut().filter(|asked| asked.taken.is_none() && !asked.failed);
-            let mut failed = 0;
-            for asked in unanswered {
-                asked.failed = true;
-                failed += 1;
-            }
-            filter.metrics.redis_errors(&filter.host, failed);
-        }
-        conclude_from_reply(filter, context_id);
-    }
+    end_waits(filter, now_ms, false);
     filter.inflight.orphans.retain(|(_, _, _, deadline_ms)| *deadline_ms > now_ms);
     // A call whose reply never came (its wait ended above; a release or an extension nobody waits for).
     let forgotten: Vec<u64> = filter
@@ -472,6 +464,7 @@ pub(super) fn on_tick<H: Host>(filter: &mut Filter<H>, now_ms: u64) {
         .filter(|(_, (_, _, forget_ms))| *forget_ms <= now_ms)
         .map(|(key, _)| *key)
         .collect();
+    // One error per call (its requests' waits ended above, in the failure mode).
     filter.metrics.redis_errors(&filter.host, forgotten.len());
     for key in forgotten {
         if let Some((AcquireCall { destination, .. }, _, _)) = filter.inflight.calls.remove(&key) {

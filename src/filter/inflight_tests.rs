@@ -163,3 +163,27 @@ fn acquires_wait_for_the_call_on_its_way_and_go_out_together() {
     assert_eq!(host.counter("edge_rate_limiter.inflight_admitted"), 2);
     assert_eq!(host.counter("edge_rate_limiter.inflight_rejected"), 1);
 }
+
+#[test]
+fn a_configuration_push_ends_a_waiting_request_and_hands_running_ones_permits_over() {
+    let (host, mut old) = configure(r#","failure_mode":"deny""#);
+    // Request 2 runs with its permit; request 3 (another user) waits for its acquire's reply.
+    start(&host, &mut old, 2);
+    answer(&host, &mut old, TAKEN);
+    answer(&host, &mut old, &acquired(4));
+    host.request(3, &[(":path", "/"), ("x-user", "bob"), (":authority", "api.example")]);
+    assert_eq!(old.on_request_headers(3), Action::Pause);
+    let mut new = Filter::configure(host.clone(), format!("{CONFIG}}}").as_bytes(), false).unwrap();
+    new.adopt(old.retire());
+    assert!(matches!(host.end(3), Some(End::LocalReply { status: 503, .. })), "ended in the failure mode");
+    // The new filter's tick gives back bob's unanswered permit at once, and alice's when her request ends.
+    let before = host.http_calls().len();
+    new.on_tick();
+    assert_eq!(host.http_calls().len(), before + 1, "bob's permit released");
+    host.advance(1_001);
+    new.on_tick();
+    assert_eq!(calls_of(&host, "EVAL/"), 2, "alice's lease extended by the new filter");
+    new.on_done(2);
+    new.on_tick();
+    assert_eq!(host.counter("edge_rate_limiter.inflight_released"), 2);
+}

@@ -181,6 +181,19 @@ impl Metrics {
         }
     }
 
+    /// Counts rule entries' outcomes (index into `ids`, outcome) in their own counters.
+    pub(super) fn rules_counted(
+        host: &impl Host,
+        ids: &[RuleMetrics],
+        outcomes: impl Iterator<Item = (usize, RuleOutcome)>,
+    ) {
+        for (index, outcome) in outcomes {
+            if let Some(ids) = ids.get(index) {
+                Self::rule(host, &ids.counters, outcome);
+            }
+        }
+    }
+
     /// One decided request, by its outcome.
     pub(super) fn decided(&self, host: &impl Host, outcome: Outcome) {
         let id = match outcome {

@@ -25,6 +25,15 @@ pub(super) type PermitId = [u8; PERMIT_ID_LEN];
 /// Most permits in one release or extension call (its body stays under about 16 KB in webdis's form).
 const MAX_IDS: usize = 256;
 
+/// Where a call goes: the route (by its index) and, on a Redis Cluster, the semaphore's hash slot (a call's
+/// keys must share one), else 0.
+pub(super) type Destination = (usize, u16);
+
+/// The destination of semaphore `name`'s calls through `route`.
+pub(super) fn destination(route: &Route, name: &str) -> Destination {
+    (route.index, if route.config.redis.redis_cluster { crate::key::hash_slot(name) } else { 0 })
+}
+
 /// A permit held by a request: given back, or its lease extended.
 #[derive(Debug, Clone)]
 pub(super) struct Held {
@@ -125,10 +134,9 @@ fn send<H: Host>(
 /// ids and lease), in first-seen order.
 #[allow(clippy::type_complexity)]
 fn by_destination(permits: &[Held]) -> Vec<(Rc<Route>, Vec<(String, Vec<PermitId>, u64)>)> {
-    let mut destinations: Vec<((usize, u16), Rc<Route>, Vec<(String, Vec<PermitId>, u64)>)> = Vec::new();
+    let mut destinations: Vec<(Destination, Rc<Route>, Vec<(String, Vec<PermitId>, u64)>)> = Vec::new();
     for permit in permits {
-        let slot = if permit.route.config.redis.redis_cluster { crate::key::hash_slot(&permit.name) } else { 0 };
-        let key = (permit.route.index, slot);
+        let key = destination(&permit.route, &permit.name);
         let at = match destinations.iter().position(|(k, route, _)| *k == key && Rc::ptr_eq(route, &permit.route)) {
             Some(at) => at,
             None => {

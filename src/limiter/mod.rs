@@ -145,6 +145,17 @@ pub enum RuleOutcome {
 }
 
 impl RuleOutcome {
+    /// An in-flight rule's permit (docs/operating.md, "Metrics"): taken `Allowed`; refused `Rejected`, or
+    /// `ShadowRejected` for a shadow rule; unanswered (`None`) `Failed`.
+    pub fn of_permit(taken: Option<bool>, shadow: bool) -> Self {
+        match (taken, shadow) {
+            (Some(true), _) => RuleOutcome::Allowed,
+            (Some(false), false) => RuleOutcome::Rejected,
+            (Some(false), true) => RuleOutcome::ShadowRejected,
+            (None, _) => RuleOutcome::Failed,
+        }
+    }
+
     /// Every outcome, in counter order.
     pub const ALL: [RuleOutcome; 5] = [
         RuleOutcome::Allowed,

@@ -108,6 +108,17 @@ def plugin_config(*rules: dict, timeout: Any = "500ms", redis: dict | None = Non
     return {"redis": redis_section, "rules": list(rules), **fields}
 
 
+def with_json_access_log(bootstrap: dict, path: Path, json_format: dict) -> None:
+    """Gives the (only) listener of an Envoy bootstrap (envoy.yaml as loaded) a file access log at `path`,
+    one JSON object per request in `json_format` (Envoy's `json_format` command operators)."""
+    [listener] = bootstrap["static_resources"]["listeners"]
+    listener["filter_chains"][0]["filters"][0]["typed_config"]["access_log"] = [{
+        "name": "envoy.access_loggers.file",
+        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+                         "path": str(path), "log_format": {"json_format": json_format}},
+    }]
+
+
 def host_plugin_config(*rules: dict, timeout: Any = "500ms", redis: dict | None = None, **fields: Any) -> dict:
     """The Higress build's configuration: Redis through the host's Redis client (transport "host") for the
     cluster `redis`, or for Higress's `outbound|<port>||<service_name>` when `redis` names a service_name."""

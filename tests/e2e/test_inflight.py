@@ -47,13 +47,8 @@ def gateway(stack: h.Stack, upstream: llm.LlmUpstream, *rules: dict, **fields: A
     envoy = h.Envoy(stack.workdir, h.plugin_config(*rules, **fields), webdis_port=stack.webdis.port,
                     upstream_port=upstream.port, name=name)
     bootstrap = yaml.safe_load(envoy.yaml_path.read_text())
-    [listener] = bootstrap["static_resources"]["listeners"]
     access_log = stack.workdir / f"{name}-access.log"
-    listener["filter_chains"][0]["filters"][0]["typed_config"]["access_log"] = [{
-        "name": "envoy.access_loggers.file",
-        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
-                         "path": str(access_log), "log_format": {"json_format": ACCESS_FORMAT}},
-    }]
+    h.with_json_access_log(bootstrap, access_log, ACCESS_FORMAT)
     envoy.yaml_path.write_text(json.dumps(bootstrap))
     stack.envoys.append(envoy)
     envoy.start()

@@ -149,13 +149,8 @@ def start_gateway(stack: h.Stack, upstream: llm.LlmUpstream) -> Callable[..., Ga
         envoy = h.Envoy(stack.workdir, h.plugin_config(*rules, **fields), webdis_port=stack.webdis.port,
                         upstream_port=server.port, name=name)
         bootstrap = yaml.safe_load(envoy.yaml_path.read_text())
-        [listener] = bootstrap["static_resources"]["listeners"]
         access_log = stack.workdir / f"{name}-access.log"
-        listener["filter_chains"][0]["filters"][0]["typed_config"]["access_log"] = [{
-            "name": "envoy.access_loggers.file",
-            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
-                             "path": str(access_log), "log_format": {"json_format": ACCESS_FORMAT}},
-        }]
+        h.with_json_access_log(bootstrap, access_log, ACCESS_FORMAT)
         if server.http2:
             [cluster] = [c for c in bootstrap["static_resources"]["clusters"] if c["name"] == "upstream"]
             cluster["typed_extension_protocol_options"] = {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
