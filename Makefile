@@ -109,7 +109,7 @@ test-wasm: setup
 test-parity: setup
 	$(LINTED) $(CARGO) test -q --no-default-features --test parity
 
-# The proxy-wasm host emulator (tests/host, on wasmtime) against real Redis and webdis, running both built
+# The proxy-wasm host emulator (tests/host, on wasmi) against real Redis and webdis, running both built
 # artifacts (dist/), and checked against Envoy 1.40 observations; and the test support crate's own tests.
 test-host: build
 	ERL_WASM=$(CURDIR)/dist/edge-rate-limiter-envoy.wasm ERL_WASM_HOST_REDIS=$(CURDIR)/dist/edge-rate-limiter-higress.wasm \
@@ -117,9 +117,17 @@ test-host: build
 
 # target/debug/wasm-host, built as its own tests build it: `cargo build -p proxy-wasm-host-emulator` (without
 # the dev-dependencies' features) or together with erl-admin (the Redis client's features) would unify the
-# dependencies' features differently and compile wasmtime and Cranelift a second and a third time
-# (~330 s on 2 cores); built this way, after test-host it costs nothing.
+# dependencies' features differently and compile them a second and a third time; built this way, after
+# test-host it costs nothing.
 WASM_HOST := $(LINTED) $(CARGO) test -q --no-run -p proxy-wasm-host-emulator -p erl-test-support
+
+# make bench's emulator: on wasmtime (exact fuel, one unit per wasm instruction, and the function profile;
+# tests/host/src/engine.rs), in a target directory of its own so that it and make test's (on wasmi) never
+# rebuild each other. About 230 s to build the first time. Its function profile's exactness test runs first:
+# sections 10 and 11 rest on it.
+BENCH_HOST_DIR := $(CURDIR)/target/bench-host
+BENCH_HOST := $(CARGO) test -q --target-dir $(BENCH_HOST_DIR) -p proxy-wasm-host-emulator -p erl-test-support \
+	--features proxy-wasm-host-emulator/wasmtime
 
 # Real redis-server, webdis and Envoy with dist/edge-rate-limiter-envoy.wasm, the emulator and the operator
 # tool (built on its own, for the same reason). The modules that measure no time run first, two at a time
@@ -143,6 +151,7 @@ lint: lint-source
 	$(CARGO) clippy -q --no-default-features --lib --tests -- -D warnings
 	$(CARGO) clippy -q --no-default-features --features regex --lib --tests -- -D warnings
 	$(CARGO) clippy -q -p proxy-wasm-host-emulator -p erl-admin -p erl-test-support --all-targets -- -D warnings
+	$(CARGO) clippy -q --target-dir $(BENCH_HOST_DIR) -p proxy-wasm-host-emulator --features wasmtime --all-targets -- -D warnings
 
 # What make test lints before the tests: both wasm builds (clippy), formatting, the module layout and the
 # docs' links.
@@ -160,8 +169,10 @@ lint-source: setup
 # Section 9's peer rate limit services (bench/rls, not in the workspace, and envoyproxy/ratelimit by
 # bench/ratelimit/build.sh) are built when 9 runs; if one does not build, section 9 says why and skips its rows.
 bench: export SETUP_BENCH := 1
+bench: export ERL_WASM_HOST_BIN := $(BENCH_HOST_DIR)/debug/wasm-host
 bench: build
-	$(WASM_HOST)
+	$(BENCH_HOST) --lib profile::
+	$(BENCH_HOST) --no-run
 	@only="$${BENCH_ONLY:-9}"; if [[ ",$${only// /}," == *,9,* ]]; then \
 		bench/rls/build.sh || echo "bench: bench/rls/build.sh failed; section 9 skips the limitador rows" >&2; \
 		bench/ratelimit/build.sh || echo "bench: bench/ratelimit/build.sh failed; section 9 skips the ratelimit rows" >&2; fi

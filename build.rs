@@ -24,10 +24,10 @@ const SCRIPTS: &[(&str, &str, &str)] = &[
     ("DELETE", "delete", "delete.lua"),
     ("ACQUIRE_ALL", "acquireAll", "acquire_all.lua"),
     ("GIVE_BACK", "giveBack", "give_back.lua"),
-    // After the scripts it wraps (`--@wrap`).
-    ("ACQUIRE_BATCH", "acquireBatch", "acquire_batch.lua"),
     // In-flight permits of a semaphore shared with Redisson's RPermitExpirableSemaphore (`--@standalone`).
     ("SEMAPHORE_ACQUIRE", "semaphoreAcquire", "semaphore_acquire.lua"),
+    // After the scripts it wraps (`--@wrap`).
+    ("ACQUIRE_BATCH", "acquireBatch", "acquire_batch.lua"),
     ("SEMAPHORE_RELEASE", "semaphoreRelease", "semaphore_release.lua"),
     ("SEMAPHORE_EXTEND", "semaphoreExtend", "semaphore_extend.lua"),
 ];

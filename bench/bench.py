@@ -1473,7 +1473,8 @@ TIMING_MARGIN_MS = 5
 ADMITTED_TARGET = 0.95  # of the rate, in every fixed window, with the lease
 CALLS_TARGET = 1 / 16  # Redis calls per allowed request with the lease / without
 
-# Every admitted request (status 200, the route's direct_response) logged with its start time in epoch ms.
+# Every admitted request (status 200, the route's direct_response) logged with its start time in epoch ms
+# (`line`: another line format).
 ADMITTED_LOG = """\
           access_log:
           - name: envoy.access_loggers.file
@@ -1487,22 +1488,25 @@ ADMITTED_LOG = """\
               path: {path}
               log_format:
                 text_format_source:
-                  inline_string: "%START_TIME(%s%3f)%\\n"
+                  inline_string: "{line}\\n"
 """
 HCM_STAT_PREFIX = "          stat_prefix: ingress_http\n"
 
 
-def with_admitted_log(text: str, path: Path) -> str:
-    """The Envoy yaml with an access log of the admitted requests' start times (epoch ms) at `path`."""
+def with_admitted_log(text: str, path: Path, line: str = "%START_TIME(%s%3f)%") -> str:
+    """The Envoy yaml with an access log of the admitted requests at `path`, a line each: their start times
+    (epoch ms), or `line` (Envoy's command operators)."""
     if text.count(HCM_STAT_PREFIX) != 1:
         raise h.HarnessError("envoy/envoy.yaml changed shape: update with_admitted_log() in bench/bench.py")
-    return text.replace(HCM_STAT_PREFIX, HCM_STAT_PREFIX + ADMITTED_LOG.format(path=json.dumps(str(path))))
+    return text.replace(HCM_STAT_PREFIX, HCM_STAT_PREFIX + ADMITTED_LOG.format(path=json.dumps(str(path)), line=line))
 
 
 def read_admitted(path: Path, since_ms: int) -> list[int]:
-    """Start times (epoch ms) of the admitted requests logged at `path` from `since_ms` on."""
+    """Start times (epoch ms, each line's first word) of the admitted requests logged at `path` from
+    `since_ms` on."""
     with contextlib.suppress(FileNotFoundError):
-        return [t for t in (int(line) for line in path.read_text().split() if line.isdigit()) if t >= since_ms]
+        words = (line.split(maxsplit=1)[0] for line in path.read_text().splitlines() if line.strip())
+        return [t for t in (int(word) for word in words if word.isdigit()) if t >= since_ms]
     return []
 
 

@@ -71,8 +71,8 @@ ADMITTED_TARGET = 0.99  # of the rate, every whole fixed window, with coalescing
 FUEL_TARGET = 1.2  # guest fuel per request, coalescing on / off
 
 # The access log of section 6 (b), each admitted request's start time followed by its user and "d" and its
-# duration in ms (arrival to the last byte of the answer): b.read_admitted reads the times alone (the only
-# words that are all digits).
+# duration in ms (arrival to the last byte of the answer): b.read_admitted reads the times alone (each
+# line's first word).
 LOG_FORMAT = '"%START_TIME(%s%3f)%\\n"'
 LOG_FORMAT_WITH_USER = '"%START_TIME(%s%3f)% %REQ(X-USER-ID)% d%DURATION%\\n"'
 
@@ -524,7 +524,7 @@ class ReplayRow:
 def run_guest_cost(stack: h.Stack) -> list[ReplayRow]:
     requests = [{"headers": [["x-user-id", f"u{i % ALLOWED_USERS}"]]} for i in range(REPLAY_REQUESTS)]
     warm = requests[:2 * REPLAY_CONCURRENCY]
-    args = ["--concurrency", str(REPLAY_CONCURRENCY), "--compile-cache", str(h.WASM_HOST_CACHE)]
+    args = ["--concurrency", str(REPLAY_CONCURRENCY)]
     clusters = {"redis": stack.redis.port}
     rows = []
     for config in (OFF, ON):

@@ -13,7 +13,7 @@ the same run.
     (overshoot), requests admitted and rejected, tokens per admitted request.
 (b) What settling costs the gateway: one Envoy at a time answering itself (direct_response) with a chat
     completion body, wrk as in section 1 (x-user-id over 64 users, bench/users.lua) at each of
-    BENCH_COST_CONNECTIONS [8,32] connections, BENCH_COST_ROUNDS [5] interleaved rounds of BENCH_DURATION s: Envoy without
+    BENCH_COST_CONNECTIONS [8,32] connections, BENCH_COST_ROUNDS [9,3] interleaved rounds of BENCH_DURATION s (per count): Envoy without
     the filter, the rule with `permits: 1000` and no cost (the baseline: one acquire per request), and the same
     rule reserving 1000 and settled by a response header or by its usage (OpenAI JSON, 0.3 KB; OpenAI event
     stream, 1.5 KB; Anthropic event stream): req/s, Redis script calls and CPU microseconds per request by
@@ -36,8 +36,9 @@ the same run.
     sliding window by acquire time against the budget, the tokens of every whole window (target >= 95%).
 (e) The degraded mode with costs: 2 Envoys with `failure_mode: "local"`, `local_fallback: {"gateways": 2}`,
     the budget and clients of (d) for BENCH_COST_DEGRADED_SECONDS [8], Redis up (the baseline) then Redis
-    stopped: what each gateway admitted per window (from the upstream's record of every request) against
-    floor(rate / gateways).
+    stopped: what each gateway admitted per window, by its own clock (its access log: when each body went
+    upstream after the decision, when each answer came back to be settled), against floor(rate / gateways);
+    the same by the upstream's record of every request, for comparison.
 
 Every process comes from tests/e2e/harness.py (Envoy, redis-server, webdis, wrk; wasm-host as in section 5)
 on 127.0.0.1 with free ports, stopped by PID when the section ends.
@@ -98,7 +99,16 @@ def _env_counts(name: str, default: str) -> list[int]:
 
 # (b): wrk connections, one pass of every row per value; interleaved rounds of every row per pass.
 CPU_CONNECTIONS = _env_counts("BENCH_COST_CONNECTIONS", "8,32")
-CPU_ROUNDS = b._env_int("BENCH_COST_ROUNDS", 5)
+# Interleaved rounds per connection count, in CPU_CONNECTIONS' order (one value: every count): the target's
+# load (-c8) gets more, since one round's pair moves by +/-25 us (a 5-round median moved 34-86 us over seven
+# runs); -c32 is reported only.
+CPU_ROUNDS = _env_counts("BENCH_COST_ROUNDS", "9,3")
+
+
+def rounds_at(connections: int) -> int:
+    """The interleaved rounds of (b) at `connections`."""
+    at = CPU_CONNECTIONS.index(connections) if connections in CPU_CONNECTIONS else 0
+    return CPU_ROUNDS[min(at, len(CPU_ROUNDS) - 1)]
 SETTLE_CPU_TARGET_US = 60.0  # settling's CPU per request over fixed permits, at wrk -c8
 
 # (d) and (e): the real SDKs.
@@ -247,7 +257,7 @@ def llm_envoy_yaml(rendered: str, settle: Settle) -> str:
 
 def run_cpu(stack: h.Stack) -> dict[int, list[cb.AllowedRow]]:
     """Every row's Envoy started once; per wrk connection count (CPU_CONNECTIONS), a warm-up of each, then
-    CPU_ROUNDS interleaved runs of each (a round runs every row once, one after the other)."""
+    rounds_at(connections) interleaved runs of each (a round runs every row once, one after the other)."""
     envoys = []
     for settle in [NONE, FIXED, *SETTLED]:
         fields: dict[str, Any] = {"cost": settle.cost} if settle.cost else {"permits": FIXED_PERMITS}
@@ -274,9 +284,10 @@ def run_cpu(stack: h.Stack) -> dict[int, list[cb.AllowedRow]]:
                 for row in rows:
                     b.run_wrk(row.scenario.envoy.port, b.WARM_UP_S, stack.workdir,  # type: ignore[union-attr]
                               f"warm-cost-{row.config.key}-c{connections}", connections, threads)
-                for round_index in range(CPU_ROUNDS):
+                for round_index in range(rounds_at(connections)):
                     for row in rows:
-                        progress(f"(11b) {row.config.title}, -c{connections}: round {round_index + 1}/{CPU_ROUNDS}, "
+                        progress(f"(11b) {row.config.title}, -c{connections}: round {round_index + 1}/"
+                                 f"{rounds_at(connections)}, "
                                  f"{b.DURATION} s")
                         row.runs.append(b.measured_run(row.scenario.envoy, stack,  # type: ignore[arg-type]
                                                        f"cost-{row.config.key}-c{connections}-{round_index}",
@@ -304,8 +315,8 @@ def print_cpu(by_connections: dict[int, list[cb.AllowedRow]]) -> None:
     out(f"(b) What settling costs: one Envoy at a time, --concurrency {b.CONCURRENCY}, the route answering itself "
         f"(direct_response 200 with the body of the format named, reporting {INPUT_TOKENS} + {OUTPUT_TOKENS} "
         f"tokens), rule per-user {num(ALLOWED_RATE)} per 1 s over {USERS} users (never reached); wrk "
-        f"-t{b.THREADS} -d{b.DURATION}s at -c{' and -c'.join(map(str, by_connections))}, {CPU_ROUNDS} "
-        "interleaved rounds (req/s: the median; CPU: all rounds' CPU over all their requests). Scripts/req: EVALSHA+EVAL in Redis / requests answered; CPU: microseconds per answered "
+        f"-t{b.THREADS} -d{b.DURATION}s at " + " and ".join(f"-c{c} ({rounds_at(c)} rounds)" for c in by_connections)
+        + ", interleaved (req/s: the median; CPU: all rounds' CPU over all their requests). Scripts/req: EVALSHA+EVAL in Redis / requests answered; CPU: microseconds per answered "
         "request by process; settlements/req: the filter's counter; mean batch: batched_calls / batches (acquires "
         "and settles together).")
     summary = []
@@ -338,8 +349,8 @@ def print_cpu(by_connections: dict[int, list[cb.AllowedRow]]) -> None:
                           for row in rows[3:])
         out(f"Reading (-c{connections}): over the fixed-permits baseline, the settle call (a cost header, the body "
             f"not read) costs {more(header, fixed)} per request ({rows[1].scripts_per_request():.3f} -> "
-            f"{rows[2].scripts_per_request():.3f} script calls per request: the settles of a tick go out in one "
-            f"batch per destination). Reading the usage from the body, over the cost header: {reads}.")
+            f"{rows[2].scripts_per_request():.3f} script calls per request: settles ride in the acquire calls "
+            f"that leave for their destination, else go out from the tick in one batch per destination). Reading the usage from the body, over the cost header: {reads}.")
         pooled = header.get("total", 0) - fixed.get("total", 0)
         paired = paired_over(rows[2], rows[1])
         added = b.median(paired)
@@ -375,7 +386,7 @@ class FuelRow:
 
 
 def run_fuel(stack: h.Stack) -> list[FuelRow]:
-    args = ["--concurrency", str(REPLAY_CONCURRENCY), "--compile-cache", str(h.WASM_HOST_CACHE)]
+    args = ["--concurrency", str(REPLAY_CONCURRENCY)]
     clusters = {"redis": stack.redis.port}
     rows = []
     for settle in REPLAYED:
@@ -458,9 +469,20 @@ def sdk_plugin(name: str, reserve_body: bool, **fields: Any) -> dict:
                                      "rules": [sdk_rule(name, "anthropic", reserve_body)]}], **fields)
 
 
-def llm_gateway(stack: h.Stack, upstream: llm.LlmUpstream, plugin: dict, name: str) -> h.Envoy:
+# (e)'s access log: per request, its x-request-id (Envoy's, sent upstream too), its start (epoch us) and, us
+# after it, when its body's last byte arrived (the filter decides in that callback), when the body had gone
+# upstream (after the decision) and when the answer's last byte came back (the filter settles in that one).
+GATEWAY_TIMES = {"id": "%REQ(X-REQUEST-ID)%", "status": "%RESPONSE_CODE%", "start_us": "%START_TIME(%s%6f)%",
+                 "body_end_us": "%COMMON_DURATION(DS_RX_BEG:DS_RX_END:us)%",
+                 "body_sent_us": "%COMMON_DURATION(DS_RX_BEG:US_TX_END:us)%",
+                 "answer_end_us": "%COMMON_DURATION(DS_RX_BEG:US_RX_END:us)%"}
+
+
+def llm_gateway(stack: h.Stack, upstream: llm.LlmUpstream, plugin: dict, name: str,
+                access_log: Path | None = None) -> h.Envoy:
     """An Envoy (--concurrency BENCH_CONCURRENCY) with the filter in front of the LLM upstream, its route of
-    /v1/messages named ANTHROPIC_ROUTE; started without waiting."""
+    /v1/messages named ANTHROPIC_ROUTE, and with `access_log` GATEWAY_TIMES per request; started without
+    waiting."""
     envoy = h.Envoy(stack.workdir, plugin, webdis_port=stack.webdis.port, upstream_port=upstream.port,
                     concurrency=b.CONCURRENCY, name=name)
     bootstrap = yaml.safe_load(envoy.yaml_path.read_text())
@@ -470,6 +492,8 @@ def llm_gateway(stack: h.Stack, upstream: llm.LlmUpstream, plugin: dict, name: s
         {"name": ANTHROPIC_ROUTE, "match": {"prefix": "/v1/messages"}, "route": {"cluster": "upstream"}},
         {"name": "openai", "match": {"prefix": "/"}, "route": {"cluster": "upstream"}},
     ]
+    if access_log is not None:
+        h.with_json_access_log(bootstrap, access_log, GATEWAY_TIMES)
     envoy.yaml_path.write_text(json.dumps(bootstrap))
     stack.envoys.append(envoy)  # stopped by Stack.close(), whatever happens
     envoy.start(wait_ready=False)
@@ -596,6 +620,8 @@ class SdkRun:
     metrics: dict[str, int]  # the filter's counters during the run, every gateway together
     found: list[llm.Member] | None  # the limiter's members all along (None: not read, Redis down)
     reserved_at_end: int | None  # members still reserved (`-r`) in Redis at the end
+    # (e): the gateways' access logs, by request id
+    gateway_times: dict[str, GatewayTimes] = field(default_factory=dict)
 
     def count(self, outcome: str, **match: Any) -> int:
         return sum(1 for call in self.calls
@@ -787,8 +813,10 @@ def gateway_of(served: llm.Served) -> int:
     return -1
 
 
-# Where body_times() writes, in the upstream's record of a JSON request, when its body had arrived.
+# Where body_times() writes, in the upstream's record of a JSON request, when its body had arrived and the
+# request's x-request-id (the key of the gateway's access log).
 BODY_MS = "_bench_body_ms"
+REQUEST_ID = "_bench_request_id"
 
 
 @contextlib.contextmanager
@@ -802,7 +830,8 @@ def body_times() -> Any:
     def timed(modes: llm.Modes, path: str, got: dict[str, str], body: bytes) -> llm.Answer:
         reply = plain(modes, path, got, body)
         if isinstance(reply.request, dict):
-            reply = reply._replace(request={**reply.request, BODY_MS: time.time() * 1000})
+            reply = reply._replace(request={**reply.request, BODY_MS: time.time() * 1000,
+                                            REQUEST_ID: got.get("x-request-id")})
         return reply
 
     llm.answer = timed  # the upstream's handlers call llm_upstream.answer by its module name
@@ -812,10 +841,49 @@ def body_times() -> Any:
         llm.answer = plain
 
 
-def admissions(run: SdkRun, gateway: int | None) -> list[Admission]:
-    """The admitted requests of one gateway (None: all), by the time their body reached the upstream."""
-    found = [Admission(s.request.get(BODY_MS, s.start_ms), s.end_ms, llm.max_tokens_of(s.request) or 0, s.usage or 0)
-             for s in run.answered() if gateway is None or gateway_of(s) == gateway]
+class GatewayTimes(NamedTuple):
+    """One request in a gateway's access log (GATEWAY_TIMES), epoch ms by the gateway's clock: when its body
+    had arrived (the filter decides in that callback: the decision is at or after it), when the body had gone
+    upstream (the decision is before it) and when the answer's last byte came back (the filter settles then)."""
+    body_end_ms: float
+    body_sent_ms: float
+    answer_end_ms: float
+
+
+def gateway_times(paths: list[Path], want: set[str], wait_s: float = 5.0) -> dict[str, GatewayTimes]:
+    """The access log entries of `paths` (GATEWAY_TIMES) by request id, waiting up to `wait_s` for Envoy to
+    flush the ids of `want` (its file access log writes once a second)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found: dict[str, GatewayTimes] = {}
+        for path in paths:
+            for line in path.read_text().splitlines() if path.exists() else []:
+                entry = json.loads(line)
+                start_ms = int(entry["start_us"]) / 1000
+                try:
+                    found[entry["id"]] = GatewayTimes(*(start_ms + int(entry[k]) / 1000 for k in
+                                                        ("body_end_us", "body_sent_us", "answer_end_us")))
+                except (TypeError, ValueError):  # "-": a request that never went upstream
+                    continue
+        if want <= found.keys() or time.monotonic() > deadline:
+            return found
+        time.sleep(0.25)
+
+
+def admissions(run: SdkRun, gateway: int | None, clock: str = "upstream") -> list[Admission]:
+    """The admitted requests of one gateway (None: all) by `clock`: "upstream" (when the body reached the
+    upstream and the answer ended there) or "gateway" (its access log: when the body had gone upstream, which
+    is just after the decision, and when the answer came back). A request missing from the access log counts
+    by the upstream's clock."""
+    found = []
+    for s in run.answered():
+        if gateway is not None and gateway_of(s) != gateway:
+            continue
+        at_ms, end_ms = s.request.get(BODY_MS, s.start_ms), s.end_ms
+        times = run.gateway_times.get(s.request.get(REQUEST_ID) or "")
+        if clock == "gateway" and times is not None:
+            at_ms, end_ms = times.body_sent_ms, times.answer_end_ms
+        found.append(Admission(at_ms, end_ms, llm.max_tokens_of(s.request) or 0, s.usage or 0))
     return sorted(found)
 
 
@@ -841,24 +909,20 @@ class DegradedRun:
     redis_up: bool
     calls_to_redis: int  # the filter's Redis calls (while Redis is down: the probes)
 
-    def part(self, gateway: int | None) -> dict[str, Any]:
-        found = admissions(self.run, gateway)
+    def part(self, gateway: int | None, clock: str = "upstream") -> dict[str, Any]:
+        found = admissions(self.run, gateway, clock)
         members = as_members(found)
         return {"admitted": len(found), "whole": llm.fixed_windows(members, WINDOW_MS, self.run.start_ms, self.run.stop_ms),
                 "fullest": llm.fullest_window(members, WINDOW_MS),
-                "narrowed": llm.fullest_window(members, WINDOW_MS - NARROW_MS),
                 "held": held_at_admission(found),
-                # Admissions are timed by their body's arrival at the upstream and ends by the upstream's
-                # record, both a few ms off the gateway's own: the window narrowed and the ends moved by
-                # NARROW_MS (reported, not judged).
-                "held_narrowed": held_at_admission(found, WINDOW_MS - NARROW_MS, NARROW_MS),
                 "reserved": llm.fullest_window(as_members(found, reserved=True), WINDOW_MS).tokens}
 
 
 def run_degraded(stack: h.Stack, upstream: llm.LlmUpstream) -> list[DegradedRun]:
     degraded = {"failure_mode": "local", "local_fallback": {"gateways": GATEWAYS, "probe_interval": "1s"}}
-    envoys = [llm_gateway(stack, upstream, sdk_plugin("degraded", True, **degraded), f"envoy-degraded-{i}")
-              for i in range(GATEWAYS)]
+    logs = [stack.workdir / f"envoy-degraded-{i}-access.log" for i in range(GATEWAYS)]
+    envoys = [llm_gateway(stack, upstream, sdk_plugin("degraded", True, **degraded), f"envoy-degraded-{i}", log)
+              for i, log in enumerate(logs)]
     runs = []
     try:
         for envoy in envoys:
@@ -871,11 +935,20 @@ def run_degraded(stack: h.Stack, upstream: llm.LlmUpstream) -> list[DegradedRun]
             with body_times():
                 run = drive_sdks(stack, upstream, envoys, title, DEGRADED_SECONDS,
                                  "erl:degraded" if redis_up else None, seed=1)
+            run.gateway_times = gateway_times(logs, {s.request.get(REQUEST_ID) for s in run.answered()})
             runs.append(DegradedRun(run, redis_up, run.metrics.get("redis_calls", 0)))
     finally:
         stack.stop_envoys()
         stack.redis.start()  # empty again
     return runs
+
+
+def _waits(run: SdkRun) -> str:
+    """The gateway's wait between a body's arrival and its sending upstream (the decision is in between),
+    ms: median / max over the run's admitted requests."""
+    waits = sorted(t.body_sent_ms - t.body_end_ms for t in
+                   (run.gateway_times.get(s.request.get(REQUEST_ID) or "") for s in run.answered()) if t)
+    return f"{b.percentile(waits, 50):.2f} / {max(waits):.1f} ms" if waits else "-"
 
 
 def print_degraded(runs: list[DegradedRun]) -> None:
@@ -885,13 +958,15 @@ def print_degraded(runs: list[DegradedRun]) -> None:
         f"failure_mode \"local\", local_fallback {{\"gateways\": {GATEWAYS}, \"probe_interval\": \"1s\"}}, the budget "
         f"and clients of (d) ({SDK_CLIENTS} SDK clients, client i through gateway i mod {GATEWAYS}) for "
         f"{DEGRADED_SECONDS} s: Redis up (the baseline), then Redis stopped (webdis up, answering errors). With "
-        "Redis up, the limiter's members are the account (acquire times, settled sizes); per gateway, and with "
-        "Redis down, the upstream's record of each admitted request: when its body reached the upstream (the "
-        "gateway sends it on once it decided), when its answer ended (the local window settles it then), the max "
-        f"tokens its body reserved and the usage it reported. The local budget is floor(rate / gateways) = "
-        f"{num(local)} tokens per gateway per window. Held at admission: the most a gateway's window held just "
-        "after an admission, each request admitted in the window before it counted at its usage if its answer had "
-        "ended, else at its reservation (the local window's own account).")
+        "Redis up, the limiter's members are the account (acquire times, settled sizes). Per gateway, and with "
+        "Redis down, each admitted request's times by two clocks: the gateway's own (its access log: when the "
+        "body had gone upstream, which it does once the filter decided, and when the answer's last byte came "
+        "back, when the filter settles it in the local window) and, for comparison, the upstream's record (when "
+        "the body reached it, when it ended the answer); with the max tokens its body reserved and the usage it "
+        f"reported. The local budget is floor(rate / gateways) = {num(local)} tokens per gateway per window. Held "
+        "at admission: the most a gateway's window held just after an admission, each request admitted in the "
+        "window before it counted at its usage if its answer had ended, else at its reservation (the local "
+        "window's own account).")
     rows = []
     for degraded in runs:
         run = degraded.run
@@ -899,49 +974,57 @@ def print_degraded(runs: list[DegradedRun]) -> None:
             bound = BUDGET if gateway is None else local
             label = degraded.run.title if gateway == 0 else ""
             if gateway is None and run.found is not None:
-                rows.append([label, "together (Redis's members)", num(len(run.found)), _spread(run.whole(), BUDGET),
-                             f"{num(run.window().tokens)} ({run.window().tokens / BUDGET:.1%})",
-                             num(run.window(WINDOW_MS - NARROW_MS).tokens), "-", "-"])
+                rows.append([label, "together (Redis's members)", "Redis", num(len(run.found)),
+                             _spread(run.whole(), BUDGET),
+                             f"{num(run.window().tokens)} ({run.window().tokens / BUDGET:.1%})", "-", "-"])
                 continue
-            part = degraded.part(gateway)
-            held = "-" if degraded.redis_up else (f"{num(part['held'])} ({part['held'] / bound:.1%}); narrowed "
-                                                  f"{num(part['held_narrowed'])}")
-            rows.append([
-                label, "together" if gateway is None else f"gateway {gateway}", num(part["admitted"]),
-                _spread(part["whole"], bound), f"{num(part['fullest'].tokens)} ({part['fullest'].tokens / bound:.1%})",
-                num(part["narrowed"].tokens), held, num(part["reserved"]),
-            ])
-    out(table(["run", "gateway", "admitted", "tokens per whole window (of the bound)", "fullest sliding window",
-               f"narrowed {NARROW_MS} ms", f"held at admission (; narrowed {NARROW_MS} ms)",
-               "reservations in the fullest window"], rows, left=2))
+            for clock in ("gateway", "upstream") if not degraded.redis_up else ("gateway",):
+                part = degraded.part(gateway, clock)
+                held = "-" if degraded.redis_up else f"{num(part['held'])} ({part['held'] / bound:.1%})"
+                rows.append([
+                    label if clock == "gateway" else "",
+                    ("together" if gateway is None else f"gateway {gateway}") if clock == "gateway" else "",
+                    "gateway" if clock == "gateway" else "upstream", num(part["admitted"]),
+                    _spread(part["whole"], bound), f"{num(part['fullest'].tokens)} ({part['fullest'].tokens / bound:.1%})",
+                    held, num(part["reserved"]),
+                ])
+    out(table(["run", "gateway", "clock", "admitted", "tokens per whole window (of the bound)", "fullest sliding window",
+               "held at admission", "reservations in the fullest window"], rows, left=3))
     for degraded in runs:
         m = degraded.run.metrics
         out(f"{degraded.run.title}: calls admitted {num(degraded.run.count('admitted'))}, rejected "
             f"{num(degraded.run.count('rejected'))}, other {num(degraded.run.count('other'))}; filter counters: "
             f"allowed {num(m.get('allowed', 0))}, fallback_allowed {num(m.get('fallback_allowed', 0))}, "
             f"fallback_rejected {num(m.get('fallback_rejected', 0))}, settlements {num(m.get('settlements', 0))}, "
-            f"redis_calls {num(m.get('redis_calls', 0))}, redis_errors {num(m.get('redis_errors', 0))}")
+            f"redis_calls {num(m.get('redis_calls', 0))}, redis_errors {num(m.get('redis_errors', 0))}; the "
+            f"gateway's wait from a body's arrival to its sending upstream (median / max): {_waits(degraded.run)}")
     up = next(d for d in runs if d.redis_up).run
     down = next(d for d in runs if not d.redis_up)
-    parts = [down.part(gateway) for gateway in range(GATEWAYS)]
+    parts = [down.part(gateway, "gateway") for gateway in range(GATEWAYS)]
+    by_upstream = [down.part(gateway) for gateway in range(GATEWAYS)]
     worst = max(max(p["held"], p["fullest"].tokens) for p in parts)
-    together = down.part(None)
+    together = down.part(None, "gateway")
     out()
-    out(table(["target (e)", "Redis up (baseline: Redis's members)", "Redis down", "target", "met"], [
+    out(table(["target (e)", "Redis up (baseline: Redis's members)", "Redis down (gateway's clock)",
+               "(the upstream's clock)", "target", "met"], [
         ["each gateway's fullest window (usage; held at admission)", "(one budget for both)",
-         " / ".join(f"{num(p['fullest'].tokens)}; {num(p['held'])}" for p in parts), f"<= {num(local)}",
+         " / ".join(f"{num(p['fullest'].tokens)}; {num(p['held'])}" for p in parts),
+         " / ".join(f"{num(p['fullest'].tokens)}; {num(p['held'])}" for p in by_upstream), f"<= {num(local)}",
          _met(worst <= local)],
         ["both gateways, fullest sliding window", num(up.window().tokens), num(together["fullest"].tokens),
-         f"<= {num(BUDGET)}", _met(together["fullest"].tokens <= BUDGET)],
+         num(down.part(None)["fullest"].tokens), f"<= {num(BUDGET)}", _met(together["fullest"].tokens <= BUDGET)],
         ["both gateways, tokens per whole window", _spread(up.whole(), BUDGET), _spread(together["whole"], BUDGET),
-         "(reported)", "-"],
+         "", "(reported)", "-"],
     ]))
     reserved = max(p["reserved"] for p in parts)
     out(f"Reading: with Redis down each gateway admitted at most {num(max(p['fullest'].tokens for p in parts))} "
         f"tokens of usage in any sliding window and held at most {num(max(p['held'] for p in parts))} at an "
-        f"admission, against its {num(local)}; the reservations it admitted in a window add up to more (up to "
-        f"{num(reserved)}), since each settled to its usage when its answer ended and gave the rest back to the "
-        f"local window. Redis, up, admitted {_spread(up.whole(), BUDGET)} per whole window for the two together.")
+        f"admission, by its own clock, against its {num(local)}; the reservations it admitted in a window add up "
+        f"to more (up to {num(reserved)}), since each settled to its usage when its answer ended and gave the rest "
+        "back to the local window. The upstream's clock is a few ms off the gateway's (a body reaches it after the "
+        "decision, an answer ends there before the gateway settles it): a window that holds a request decided at "
+        "its very start, and one decided at its very end, can look fuller or emptier by that clock. Redis, up, "
+        f"admitted {_spread(up.whole(), BUDGET)} per whole window for the two together.")
 
 
 # ---------------------------------------------------------------------------------------------------------

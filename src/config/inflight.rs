@@ -4,7 +4,7 @@
 
 use crate::prelude::*;
 
-use crate::key::KeySource;
+use crate::key::{extract, write_limiter_name, KeySource, KeyValue, RequestView};
 use crate::matching::Exemption;
 use crate::quote::quoted;
 
@@ -52,6 +52,45 @@ pub struct InflightRule {
     pub mode: Mode,
     /// Requests this rule does not apply to.
     pub exempt: Option<Exemption>,
+}
+
+/// How an in-flight rule meets a request ([`InflightRule::applies`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InflightApplies {
+    /// The rule's `exempt` matches: it does not apply.
+    Exempt,
+    /// No key value, `on_missing: "skip"` (or `"deny"` in shadow mode): it does not apply.
+    NoKey,
+    /// No key value, `on_missing: "deny"` in enforce mode: the request is refused.
+    Denied,
+    /// The request takes a permit of this semaphore.
+    Semaphore {
+        /// The semaphore's name (the limiter base with the key value, as a rate rule names its limiter).
+        name: String,
+    },
+}
+
+impl InflightRule {
+    /// How this rule meets `request` (the configuration's own `exempt` aside): what the filter asks Redis
+    /// for, and `erl-admin explain` reads.
+    pub fn applies(&self, request: &impl RequestView) -> InflightApplies {
+        if self.exempt.as_ref().is_some_and(|exempt| exempt.matches(request)) {
+            return InflightApplies::Exempt;
+        }
+        let value = match (extract(&self.source, request), self.on_missing) {
+            (KeyValue::Missing, OnMissing::Skip) => return InflightApplies::NoKey,
+            (KeyValue::Missing, OnMissing::Deny) if self.mode == Mode::Enforce => return InflightApplies::Denied,
+            (KeyValue::Missing, OnMissing::Deny) => return InflightApplies::NoKey,
+            (KeyValue::Missing, OnMissing::Share) => KeyValue::Value(Vec::new()),
+            (value, _) => value,
+        };
+        let mut name = String::new();
+        if write_limiter_name(&self.limiter, &value, &mut name) {
+            InflightApplies::Semaphore { name }
+        } else {
+            InflightApplies::NoKey
+        }
+    }
 }
 
 /// Whether `rule` (a `rules` entry) is an in-flight rule: it has `max_in_flight`.

@@ -25,7 +25,7 @@ mod rules;
 mod validate;
 
 pub use cost::{Cost, Reserve, Settle};
-pub use inflight::InflightRule;
+pub use inflight::{InflightApplies, InflightRule};
 pub use match_rules::{Override, Plugin};
 pub use reader::DurationMs;
 
@@ -867,10 +867,6 @@ mod tests {
             (
                 MINIMAL.replace("}]}", &format!("}},{}]}}", INF.replace("\"f\"", "\"r\""))),
                 "rules[1].name: duplicate rule name",
-            ),
-            (
-                MINIMAL.replace("}]}", &format!("}},{INF}],\"failure_mode\":\"local\",\"local_fallback\":{{\"gateways\":2}}}}")),
-                "failure_mode: \"local\" (the degraded mode) does not cover in-flight rules",
             ),
             (MINIMAL.replace("\"global\"", "{\"body\":\"a..b\"}"), "rules[0].limit_by: `body` must be a dotted path"),
             (

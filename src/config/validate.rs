@@ -132,12 +132,6 @@ impl PluginConfig {
             (_, Some(_)) => return Err(top.error("local_fallback", "only with failure_mode \"local\"")),
             (_, None) => None,
         };
-        if failure_mode == Some(FailureMode::Local) && !inflight.is_empty() {
-            return Err(top.error(
-                "failure_mode",
-                "\"local\" (the degraded mode) does not cover in-flight rules (`max_in_flight`): use \"allow\" or \"deny\"",
-            ));
-        }
         let shadow_headers = top.boolean("shadow_headers")?.unwrap_or(false);
         let histograms = top.boolean("histograms")?.unwrap_or(true);
         let exempt = top.object("exempt")?.map(read_exemption).transpose()?;

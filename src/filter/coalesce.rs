@@ -5,6 +5,11 @@
 //! batch is the very command it would have been alone, and its part of the batch's reply is the very reply
 //! it would have had ([`crate::script::split_batch_reply`]), so each request is decided as it is alone,
 //! in that order. No timer: on an idle VM a call goes out at once.
+//!
+//! The acquires of in-flight permits (`super::inflight`) share the lanes: while a destination is busy,
+//! a permit's [`crate::script::SEMAPHORE_ACQUIRE`] waits in the same queue and goes in the same batches
+//! ([`Member::Permit`]); its part of a batch's reply is left in [`Coalescer::permit_replies`] for the
+//! in-flight stage to read.
 
 use alloc::collections::VecDeque;
 use alloc::rc::Rc;
@@ -12,26 +17,74 @@ use alloc::rc::Rc;
 use crate::prelude::*;
 
 use crate::host::Host;
-use crate::script::{encode_batch, split_batch_reply, Invocation, Layout, Segment};
+use crate::script::{Invocation, Layout};
 use crate::transport::Failure;
 
 use super::flow::{advance, feed, Call, Origin, Stage};
+use super::give_back::GiveBackCall;
+use super::outbox::{settles_failed, take_settles};
 use super::route::{Route, Transport};
 use super::{Filter, DEADLINE_GRACE_MS};
+
+mod batch;
+pub(super) use batch::{on_batch_reply, send_carrying};
+use batch::{send_batch, Commands};
 
 /// Where calls are coalesced: a route's index and the hash slot of the call's limiters (0 without Redis
 /// Cluster).
 pub(super) type Destination = (usize, u16);
 
+/// A call waiting for a batch, or in one.
+#[derive(Debug, Clone)]
+pub(super) enum Member {
+    /// An acquire of a request's rate rules ([`super::flow`]).
+    Rate(Call),
+    /// An in-flight permit's acquire.
+    Permit(PermitCall),
+}
+
+impl Member {
+    fn context_id(&self) -> u32 {
+        match self {
+            Member::Rate(call) => call.context_id,
+            Member::Permit(permit) => permit.context_id,
+        }
+    }
+}
+
+/// An in-flight permit's acquire in the coalescer: the request (HTTP context id), the permit's index in it,
+/// its own [`crate::script::SEMAPHORE_ACQUIRE`] command of one permit (by sha, in the route's encoding,
+/// stamped when it was queued) and where its keys are, its route, and when its request's wait ends (ms
+/// since the epoch). `gone`: its request no longer waits for it (a batch sent again after `NOSCRIPT`
+/// leaves it out; a reply that took it still reaches the in-flight stage, which gives it back).
+#[derive(Debug, Clone)]
+pub(super) struct PermitCall {
+    pub(super) context_id: u32,
+    pub(super) index: usize,
+    pub(super) command: (Vec<u8>, Layout),
+    pub(super) route: Rc<Route>,
+    pub(super) deadline_ms: u64,
+    pub(super) gone: bool,
+}
+
+/// A permit's reply from a batch, for the in-flight stage: request, permit index, its part of the reply
+/// (or the batch's failure), and whether that failure is the first of its call (counted once).
+pub(super) type PermitReply = (u32, usize, Result<Vec<u8>, Failure>, bool);
+
 /// The calls of one batch on their way: in segment order; a request that ended meanwhile (its client
-/// left, its deadline passed) leaves a hole, and its part of the reply is dropped.
+/// left, its deadline passed) leaves a hole, and its part of the reply is dropped (a permit's is kept: a
+/// permit taken for a request that ended is given back).
 #[derive(Debug)]
 pub(super) struct Batch {
     route: Rc<Route>,
     destination: Destination,
-    members: Vec<Option<Call>>,
+    /// Settles taken from the outbox for this destination ([`take_settles`]): the batch's first segments.
+    settles: Vec<GiveBackCall>,
+    members: Vec<Option<Member>>,
     /// Whether it was sent by source (after `NOSCRIPT`): a second `NOSCRIPT` is every member's reply.
     by_source: bool,
+    /// Whether a member's request counted the call's failure already (its deadline ended it unanswered).
+    counted: bool,
     /// When it was sent ([`super::metrics::Metrics::clock`]).
     pub(super) sent_us: u64,
 }
@@ -70,7 +123,9 @@ pub(super) struct Coalescer {
     /// Batches on their way, by [`crate::transport::CallId::key`].
     batches: Vec<(u64, Batch)>,
     /// Calls waiting for a batch, in arrival order.
-    waiting: VecDeque<(Destination, Call)>,
+    waiting: VecDeque<(Destination, Member)>,
+    /// The replies of permits in batches that landed, not yet read by the in-flight stage.
+    pub(super) permit_replies: Vec<PermitReply>,
 }
 
 impl Coalescer {
@@ -95,12 +150,27 @@ impl Coalescer {
     /// out: the batch goes when it lands).
     pub(super) fn is_waiting(&self, context_id: u32, destination: Destination) -> bool {
         !self.waiting.is_empty()
-            && self.waiting.iter().any(|(d, call)| *d == destination && call.context_id == context_id)
+            && self.waiting.iter().any(|(d, member)| *d == destination && member.context_id() == context_id)
     }
 
     /// A call waits for the next batch of `destination`.
-    pub(super) fn wait(&mut self, destination: Destination, call: Call) {
-        self.waiting.push_back((destination, call));
+    pub(super) fn wait(&mut self, destination: Destination, member: Member) {
+        self.waiting.push_back((destination, member));
+    }
+
+    /// Request `context_id`'s permits no longer wait (it ended, or its wait did): out of the queue, and
+    /// marked gone in the batches on their way (their replies still come: what they took is given back).
+    pub(super) fn forget_permits(&mut self, context_id: u32) {
+        if !self.waiting.is_empty() {
+            self.waiting.retain(|(_, member)| !matches!(member, Member::Permit(p) if p.context_id == context_id));
+        }
+        for (_, batch) in &mut self.batches {
+            for member in batch.members.iter_mut().flatten() {
+                if let Member::Permit(permit) = member {
+                    permit.gone |= permit.context_id == context_id;
+                }
+            }
+        }
     }
 
     /// Call `key` to `destination` went out at `sent_ms`; given up at `expires_ms` if no reply comes.
@@ -136,16 +206,24 @@ impl Coalescer {
         Some(self.batches.swap_remove(at).1)
     }
 
+    /// The batches of calls `tokens` (a request's, ended at its deadline, which counted their failure):
+    /// their failure is counted already.
+    pub(super) fn counted(&mut self, tokens: &[u64]) {
+        for (_, batch) in self.batches.iter_mut().filter(|(key, _)| tokens.contains(key)) {
+            batch.counted = true;
+        }
+    }
+
     /// Forgets request `context_id` (it ended): out of the waiting calls, and a hole in its batches
     /// (`tokens`: its outstanding calls).
     pub(super) fn forget(&mut self, context_id: u32, tokens: &[u64]) {
         if !self.waiting.is_empty() {
-            self.waiting.retain(|(_, call)| call.context_id != context_id);
+            self.waiting.retain(|(_, member)| !matches!(member, Member::Rate(c) if c.context_id == context_id));
         }
         for token in tokens {
             if let Some((_, batch)) = self.batches.iter_mut().find(|(k, _)| k == token) {
                 for member in &mut batch.members {
-                    if member.is_some_and(|m| m.context_id == context_id) {
+                    if matches!(member, Some(Member::Rate(c)) if c.context_id == context_id) {
                         *member = None;
                     }
                 }
@@ -154,8 +232,9 @@ impl Coalescer {
     }
 
     /// The counted calls past their expiry (a host that never answered): no longer counted; their
-    /// destinations, to send what waits for them.
-    pub(super) fn expire(&mut self, now_ms: u64) -> Vec<Destination> {
+    /// destinations, to send what waits for them, each with the settles its batch carried and whether
+    /// their failure is the call's one error.
+    fn expire(&mut self, now_ms: u64) -> Vec<(Destination, Vec<GiveBackCall>, bool)> {
         if self.counted.is_empty() {
             return Vec::new();
         }
@@ -163,23 +242,39 @@ impl Coalescer {
         expired
             .into_iter()
             .filter_map(|key| {
-                self.take_batch(key);
-                self.landed(key, now_ms)
+                // Its permits fail (their requests' waits ended already). One error for the call: its rate
+                // calls' requests counted theirs when their deadline ended them.
+                let (members, settles, counted) =
+                    self.take_batch(key).map(|batch| (batch.members, batch.settles, batch.counted)).unwrap_or_default();
+                let counted = counted || members.iter().flatten().any(|member| matches!(member, Member::Rate(_)));
+                let mut permits = 0;
+                for member in members.into_iter().flatten() {
+                    if let Member::Permit(permit) = member {
+                        let count = permits == 0 && !counted;
+                        self.permit_replies.push((permit.context_id, permit.index, Err(Failure::TimedOut), count));
+                        permits += 1;
+                    }
+                }
+                let settles_count = !counted && permits == 0;
+                self.landed(key, now_ms).map(|destination| (destination, settles, settles_count))
             })
             .collect()
     }
 
     /// The destinations whose waiting calls must go out now, whatever is in flight: a request among them
-    /// would otherwise miss its deadline (`deadline_of` a request, ms) waiting for the calls out, which
-    /// take longer than expected (Redis became slow).
+    /// would otherwise miss its deadline (`deadline_of` a rate call's request, ms; a permit's its own)
+    /// waiting for the calls out, which take longer than expected (Redis became slow).
     pub(super) fn overdue(&self, now_ms: u64, deadline_of: impl Fn(u32) -> Option<u64>) -> Vec<Destination> {
         let mut due: Vec<Destination> = Vec::new();
-        for (destination, call) in &self.waiting {
+        for (destination, member) in &self.waiting {
             if due.contains(destination) {
                 continue;
             }
             let Some(lane) = self.lanes.iter().find(|l| l.destination == *destination) else { continue };
-            let deadline_ms = deadline_of(call.context_id).unwrap_or(0);
+            let deadline_ms = match member {
+                Member::Rate(call) => deadline_of(call.context_id).unwrap_or(0),
+                Member::Permit(permit) => permit.deadline_ms,
+            };
             if now_ms.saturating_add(2 * self.expected_ms(lane, now_ms)) >= deadline_ms {
                 due.push(*destination);
             }
@@ -187,9 +282,23 @@ impl Coalescer {
         due
     }
 
+    /// The destinations with a call on its way (its landing sends what waits for them).
+    pub(super) fn busy(&self) -> Vec<Destination> {
+        self.lanes.iter().filter(|lane| lane.in_flight > 0).map(|lane| lane.destination).collect()
+    }
+
     /// Whether calls wait or are counted (the tick must go on).
     pub(super) fn is_idle(&self) -> bool {
-        self.waiting.is_empty() && self.counted.is_empty()
+        self.waiting.is_empty() && self.counted.is_empty() && self.permit_replies.is_empty()
+    }
+}
+
+/// Gives up the calls never answered by `now_ms` (on the tick): the settles they carried fail (their
+/// reservations stay), and what waits for their destinations goes out.
+pub(super) fn expire<H: Host>(filter: &mut Filter<H>, now_ms: u64) {
+    for (destination, settles, count) in filter.coalescer.expire(now_ms) {
+        settles_failed(filter, settles, &Failure::TimedOut, count);
+        flush(filter, destination, false);
     }
 }
 
@@ -209,9 +318,9 @@ pub(super) fn send_overdue<H: Host>(filter: &mut Filter<H>) {
 
 /// When a call sent now is given up if no reply comes: twice the route's timeout (the host's own timeout
 /// answers first).
-pub(super) fn expiry<H: Host>(filter: &Filter<H>, route: &Route) -> u64 {
+pub(super) fn expiry(host: &impl Host, route: &Route) -> u64 {
     let timeout_ms = route.config.redis.timeout_ms;
-    filter.host.now_ms().saturating_add(timeout_ms.saturating_mul(2)).saturating_add(DEADLINE_GRACE_MS)
+    host.now_ms().saturating_add(timeout_ms.saturating_mul(2)).saturating_add(DEADLINE_GRACE_MS)
 }
 
 /// Sends what waits for `destination` while it has room (`now`: all of it, room or not): batches of at
@@ -230,15 +339,24 @@ pub(super) fn flush<H: Host>(filter: &mut Filter<H>, destination: Destination, n
             return;
         }
         let (members, commands) = take_batch(filter, &route, destination);
+        if members.is_empty() {
+            return;
+        }
+        let max = coalescing.max_batch as usize;
+        let settles = if max > 1 { take_settles(filter, &route, destination.1, max) } else { Vec::new() };
         match (members.as_slice(), commands.as_slice()) {
-            ([], _) => return,
-            ([only], [(command, _)]) => send_alone(filter, &route, destination, *only, command),
+            // A lone permit goes in a batch of one: its reply reaches the in-flight stage the same way.
+            ([Member::Rate(only)], [(command, _)]) if settles.is_empty() => {
+                send_alone(filter, &route, destination, *only, command)
+            }
             _ => {
                 let batch = Batch {
                     route,
                     destination,
+                    settles,
                     members: members.into_iter().map(Some).collect(),
                     by_source: false,
+                    counted: false,
                     sent_us: 0,
                 };
                 send_batch(filter, batch, &commands, Invocation::BySha);
@@ -247,21 +365,46 @@ pub(super) fn flush<H: Host>(filter: &mut Filter<H>, destination: Destination, n
     }
 }
 
+/// Sends one request's `permits` of `destination` at once, in one batch, whatever is in flight (the caller
+/// asked [`Coalescer::waits`]); a refused send leaves their failures in [`Coalescer::permit_replies`].
+pub(super) fn send_permits<H: Host>(
+    filter: &mut Filter<H>,
+    route: &Rc<Route>,
+    destination: Destination,
+    permits: Vec<PermitCall>,
+) {
+    if permits.is_empty() {
+        return;
+    }
+    let commands: Commands = permits.iter().map(|permit| permit.command.clone()).collect();
+    let members = permits.into_iter().map(|permit| Some(Member::Permit(permit))).collect();
+    let max = route.config.redis.coalescing.max_batch as usize;
+    // With coalescing off (`max_batch: 1`) settles leave from the tick only.
+    let settles = if max > 1 { take_settles(filter, route, destination.1, max) } else { Vec::new() };
+    let batch =
+        Batch { route: Rc::clone(route), destination, settles, members, by_source: false, counted: false, sent_us: 0 };
+    send_batch(filter, batch, &commands, Invocation::BySha);
+}
+
 /// The route of the first call waiting for `destination` whose request is still there (calls of requests
 /// that are gone, which ending a request removes already, are dropped here too: nothing waits forever).
 fn next_route<H: Host>(filter: &mut Filter<H>, destination: Destination) -> Option<Rc<Route>> {
     let Filter { coalescer, flows, .. } = filter;
+    let live = |member: &Member| match member {
+        Member::Rate(call) => flows.get(&call.context_id).map(|flow| Rc::clone(&flow.route)),
+        Member::Permit(permit) => Some(Rc::clone(&permit.route)),
+    };
     let mut waiting = coalescer.waiting.iter().filter(|(d, _)| *d == destination);
-    let route = waiting.find_map(|(_, call)| flows.get(&call.context_id)).map(|flow| Rc::clone(&flow.route));
+    let route = waiting.find_map(|(_, member)| live(member));
     if route.is_none() {
-        coalescer.waiting.retain(|(d, call)| *d != destination || flows.contains_key(&call.context_id));
+        coalescer.waiting.retain(|(d, member)| *d != destination || live(member).is_some());
     }
     route
 }
 
 /// Takes the calls of the next batch of `destination` off the queue, with their commands (by sha), each
 /// stamped now; drops the calls of requests that ended.
-fn take_batch<H: Host>(filter: &mut Filter<H>, route: &Route, destination: Destination) -> (Vec<Call>, Commands) {
+fn take_batch<H: Host>(filter: &mut Filter<H>, route: &Route, destination: Destination) -> (Vec<Member>, Commands) {
     let coalescing = route.config.redis.coalescing;
     let (max_batch, max_bytes) = (coalescing.max_batch as usize, coalescing.max_batch_bytes as usize);
     let encoding = route.transport.encoding();
@@ -270,24 +413,27 @@ fn take_batch<H: Host>(filter: &mut Filter<H>, route: &Route, destination: Desti
     let (mut members, mut commands, mut bytes) = (Vec::with_capacity(capacity), Vec::with_capacity(capacity), 0);
     let Filter { coalescer, flows, .. } = filter;
     let mut full = false;
-    coalescer.waiting.retain(|&(d, call)| {
-        if d != destination || full {
+    coalescer.waiting.retain(|(d, member)| {
+        if *d != destination || full {
             return true;
         }
-        let command = flows.get_mut(&call.context_id).and_then(|flow| match &mut flow.stage {
-            Stage::Waiting(pending) => {
-                pending.restamp(call.call, now_ms);
-                pending.encode_laid_out(call.call, Invocation::BySha, encoding, &flow.route.plan)
-            }
-            Stage::Undelivered(_) => None,
-        });
+        let command = match member {
+            Member::Rate(call) => flows.get_mut(&call.context_id).and_then(|flow| match &mut flow.stage {
+                Stage::Waiting(pending) => {
+                    pending.restamp(call.call, now_ms);
+                    pending.encode_laid_out(call.call, Invocation::BySha, encoding, &flow.route.plan)
+                }
+                Stage::Undelivered(_) => None,
+            }),
+            Member::Permit(permit) => Some(permit.command.clone()),
+        };
         let Some(command) = command else { return false };
         if !members.is_empty() && bytes + command.0.len() > max_bytes {
             full = true;
             return true;
         }
         bytes += command.0.len();
-        members.push(call);
+        members.push(member.clone());
         commands.push(command);
         full = members.len() >= max_batch;
         false
@@ -302,126 +448,13 @@ fn send_alone<H: Host>(filter: &mut Filter<H>, route: &Route, destination: Desti
             let key = id.key();
             filter.metrics.redis_call(&filter.host);
             filter.calls.insert(key, (call, filter.metrics.clock(&filter.host)));
-            let expires_ms = expiry(filter, route);
+            let expires_ms = expiry(&filter.host, route);
             filter.coalescer.sent(key, destination, filter.host.now_ms(), expires_ms);
             if let Some(flow) = filter.flows.get_mut(&call.context_id) {
                 flow.tokens.push(key);
             }
         }
         Err(failure) => deliver(filter, None, call, Err(failure), true),
-    }
-}
-
-/// The commands of a batch's calls, each with where its keys and arguments are.
-type Commands = Vec<(Vec<u8>, Layout)>;
-
-/// Sends a batch of `commands` (its members' own, by sha) by `invocation`; a refused send is every
-/// member's failure (counted as one failed call).
-fn send_batch<H: Host>(filter: &mut Filter<H>, mut batch: Batch, commands: &Commands, invocation: Invocation) {
-    let encoding = batch.route.transport.encoding();
-    let segments: Option<Vec<Segment<'_>>> =
-        commands.iter().map(|(command, layout)| Segment::laid_out(command, layout, encoding)).collect();
-    let Some(segments) = segments else {
-        // Not acquire calls by sha (cannot happen: the limiter encodes them): each goes as itself.
-        let route = Rc::clone(&batch.route);
-        for (member, (command, _)) in batch.members.iter().zip(commands) {
-            if let Some(call) = member {
-                send_alone(filter, &route, batch.destination, *call, command);
-            }
-        }
-        return;
-    };
-    let command = encode_batch(&segments, invocation, encoding);
-    batch.by_source = invocation == Invocation::BySource;
-    match batch.route.transport.send(&filter.host, &command) {
-        Ok(id) => {
-            let key = id.key();
-            filter.metrics.redis_call(&filter.host);
-            batch.sent_us = filter.metrics.clock(&filter.host);
-            if !batch.by_source {
-                // A batch sent again by source after NOSCRIPT is the same batch: counted once.
-                filter.metrics.batch(&filter.host, batch.members.iter().flatten().count());
-            }
-            let expires_ms = expiry(filter, &batch.route);
-            filter.coalescer.sent(key, batch.destination, filter.host.now_ms(), expires_ms);
-            for call in batch.members.iter().flatten() {
-                if let Some(flow) = filter.flows.get_mut(&call.context_id) {
-                    flow.tokens.push(key);
-                }
-            }
-            filter.coalescer.batches.push((key, batch));
-        }
-        Err(failure) => {
-            for (index, call) in batch.members.iter().flatten().enumerate() {
-                deliver(filter, None, *call, Err(failure.clone()), index == 0);
-            }
-        }
-    }
-}
-
-/// The reply of batch call `key`: each member's part fed to its request; `NOSCRIPT` sends the batch again
-/// by source, once; a failed call is every member's failure (counted once).
-pub(super) fn on_batch_reply<H: Host>(filter: &mut Filter<H>, key: u64, batch: Batch, reply: Result<Vec<u8>, Failure>) {
-    let bytes = match reply {
-        Err(failure) => {
-            for (index, call) in batch.members.iter().flatten().enumerate() {
-                deliver(filter, Some(key), *call, Err(failure.clone()), index == 0);
-            }
-            return;
-        }
-        Ok(bytes) => bytes,
-    };
-    if bytes.starts_with(b"-NOSCRIPT") && !batch.by_source {
-        resend_by_source(filter, key, batch);
-        return;
-    }
-    match split_batch_reply(&bytes, batch.members.len()) {
-        Ok(replies) => {
-            for (member, reply) in batch.members.iter().zip(replies) {
-                if let Some(call) = member {
-                    deliver(filter, Some(key), *call, Ok(&reply), true);
-                }
-            }
-        }
-        // An error reply for the whole call (Redis out of memory, busy...): every member's own reply.
-        Err(_) if bytes.first() == Some(&b'-') => {
-            for (index, call) in batch.members.iter().flatten().enumerate() {
-                deliver(filter, Some(key), *call, Ok(&bytes), index == 0);
-            }
-        }
-        Err(why) => {
-            for (index, call) in batch.members.iter().flatten().enumerate() {
-                deliver(filter, Some(key), *call, Err(Failure::BadReply(why.into())), index == 0);
-            }
-        }
-    }
-}
-
-/// After `NOSCRIPT`: the batch again by source (which loads the script), its members' commands encoded
-/// anew from their requests.
-fn resend_by_source<H: Host>(filter: &mut Filter<H>, key: u64, mut batch: Batch) {
-    let encoding = batch.route.transport.encoding();
-    let mut commands = Vec::with_capacity(batch.members.len());
-    batch.members.retain(|member| member.is_some());
-    for call in batch.members.iter_mut() {
-        let Some(member) = call else { continue };
-        let command = filter.flows.get_mut(&member.context_id).and_then(|flow| {
-            flow.tokens.retain(|&t| t != key);
-            match &flow.stage {
-                Stage::Waiting(pending) => {
-                    pending.encode_laid_out(member.call, Invocation::BySha, encoding, &flow.route.plan)
-                }
-                Stage::Undelivered(_) => None,
-            }
-        });
-        match command {
-            Some(command) => commands.push(command),
-            None => *call = None,
-        }
-    }
-    batch.members.retain(|member| member.is_some());
-    if !batch.members.is_empty() {
-        send_batch(filter, batch, &commands, Invocation::BySource);
     }
 }
 

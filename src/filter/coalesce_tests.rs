@@ -256,3 +256,80 @@ fn a_requests_own_calls_do_not_wait_for_one_another() {
     assert_eq!(batch.len(), 3, "bob's two calls in one batch");
     assert!(batch[2].starts_with(&format!("EVALSHA/{}/10/", ACQUIRE_BATCH.sha())), "{}", batch[2]);
 }
+
+/// The rate rule, and an in-flight rule on another key (`x-app`; a request without it takes no permit).
+fn with_permits() -> (FakeHost, Filter<FakeHost>) {
+    let host = FakeHost::new();
+    let inflight = r#"{"name":"per-app","limit_by":{"header":"x-app"},"max_in_flight":2,"lease":"3s"}"#;
+    let json = format!(r#"{{{BRIDGE_ONE_IN_FLIGHT},"rules":[{PER_USER},{inflight}]}}"#);
+    let filter = Filter::configure(host.clone(), json.as_bytes(), true).unwrap();
+    (host, filter)
+}
+
+/// Alice's acquire out while bob (with a permit to take) and carol (none) start; alice answered: the batch
+/// of bob's permit and carol's acquire is on its way.
+fn permit_and_acquire_batched() -> (FakeHost, Filter<FakeHost>) {
+    let (host, mut filter) = with_permits();
+    assert_eq!(start(&host, &mut filter, 2, "alice"), Action::Pause);
+    host.request(3, &[(":path", "/"), ("x-user", "bob"), ("x-app", "app1")]);
+    assert_eq!(filter.on_request_headers(3), Action::Pause);
+    assert_eq!(start(&host, &mut filter, 4, "carol"), Action::Pause);
+    let first = host.http_calls();
+    assert_eq!(first.len(), 1, "bob's permit and carol's acquire wait while alice's call is out");
+    answer_http(&host, &mut filter, first[0].token, 200, &acquired(1));
+    assert_eq!(status(&host, 2), Some(200));
+    assert_eq!(host.http_calls().len(), 2, "one batch for the permit and the acquire");
+    (host, filter)
+}
+
+/// In-flight permits share the lanes: while a call is out, a request's permit waits, and goes out in one
+/// batch with another request's rate acquire (segment `4`, SEMAPHORE_ACQUIRE, beside `1`); each is answered
+/// from its own part, and the permit's request then asks its rate rule.
+#[test]
+fn a_permit_waits_for_a_busy_destination_and_goes_in_one_batch_with_rate_acquires() {
+    let (host, mut filter) = permit_and_acquire_batched();
+    let calls = host.http_calls();
+    let batch = &bodies(&host)[1];
+    assert!(batch.starts_with(&format!("EVALSHA/{}/", ACQUIRE_BATCH.sha())), "{batch}");
+    assert!(batch.contains("app1") && batch.contains("carol"), "{batch}");
+    assert!(batch.contains("/2/4/3/5/"), "two segments, the first SEMAPHORE_ACQUIRE (3 keys, 5 args): {batch}");
+    // The permit taken (1 free after it), carol rejected with a 700 ms wait.
+    answer_http(&host, &mut filter, calls[1].token, 200, b"*7\r\n:2\r\n:3\r\n:1\r\n:1\r\n:-1\r\n:1\r\n:-700\r\n");
+    assert_eq!(status(&host, 4), Some(429));
+    assert_eq!(status(&host, 3), None, "bob holds his permit and asks his rate rule");
+    let calls = host.http_calls();
+    assert_eq!(calls.len(), 3);
+    assert!(bodies(&host)[2].starts_with(&format!("EVALSHA/{}/", ACQUIRE.sha())) && bodies(&host)[2].contains("bob"));
+    answer_http(&host, &mut filter, calls[2].token, 200, &acquired(0));
+    assert_eq!(status(&host, 3), Some(200));
+    assert_eq!(counter(&host, "inflight_admitted"), 1);
+    assert_eq!([counter(&host, "batches"), counter(&host, "batched_calls"), counter(&host, "redis_calls")], [1, 2, 3]);
+}
+
+/// A permit's segment that fails in a batch (WRONGTYPE on its semaphore) is that permit's failure alone:
+/// its request follows the failure mode (open: on to its rate rule, without a permit), the other member
+/// is decided by its own part.
+#[test]
+fn a_permit_that_fails_in_a_batch_follows_the_failure_mode_and_the_other_member_is_decided() {
+    let (host, mut filter) = permit_and_acquire_batched();
+    let batch = host.http_calls()[1].token;
+    answer_http(&host, &mut filter, batch, 200, b"*4\r\n:3\r\n$25\r\nWRONGTYPE Operation a key\r\n:1\r\n:0\r\n");
+    assert_eq!(status(&host, 4), Some(200), "carol: her own part");
+    assert_eq!(status(&host, 3), None, "bob: failed open, on to his rate rule");
+    assert_eq!(host.http_calls().len(), 3);
+    assert_eq!(counter(&host, "redis_errors"), 1);
+    assert_eq!(counter(&host, "inflight_admitted"), 0);
+}
+
+/// `NOSCRIPT` for a batch with the permit of a request that has ended since: the batch goes again by
+/// source without that permit (nothing was taken: no one would give it back), with the other's acquire.
+#[test]
+fn a_batch_sent_again_after_noscript_leaves_out_the_permit_of_a_request_gone() {
+    let (host, mut filter) = permit_and_acquire_batched();
+    filter.on_done(3);
+    let batch = host.http_calls()[1].token;
+    answer_http(&host, &mut filter, batch, 200, b"-NOSCRIPT No matching script.\r\n");
+    let again = &bodies(&host)[2];
+    assert!(again.starts_with("EVAL/"), "{again}");
+    assert!(again.contains("carol") && !again.contains("app1"), "{again}");
+}

@@ -11,7 +11,7 @@ use arrayvec::ArrayVec;
 
 use crate::host::{HeaderMap, Host};
 use crate::limiter::{Decision, GiveBack, LeaseTicket, Leases, Outcome, Verdict};
-use crate::response::{grpc, MAX_HEADERS};
+use crate::response::{grpc, rate_limit_headers, Headers, Quota, Report, RuleQuota, MAX_HEADERS};
 
 use super::flow::{Flow, Origin, Stage};
 use super::give_back::{GiveBackCall, GiveBackKind};
@@ -33,8 +33,9 @@ pub(super) fn finish<H: Host>(
     let now_ms = filter.host.now_ms();
     let decided_by_redis = matches!(decision.outcome, Outcome::Allowed | Outcome::Rejected);
     route.circuit_learns(now_ms, decision.redis_failed, decided_by_redis);
-    filter.metrics.decided(&filter.host, decision.outcome);
-    filter.metrics.paused(&filter.host, decision.outcome, since_us);
+    let outcome = admitted_by_inflight(filter, context_id, decision.outcome);
+    filter.metrics.decided(&filter.host, outcome);
+    filter.metrics.paused(&filter.host, outcome, since_us);
     for &(rule, outcome) in &decision.rules {
         if let Some(ids) = route.rule_metrics.get(rule) {
             Metrics::rule(&filter.host, &ids.counters, outcome);
@@ -94,7 +95,8 @@ pub(super) fn end<H: Host>(
     }
     record_rule(filter, route, &next);
     match next {
-        Verdict::Continue { report } => {
+        Verdict::Continue { mut report } => {
+            add_inflight_quotas(filter, context_id, &mut report);
             if report.shows(&route.plan.headers) {
                 filter.response_headers.insert(context_id, (Rc::clone(route), report));
             }
@@ -166,16 +168,19 @@ pub(super) fn answer<H: Host>(
     }
 }
 
-/// Answers the effective request as refused by in-flight rule `rule` (`Enforce`), or records the shadow
-/// rule that would have refused it (`Shadow`).
+/// Answers the effective request as refused by in-flight rule `rule` (`Enforce`; `local`: by the degraded
+/// mode's count, counted in `fallback_rejected`), or records the shadow rule that would have refused it
+/// (`Shadow`).
 pub(super) fn reject_inflight<H: Host>(
     filter: &mut Filter<H>,
     route: &Route,
     rule: usize,
     mode: Mode,
+    local: bool,
     counters: InflightCounters,
 ) {
-    let Some(rule) = route.config.inflight.get(rule) else { return };
+    let index = rule;
+    let Some(rule) = route.config.inflight.get(index) else { return };
     if mode == Mode::Shadow {
         counters.count(&filter.host, InflightCounter::ShadowRejected, 1);
         if filter.host.set_property(SHADOW_REJECTED_BY_PROPERTY, rule.name.as_bytes()).is_err() {
@@ -184,9 +189,53 @@ pub(super) fn reject_inflight<H: Host>(
         return;
     }
     counters.count(&filter.host, InflightCounter::Rejected, 1);
-    filter.metrics.decided(&filter.host, crate::limiter::Outcome::Rejected);
+    filter.metrics.decided(&filter.host, if local { Outcome::LocallyRefused } else { Outcome::Rejected });
     let seconds = rule.retry_after_ms.div_ceil(1000).to_string();
-    let pairs = [("retry-after", seconds.as_str()), ("x-ratelimited-by", rule.name.as_str())];
+    let headers_rules = &route.plan.headers;
+    let quota = Quota {
+        policy: &rule.name,
+        prepared_policy: headers_rules.rules.get(route.config.rules.len() + index).map(|policy| &policy.policy),
+        limit: rule.max_in_flight,
+        window_ms: 0,
+        remaining: 0,
+        reset_ms: 0,
+    };
+    let mut headers = Headers::new();
+    rate_limit_headers(headers_rules.style, &[quota], &mut headers);
+    let mut pairs: ArrayVec<(&str, &str), MAX_HEADERS> =
+        [("retry-after", seconds.as_str()), ("x-ratelimited-by", rule.name.as_str())].into_iter().collect();
+    pairs.extend(headers.iter().map(|(name, value)| (*name, &**value)));
     let (rejection, grpc) = (&route.config.rejection, Some(route.config.grpc.rejected_status));
     answer(filter, rejection.status, &pairs, rejection.body.as_bytes(), grpc, Some(&rule.name));
+}
+
+/// A request no rate rule applied to (`Unlimited`) that holds in-flight permits was decided by its in-flight
+/// rules: allowed (by Redis, or by the degraded mode's count: `LocallyAllowed`).
+fn admitted_by_inflight<H: Host>(filter: &Filter<H>, context_id: u32, outcome: Outcome) -> Outcome {
+    if outcome != Outcome::Unlimited {
+        return outcome;
+    }
+    match filter.inflight.held.get(&context_id) {
+        Some(held) if held.iter().any(|permit| permit.local_ms.is_some()) => Outcome::LocallyAllowed,
+        Some(held) if !held.is_empty() => Outcome::Allowed,
+        _ => outcome,
+    }
+}
+
+/// Adds to `report` the quotas of the in-flight permits request `context_id` holds (rules in `Enforce`
+/// mode): the rate limit headers of its response show them beside its rate rules'.
+fn add_inflight_quotas<H: Host>(filter: &Filter<H>, context_id: u32, report: &mut Report) {
+    let Some(held) = filter.inflight.held.get(&context_id) else { return };
+    for permit in held {
+        let config = &permit.route.config;
+        let Some(rule) = config.inflight.get(permit.rule).filter(|rule| rule.mode == Mode::Enforce) else { continue };
+        let rule_index = config.rules.len() + permit.rule;
+        report.quotas.push(RuleQuota {
+            rule: rule_index,
+            limit: rule.max_in_flight,
+            window_ms: 0,
+            remaining: permit.free,
+            reset_ms: 0,
+        });
+    }
 }

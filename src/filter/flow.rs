@@ -149,9 +149,16 @@ fn send<H: Host>(
         && (filter.coalescer.is_waiting(context_id, destination)
             || filter.coalescer.waits(destination, coalescing.max_in_flight, now_ms, flow.deadline_ms))
     {
-        filter.coalescer.wait(destination, Call { context_id, call });
+        filter.coalescer.wait(destination, super::coalesce::Member::Rate(Call { context_id, call }));
         flow.deadline_ms = flow.deadline_ms.max(timeout_deadline);
         return Progress::Waiting;
+    }
+    if coalesced && !filter.outbox.is_empty() {
+        // Settles waiting for this destination ride with the call instead of leaving from the tick.
+        let settles = super::outbox::take_settles(filter, &route, destination.1, coalescing.max_batch as usize);
+        if !settles.is_empty() {
+            return send_carrying(filter, context_id, flow, call, destination, settles);
+        }
     }
     let Some(command) = pending.encode(call, invocation, route.transport.encoding(), &route.plan) else {
         return Progress::Waiting;
@@ -162,13 +169,47 @@ fn send<H: Host>(
             filter.calls.insert(id.key(), (Call { context_id, call }, filter.metrics.clock(&filter.host)));
             flow.tokens.push(id.key());
             if coalescing.max_batch > 1 {
-                let expires_ms = super::coalesce::expiry(filter, &route);
+                let expires_ms = super::coalesce::expiry(&filter.host, &route);
                 filter.coalescer.sent(id.key(), destination, now_ms, expires_ms);
             }
             flow.deadline_ms = flow.deadline_ms.max(timeout_deadline);
             Progress::Waiting
         }
         Err(failure) => feed(filter, flow, call, Err(failure), true),
+    }
+}
+
+/// Sends a call's acquire in one batch with `settles` (of its destination, taken from the outbox).
+fn send_carrying<H: Host>(
+    filter: &mut Filter<H>,
+    context_id: u32,
+    flow: &mut Flow,
+    call: usize,
+    destination: super::coalesce::Destination,
+    settles: Vec<super::give_back::GiveBackCall>,
+) -> Progress {
+    let route = Rc::clone(&flow.route);
+    let command = match &flow.stage {
+        Stage::Waiting(pending) => {
+            pending.encode_laid_out(call, Invocation::BySha, route.transport.encoding(), &route.plan)
+        }
+        Stage::Undelivered(_) => None,
+    };
+    let Some(command) = command else {
+        filter.outbox.extend(settles);
+        return Progress::Waiting;
+    };
+    let now_ms = filter.host.now_ms();
+    match super::coalesce::send_carrying(filter, &route, destination, Call { context_id, call }, command, settles) {
+        Ok(key) => {
+            flow.tokens.push(key);
+            let timeout_deadline =
+                now_ms.saturating_add(route.config.redis.timeout_ms).saturating_add(DEADLINE_GRACE_MS);
+            flow.deadline_ms = flow.deadline_ms.max(timeout_deadline);
+            Progress::Waiting
+        }
+        // Counted with the settles that failed with it.
+        Err(failure) => feed(filter, flow, call, Err(failure), false),
     }
 }
 
@@ -233,6 +274,8 @@ pub(super) fn pause<H: Host>(filter: &mut Filter<H>, context_id: u32, flow: Flow
 pub(super) fn end_flows<H: Host>(filter: &mut Filter<H>, context_ids: Vec<u32>) {
     for context_id in context_ids {
         let Some(mut flow) = filter.flows.remove(&context_id) else { continue };
+        // Its calls' failure is counted below: their batches count it no more when they expire.
+        filter.coalescer.counted(&flow.tokens);
         forget(filter, context_id, &flow);
         let route = Rc::clone(&flow.route);
         let progress = match &mut flow.stage {

@@ -26,6 +26,8 @@ pub(super) struct GiveBackCall {
     deadline_ms: u64,
     /// When it was sent ([`super::metrics::Metrics::clock`]).
     pub(super) sent_us: u64,
+    /// When it was put in the outbox, ms since the epoch (0: to send at the next tick).
+    pub(super) queued_ms: u64,
 }
 
 /// What a give-back call returns.
@@ -47,7 +49,16 @@ pub(super) enum GiveBackKind {
 impl GiveBackCall {
     /// A give-back of limiter `name`'s member through `route`'s transport.
     pub(super) fn new(route: &Rc<Route>, name: String, settlement: Settlement, kind: GiveBackKind) -> Self {
-        GiveBackCall { route: Rc::clone(route), name, settlement, retried: false, kind, deadline_ms: 0, sent_us: 0 }
+        GiveBackCall {
+            route: Rc::clone(route),
+            name,
+            settlement,
+            retried: false,
+            kind,
+            deadline_ms: 0,
+            sent_us: 0,
+            queued_ms: 0,
+        }
     }
 }
 

@@ -50,7 +50,9 @@ impl<H: Host> Filter<H> {
     /// requests end now (as at their deadline: the failure mode), and its leases are settled as they stand,
     /// to be sent by the filter that takes its place ([`Filter::adopt`]).
     pub fn retire(&mut self) -> Retirement {
-        // First: a request waiting for its permits may go on to its rate rules, and pause there.
+        // Before any call leaves from here: a call would carry the outbox's settles and die with this filter.
+        let settle_calls = core::mem::take(&mut self.outbox);
+        // A request waiting for its permits may go on to its rate rules, and pause there.
         let inflight = retire_inflight(self);
         let paused: Vec<u32> = self.flows.keys().copied().collect();
         super::flow::end_flows(self, paused);
@@ -64,7 +66,7 @@ impl<H: Host> Filter<H> {
             redis,
             settlements: self.leases.retire_all(),
             settling: self.settling.drain().collect(),
-            settle_calls: core::mem::take(&mut self.outbox),
+            settle_calls,
             awaiting_body: self.awaiting_body.drain().collect(),
             inflight,
         }

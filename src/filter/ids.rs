@@ -1,6 +1,6 @@
 //! The identities the filter writes into Redis: this gateway process's Redisson client id (the suffix of
-//! PER_CLIENT keys, shared by all VMs of the process through shared data) and the random bytes of each
-//! permit member.
+//! PER_CLIENT keys, shared by all VMs of the process through shared data), the random bytes of each
+//! permit member, and the ids of in-flight permits.
 
 use alloc::rc::Rc;
 
@@ -8,7 +8,7 @@ use crate::prelude::*;
 
 use crate::host::{Host, HostError, LogLevel};
 use crate::limiter::Plan;
-use crate::script::MEMBER_RANDOM_LEN;
+use crate::script::{MEMBER_RANDOM_LEN, PERMIT_ID_LEN};
 
 use super::{log, Filter};
 
@@ -29,6 +29,31 @@ pub(super) fn member_random(random: &mut fastrand::Rng) -> [u8; MEMBER_RANDOM_LE
         }
     }
     bytes
+}
+
+/// The first half of this process's in-flight permit ids: the first 8 bytes of its client id (a UUID: its
+/// first 16 hex digits), computed when the client id is known. The permits of one gateway process share it,
+/// and `erl-admin show` groups them by it; Redisson's own ids are 16 random bytes.
+pub(super) fn permit_prefix(client_id: &str) -> [u8; PERMIT_ID_LEN / 2] {
+    let mut prefix = [0u8; PERMIT_ID_LEN / 2];
+    let nibbles = client_id.bytes().filter_map(|c| char::from(c).to_digit(16)).take(PERMIT_ID_LEN);
+    for (index, nibble) in nibbles.enumerate() {
+        if let Some(byte) = prefix.get_mut(index / 2) {
+            *byte = (*byte << 4) | nibble as u8;
+        }
+    }
+    prefix
+}
+
+/// An in-flight permit's id (16 bytes, raw in Redis, as Redisson's): `prefix` ([`permit_prefix`]), then 8
+/// random bytes.
+pub(super) fn permit_id(prefix: &[u8; PERMIT_ID_LEN / 2], random: &mut fastrand::Rng) -> [u8; PERMIT_ID_LEN] {
+    let mut id = [0u8; PERMIT_ID_LEN];
+    random.fill(&mut id);
+    if let Some(head) = id.get_mut(..prefix.len()) {
+        head.copy_from_slice(prefix);
+    }
+    id
 }
 
 /// This process's Redisson client id: the one in shared data, or a new random UUID (version 4) published
@@ -78,11 +103,28 @@ impl<H: Host> Filter<H> {
         if stored == self.client_id {
             return;
         }
+        self.permit_prefix = permit_prefix(&stored);
         let routes = self.routes.global.iter_mut().chain(self.routes.overrides.iter_mut().map(|o| &mut o.config));
         // No request holds a route yet: this is the first request.
         for route in routes.filter_map(Rc::get_mut) {
             route.plan = Plan::new(&route.config, &stored);
         }
         self.client_id = stored;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+    use super::*;
+
+    #[test]
+    fn a_permit_id_starts_with_the_processes_client_id_and_ends_random() {
+        let mut random = fastrand::Rng::with_seed(7);
+        let prefix = permit_prefix("0123abcd-ef45-4678-9abc-def012345678");
+        let (a, b) = (permit_id(&prefix, &mut random), permit_id(&prefix, &mut random));
+        assert_eq!(a[..8], [0x01, 0x23, 0xab, 0xcd, 0xef, 0x45, 0x46, 0x78]);
+        assert_eq!(a[..8], b[..8]);
+        assert_ne!(a[8..], b[8..]);
     }
 }

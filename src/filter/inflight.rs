@@ -1,29 +1,28 @@
 //! In-flight rules (`max_in_flight`; docs/configuration.md, "In-flight limits"): before its rate rules, a
 //! request takes one permit of each in-flight rule's semaphore ([`crate::script::SEMAPHORE_ACQUIRE`]; acquires
-//! coalesced per destination) and holds it until its stream ends ([`on_done`]); [`super::permit_outbox`]
+//! coalesced with the rate acquires, [`calls`]) and holds it until its stream ends ([`on_done`]); [`super::permit_outbox`]
 //! gives permits back and extends leases from the tick. A refusal is answered at once; a failed call follows
-//! `failure_mode`.
+//! `failure_mode` (`local`: the process's own count, [`super::permit_outbox::take_local`]).
 
 use alloc::rc::Rc;
 
 use crate::prelude::*;
 
-use crate::config::{FailureMode, Mode, OnMissing};
+use crate::config::{FailureMode, InflightApplies, Mode};
 use crate::host::Host;
-use crate::id_map::{CallMap, IdMap};
-use crate::key::{extract, write_limiter_name, KeyValue};
+use crate::id_map::IdMap;
 use crate::limiter::RuleOutcome;
-use crate::script::{
-    decode_semaphore_acquire_replies, encode_semaphore_acquires, Invocation, Publish, ReplyError, SemaphoreAcquire,
-    SemaphoreOutcome, MAX_SEMAPHORE_ACQUIRES, PERMIT_ID_LEN,
-};
-use crate::transport::Failure;
+use crate::script::SemaphoreOutcome;
 
-use super::flow::HostRequest;
+use super::flow::{HostRequest, Origin};
 use super::metrics::{InflightCounter, InflightCounters, Metrics};
-use super::permit_outbox::{destination, forget_at, Destination, Held, PermitId};
+use super::permit_outbox::{destination, give_back, take_local, Destination, Held, PermitId};
 use super::route::Route;
+use super::with_context;
 use super::{Action, Filter, DEADLINE_GRACE_MS};
+
+mod calls;
+pub(super) use calls::answer_coalesced;
 
 /// One permit a request asked for.
 #[derive(Debug, Clone)]
@@ -36,6 +35,10 @@ struct Asked {
     /// `Some(true)` taken, `Some(false)` refused, `None` waiting (or failed: `failed` says).
     taken: Option<bool>,
     failed: bool,
+    /// Permits free after the acquire (0 when it failed or none was left).
+    free: u64,
+    /// Decided by the process's own count (the degraded mode) at this time, ms.
+    local_ms: Option<u64>,
 }
 
 /// A request waiting for its in-flight permits.
@@ -51,29 +54,12 @@ struct Waiting {
     deadline_ms: u64,
 }
 
-/// An acquire call on its way: the acquires it carries, (request, permit index) each in the call's order, to
-/// `destination`; `retried`: sent again by source after `NOSCRIPT`.
-#[derive(Debug, Clone)]
-struct AcquireCall {
-    destination: Destination,
-    items: Vec<(u32, usize)>,
-    retried: bool,
-}
-
-/// The in-flight state of one filter: requests waiting for permits, permits held by running requests,
-/// permits to give back on the next tick, and the calls on their way.
+/// The in-flight state of one filter: requests waiting for permits (their acquires in the coalescer's
+/// queues and batches), permits held by running requests, and permits to give back on the next tick.
 #[derive(Debug, Default)]
 pub(super) struct Inflight {
     waiting: IdMap<Waiting>,
     pub(super) held: IdMap<Vec<Held>>,
-    /// By [`crate::transport::CallId::key`]: the acquires it carries, when it was sent (us,
-    /// [`super::metrics::Metrics::clock`]) and when the tick forgets it (ms: `redis.timeout` and the grace
-    /// after sending; a reply after that is dropped).
-    calls: CallMap<(AcquireCall, u64, u64)>,
-    /// Acquires waiting for their destination's call on its way to be answered (coalesced into the next).
-    queues: Vec<(Destination, Vec<(u32, usize)>)>,
-    /// Destinations with an acquire call on its way.
-    busy: Vec<Destination>,
     /// Permits of requests that ended before their acquire's reply: (request, permit index, the permit,
     /// when the wait ends, ms). A reply that took it releases it again (the release may have run first).
     pub(super) orphans: Vec<(u32, usize, Held, u64)>,
@@ -88,23 +74,24 @@ impl Inflight {
         Inflight { counters: InflightCounters::define(host, any), ..Inflight::default() }
     }
 
-    /// Request `context_id` holds these permits (none: nothing): their leases are extended within a third of
-    /// the shortest, whatever the permits held before wait for.
+    /// Request `context_id` holds these permits (none: nothing): the leases of those taken in Redis are
+    /// extended within a third of the shortest, whatever the permits held before wait for (the degraded
+    /// mode's local permits have none).
     pub(super) fn hold(&mut self, context_id: u32, held: Vec<Held>, now_ms: u64) {
-        let Some(lease_ms) = held.iter().map(|h| h.lease_ms).min() else { return };
-        let due_ms = now_ms.saturating_add(lease_ms / 3);
-        self.next_extend_ms = if self.held.is_empty() { due_ms } else { self.next_extend_ms.min(due_ms) };
+        if held.is_empty() {
+            return;
+        }
+        if let Some(lease_ms) = held.iter().filter(|h| h.local_ms.is_none()).map(|h| h.lease_ms).min() {
+            let due_ms = now_ms.saturating_add(lease_ms / 3);
+            self.next_extend_ms = if self.held.is_empty() { due_ms } else { self.next_extend_ms.min(due_ms) };
+        }
         self.held.insert(context_id, held);
     }
 
     /// Whether nothing waits for the tick: no request waits, no permit is held or to give back, no call
     /// is on its way.
     pub(super) fn is_idle(&self) -> bool {
-        self.waiting.is_empty()
-            && self.held.is_empty()
-            && self.calls.is_empty()
-            && self.orphans.is_empty()
-            && self.queues.is_empty()
+        self.waiting.is_empty() && self.held.is_empty() && self.orphans.is_empty()
     }
 }
 
@@ -127,182 +114,65 @@ pub(super) fn start<H: Host>(
         return None;
     }
     let mut asked = Vec::new();
-    let mut name = String::new();
     for (index, rule) in route.config.inflight.iter().enumerate() {
-        if rule.exempt.as_ref().is_some_and(|exempt| exempt.matches(&request)) {
-            continue;
-        }
-        let value = match (extract(&rule.source, &request), rule.on_missing) {
-            (KeyValue::Missing, OnMissing::Skip) => continue,
-            (KeyValue::Missing, OnMissing::Deny) if rule.mode == Mode::Enforce => {
+        let name = match rule.applies(&request) {
+            InflightApplies::Exempt | InflightApplies::NoKey => continue,
+            InflightApplies::Denied => {
                 let counters = filter.inflight.counters;
-                super::end::reject_inflight(filter, route, index, Mode::Enforce, counters);
+                super::end::reject_inflight(filter, route, index, Mode::Enforce, false, counters);
                 return Some(Action::Pause);
             }
-            (KeyValue::Missing, OnMissing::Deny) => continue,
-            (KeyValue::Missing, OnMissing::Share) => KeyValue::Value(Vec::new()),
-            (value, _) => value,
+            InflightApplies::Semaphore { name } => name,
         };
-        if write_limiter_name(&rule.limiter, &value, &mut name) {
-            let mut id = [0u8; PERMIT_ID_LEN];
-            filter.random.fill(&mut id);
-            asked.push(Asked { rule: index, name: name.clone(), id, taken: None, failed: false });
-        }
+        let id = super::ids::permit_id(&filter.permit_prefix, &mut filter.random);
+        asked.push(Asked { rule: index, name, id, taken: None, failed: false, free: 0, local_ms: None });
     }
     if asked.is_empty() {
         return None;
     }
     let now_ms = filter.host.now_ms();
-    let deadline_ms = now_ms.saturating_add(route.config.redis.timeout_ms).saturating_add(DEADLINE_GRACE_MS);
-    let destinations_of: Vec<Destination> = asked.iter().map(|asked| destination(route, &asked.name)).collect();
-    let waiting = Waiting { route: Rc::clone(route), asked, body_follows, since_us, deadline_ms };
-    filter.inflight.waiting.insert(context_id, waiting);
-    let mut destinations = Vec::new();
-    for (index, &destination) in destinations_of.iter().enumerate() {
-        queue(filter, destination, (context_id, index));
-        if !destinations.contains(&destination) {
-            destinations.push(destination);
+    // A request a rate rule's local block rejects takes no permit: rejected now, as its rate rules would
+    // (their keys and reservations known from the headers alone).
+    if !route.reads_body {
+        let request = HostRequest { host: &filter.host, body: None, headers: None };
+        let blocked =
+            with_context!(filter, route, now_ms, false, |ctx| crate::limiter::rejected_by_a_block(&ctx, &request));
+        if let Some(decision) = blocked {
+            let next = super::end::finish(filter, context_id, route, decision, since_us);
+            return Some(super::end::end(filter, context_id, route, next, Origin::Callback));
         }
     }
-    for destination in destinations {
-        if !filter.inflight.busy.contains(&destination) {
-            flush(filter, destination, Invocation::BySha, None);
+    let deadline_ms = now_ms.saturating_add(route.config.redis.timeout_ms).saturating_add(DEADLINE_GRACE_MS);
+    // The degraded mode's circuit is open: decided by the process's own count, without a call.
+    let local = route.skips_redis(now_ms);
+    if local {
+        asked.iter_mut().for_each(|asked| take_locally(&filter.host, route, asked, now_ms));
+    }
+    // The permits of each destination, in one call or into its next batch.
+    let mut destinations: Vec<(Destination, Vec<usize>)> = Vec::new();
+    for (index, asked) in asked.iter().enumerate().filter(|_| !local) {
+        let destination = destination(route, &asked.name);
+        match destinations.iter_mut().find(|(d, _)| *d == destination) {
+            Some((_, indexes)) => indexes.push(index),
+            None => destinations.push((destination, vec![index])),
         }
+    }
+    let waiting = Waiting { route: Rc::clone(route), asked, body_follows, since_us, deadline_ms };
+    filter.inflight.waiting.insert(context_id, waiting);
+    for (destination, indexes) in destinations {
+        calls::acquire(filter, context_id, destination, &indexes);
     }
     super::tick::start(filter);
     Some(conclude_if_answered(filter, context_id, true).unwrap_or(Action::Pause))
 }
 
-fn queue<H: Host>(filter: &mut Filter<H>, destination: Destination, item: (u32, usize)) {
-    match filter.inflight.queues.iter_mut().find(|(d, _)| *d == destination) {
-        Some((_, items)) => items.push(item),
-        None => filter.inflight.queues.push((destination, vec![item])),
-    }
-}
-
-/// Sends `destination`'s queued acquires (at most [`MAX_SEMAPHORE_ACQUIRES`]; with `retry`, those of a call
-/// answered `NOSCRIPT`, by source) in one call, those of requests still waiting; a refused send fails them.
-fn flush<H: Host>(
-    filter: &mut Filter<H>,
-    destination: Destination,
-    invocation: Invocation,
-    retry: Option<Vec<(u32, usize)>>,
-) {
-    let retrying = retry.is_some();
-    let items: Vec<(u32, usize)> = match retry {
-        Some(items) => items,
-        None => {
-            let queues = &mut filter.inflight.queues;
-            let Some(at) = queues.iter().position(|(d, _)| *d == destination) else { return };
-            let Some((_, queued)) = queues.get_mut(at) else { return };
-            let items: Vec<(u32, usize)> = queued.drain(..queued.len().min(MAX_SEMAPHORE_ACQUIRES)).collect();
-            if queued.is_empty() {
-                queues.swap_remove(at);
-            }
-            items
-        }
-    };
-    let waiting = &filter.inflight.waiting;
-    let live: Vec<(u32, usize)> = items
-        .into_iter()
-        .filter(|(context_id, index)| {
-            waiting.get(context_id).and_then(|w| w.asked.get(*index)).is_some_and(|a| a.taken.is_none() && !a.failed)
-        })
-        .collect();
-    let Some(route) = live.first().and_then(|(c, _)| waiting.get(c)).map(|w| Rc::clone(&w.route)) else {
-        // Every request of this part ended: the next part of the queue, if any, goes now.
-        if !retrying && filter.inflight.queues.iter().any(|(d, _)| *d == destination) {
-            flush(filter, destination, invocation, None);
-        }
-        return;
-    };
-    let now_ms = filter.host.now_ms();
-    let permits: Vec<SemaphoreAcquire<'_>> = live
-        .iter()
-        .filter_map(|(context_id, index)| {
-            let waiting = waiting.get(context_id)?;
-            let asked = waiting.asked.get(*index)?;
-            let rule = waiting.route.config.inflight.get(asked.rule)?;
-            let lease_end_ms = now_ms.saturating_add(rule.lease_ms);
-            Some(SemaphoreAcquire { name: &asked.name, permits: rule.max_in_flight, lease_end_ms, id: &asked.id })
-        })
-        .collect();
-    let command = encode_semaphore_acquires(&permits, now_ms, Publish::Plain, invocation, route.transport.encoding());
-    let forget_ms = forget_at(&filter.host, &route);
-    let sent = route.transport.send(&filter.host, &command);
-    filter.metrics.redis_call(&filter.host);
-    match sent {
-        Ok(id) => {
-            let sent_us = filter.metrics.clock(&filter.host);
-            let retried = invocation == Invocation::BySource;
-            let deadline_ms = forget_ms.saturating_sub(u64::from(super::TICK_MS));
-            for (context_id, _) in &live {
-                if let Some(waiting) = filter.inflight.waiting.get_mut(context_id) {
-                    waiting.deadline_ms = waiting.deadline_ms.max(deadline_ms);
-                }
-            }
-            let call = AcquireCall { destination, items: live, retried };
-            filter.inflight.calls.insert(id.key(), (call, sent_us, forget_ms));
-            filter.inflight.busy.retain(|d| *d != destination);
-            filter.inflight.busy.push(destination);
-        }
-        // One error for the call; its requests are decided by their own start, or by the tick.
-        Err(_) => {
-            filter.metrics.redis_errors(&filter.host, 1);
-            live.into_iter().for_each(|(context_id, index)| fail(filter, context_id, index));
-        }
-    }
-}
-
-/// Marks request `context_id`'s permit `index` failed.
-fn fail<H: Host>(filter: &mut Filter<H>, context_id: u32, index: usize) {
-    if let Some(asked) = filter.inflight.waiting.get_mut(&context_id).and_then(|w| w.asked.get_mut(index)) {
-        asked.failed = true;
-    }
-}
-
-/// A reply for call `key`, if it is an in-flight call (`false`: not one of these).
-pub(super) fn on_reply<H: Host>(filter: &mut Filter<H>, key: u64, reply: &Result<Vec<u8>, Failure>) -> bool {
-    let Some((call, sent_us, _)) = filter.inflight.calls.remove(&key) else {
-        return super::permit_outbox::on_reply(filter, key, reply);
-    };
-    filter.metrics.round_trip(&filter.host, sent_us);
-    let AcquireCall { destination, items, retried } = call;
-    let outcomes = match reply {
-        Ok(bytes) => decode_semaphore_acquire_replies(bytes, items.len()),
-        Err(failure) => Err(ReplyError::Redis(failure.to_string())),
-    };
-    match outcomes {
-        Err(ReplyError::NoScript) if !retried => {
-            flush(filter, destination, Invocation::BySource, Some(items));
-            return true;
-        }
-        Ok(outcomes) => {
-            for ((context_id, index), outcome) in items.into_iter().zip(outcomes) {
-                answered(filter, context_id, index, outcome);
-            }
-        }
-        Err(_) => {
-            filter.metrics.redis_errors(&filter.host, 1);
-            for (context_id, index) in items {
-                if let Some(asked) = filter.inflight.waiting.get_mut(&context_id).and_then(|w| w.asked.get_mut(index)) {
-                    asked.failed = true;
-                }
-                conclude_from_reply(filter, context_id);
-            }
-        }
-    }
-    filter.inflight.busy.retain(|d| *d != destination);
-    if filter.inflight.queues.iter().any(|(d, _)| *d == destination) {
-        flush(filter, destination, Invocation::BySha, None);
-    }
-    true
-}
-
 /// Request `context_id`'s permit `index` was answered: taken or refused (a request gone releases a permit
 /// taken for it).
 fn answered<H: Host>(filter: &mut Filter<H>, context_id: u32, index: usize, outcome: SemaphoreOutcome) {
-    let taken = matches!(outcome, SemaphoreOutcome::Taken { .. });
+    let (taken, free) = match outcome {
+        SemaphoreOutcome::Taken { free } => (true, free),
+        SemaphoreOutcome::Refused { free, .. } => (false, free),
+    };
     let Some(asked) = filter.inflight.waiting.get_mut(&context_id).and_then(|w| w.asked.get_mut(index)) else {
         // The request ended first: a permit its acquire took goes back (again: its release may have run
         // before the acquire).
@@ -314,6 +184,7 @@ fn answered<H: Host>(filter: &mut Filter<H>, context_id: u32, index: usize, outc
         return;
     };
     asked.taken = Some(taken);
+    asked.free = u64::try_from(free).unwrap_or(0);
     conclude_from_reply(filter, context_id);
 }
 
@@ -345,8 +216,16 @@ fn conclude_if_answered<H: Host>(filter: &mut Filter<H>, context_id: u32, callba
         super::tick::start(filter);
         return Some(Action::Pause);
     }
-    let waiting = filter.inflight.waiting.remove(&context_id)?;
+    let mut waiting = filter.inflight.waiting.remove(&context_id)?;
     let route = Rc::clone(&waiting.route);
+    let now_ms = filter.host.now_ms();
+    let failed = waiting.asked.iter().any(|asked| asked.failed);
+    let by_redis = waiting.asked.iter().any(|asked| asked.taken.is_some() && asked.local_ms.is_none());
+    route.circuit_learns(now_ms, failed, by_redis);
+    if failed && route.config.failure_mode == FailureMode::Local {
+        let unanswered = waiting.asked.iter_mut().filter(|asked| asked.failed && asked.taken.is_none());
+        unanswered.for_each(|asked| take_locally(&filter.host, &route, asked, now_ms));
+    }
     let refused = |mode: Mode| {
         waiting.asked.iter().find(|asked| {
             asked.taken == Some(false) && route.config.inflight.get(asked.rule).is_some_and(|rule| rule.mode == mode)
@@ -358,12 +237,11 @@ fn conclude_if_answered<H: Host>(filter: &mut Filter<H>, context_id: u32, callba
     });
     Metrics::rules_counted(&filter.host, &route.rule_metrics, outcomes);
     if let Some(asked) = refused(Mode::Enforce) {
-        let rule = asked.rule;
+        let (rule, local) = (asked.rule, asked.local_ms.is_some());
         release_taken(filter, &waiting);
-        super::end::reject_inflight(filter, &route, rule, Mode::Enforce, filter.inflight.counters);
+        super::end::reject_inflight(filter, &route, rule, Mode::Enforce, local, filter.inflight.counters);
         return Some(Action::Pause);
     }
-    let failed = waiting.asked.iter().any(|asked| asked.failed);
     if failed && route.config.failure_mode == FailureMode::Deny {
         release_taken(filter, &waiting);
         filter.metrics.decided(&filter.host, crate::limiter::Outcome::FailedClosed);
@@ -372,12 +250,11 @@ fn conclude_if_answered<H: Host>(filter: &mut Filter<H>, context_id: u32, callba
         return Some(Action::Pause);
     }
     if let Some(asked) = refused(Mode::Shadow) {
-        super::end::reject_inflight(filter, &route, asked.rule, Mode::Shadow, filter.inflight.counters);
+        super::end::reject_inflight(filter, &route, asked.rule, Mode::Shadow, false, filter.inflight.counters);
     }
     let held: Vec<Held> =
         waiting.asked.iter().filter(|asked| asked.taken == Some(true)).map(|asked| held_of(&route, asked)).collect();
     filter.inflight.counters.count(&filter.host, InflightCounter::Admitted, held.len() as u64);
-    let now_ms = filter.host.now_ms();
     filter.inflight.hold(context_id, held, now_ms);
     Some(filter.start_rates(context_id, route, waiting.body_follows, waiting.since_us))
 }
@@ -385,14 +262,35 @@ fn conclude_if_answered<H: Host>(filter: &mut Filter<H>, context_id: u32, callba
 /// The permit `asked` of a request of `route`, as held.
 fn held_of(route: &Rc<Route>, asked: &Asked) -> Held {
     let lease_ms = route.config.inflight.get(asked.rule).map_or(0, |rule| rule.lease_ms);
-    Held { route: Rc::clone(route), name: asked.name.clone(), id: asked.id, lease_ms }
+    let (name, id, rule, free, local_ms) = (asked.name.clone(), asked.id, asked.rule, asked.free, asked.local_ms);
+    Held { route: Rc::clone(route), name, id, lease_ms, rule, free, local_ms }
+}
+
+/// Decides permit `asked` by the process's own count (the degraded mode).
+fn take_locally(host: &impl Host, route: &Route, asked: &mut Asked, now_ms: u64) {
+    let max_in_flight = route.config.inflight.get(asked.rule).map_or(0, |rule| rule.max_in_flight);
+    let taken = take_local(host, route, &asked.name, max_in_flight, now_ms);
+    (asked.taken, asked.local_ms) = (Some(taken), Some(now_ms));
+}
+
+/// Gives `held` back (to the process's count at once, or to Redis from the tick), counted when local.
+fn give_back_held<H: Host>(filter: &mut Filter<H>, held: Held) {
+    if give_back(filter, held) {
+        filter.inflight.counters.count(&filter.host, InflightCounter::Released, 1);
+    }
+}
+
+/// Until when the permit of a request that no longer waits for it is remembered (an orphan), ms since the
+/// epoch: past the latest end of the batch carrying it (sent at the latest now: the coalescer gives it up
+/// after twice `redis.timeout` and the grace), so that a reply that took it gives it back.
+fn orphan_until(host: &impl Host, route: &Route) -> u64 {
+    super::coalesce::expiry(host, route).saturating_add(u64::from(super::TICK_MS))
 }
 
 /// Moves the permits request `waiting` took to the releases.
 fn release_taken<H: Host>(filter: &mut Filter<H>, waiting: &Waiting) {
     for asked in waiting.asked.iter().filter(|asked| asked.taken == Some(true)) {
-        let held = held_of(&waiting.route, asked);
-        filter.permit_outbox.releases.push(held);
+        give_back_held(filter, held_of(&waiting.route, asked));
     }
 }
 
@@ -403,16 +301,18 @@ pub(super) fn on_done<H: Host>(filter: &mut Filter<H>, context_id: u32) {
         return;
     }
     if let Some(waiting) = filter.inflight.waiting.remove(&context_id) {
+        filter.coalescer.forget_permits(context_id);
         for (index, asked) in waiting.asked.iter().enumerate().filter(|(_, asked)| asked.taken != Some(false)) {
             let held = held_of(&waiting.route, asked);
             if asked.taken.is_none() && !asked.failed {
-                filter.inflight.orphans.push((context_id, index, held.clone(), waiting.deadline_ms));
+                let until_ms = orphan_until(&filter.host, &waiting.route).max(waiting.deadline_ms);
+                filter.inflight.orphans.push((context_id, index, held.clone(), until_ms));
             }
-            filter.permit_outbox.releases.push(held);
+            give_back_held(filter, held);
         }
     }
-    if let Some(held) = filter.inflight.held.remove(&context_id) {
-        filter.permit_outbox.releases.extend(held);
+    for held in filter.inflight.held.remove(&context_id).unwrap_or_default() {
+        give_back_held(filter, held);
     }
     if !filter.permit_outbox.releases.is_empty() {
         super::tick::start(filter);
@@ -437,7 +337,8 @@ pub(super) fn end_waits<H: Host>(filter: &mut Filter<H>, now_ms: u64, all: bool)
 /// kept as an orphan until `until_ms` past now, so that a reply that took it after all gives it back.
 fn give_up<H: Host>(filter: &mut Filter<H>, context_id: u32, now_ms: u64) {
     let Some(waiting) = filter.inflight.waiting.get_mut(&context_id) else { return };
-    let until_ms = forget_at(&filter.host, &waiting.route).max(now_ms);
+    filter.coalescer.forget_permits(context_id);
+    let until_ms = orphan_until(&filter.host, &waiting.route).max(now_ms);
     for (index, asked) in waiting.asked.iter_mut().enumerate() {
         if asked.taken.is_none() && !asked.failed {
             asked.failed = true;
@@ -451,38 +352,22 @@ fn give_up<H: Host>(filter: &mut Filter<H>, context_id: u32, now_ms: u64) {
 /// (one call per semaphore) and, every third of the shortest lease, extends the leases of the permits
 /// held (one call per semaphore).
 pub(super) fn on_tick<H: Host>(filter: &mut Filter<H>, now_ms: u64) {
+    answer_coalesced(filter);
     if filter.inflight.is_idle() && filter.permit_outbox.is_idle() {
         return;
     }
     end_waits(filter, now_ms, false);
     filter.inflight.orphans.retain(|(_, _, _, deadline_ms)| *deadline_ms > now_ms);
-    // A call whose reply never came (its wait ended above; a release or an extension nobody waits for).
-    let forgotten: Vec<u64> = filter
-        .inflight
-        .calls
-        .iter()
-        .filter(|(_, (_, _, forget_ms))| *forget_ms <= now_ms)
-        .map(|(key, _)| *key)
-        .collect();
-    // One error per call (its requests' waits ended above, in the failure mode).
-    filter.metrics.redis_errors(&filter.host, forgotten.len());
-    for key in forgotten {
-        if let Some((AcquireCall { destination, .. }, _, _)) = filter.inflight.calls.remove(&key) {
-            // Its requests' waits ended above; the destination takes the next acquires.
-            filter.inflight.busy.retain(|d| *d != destination);
-            if filter.inflight.queues.iter().any(|(d, _)| *d == destination) {
-                flush(filter, destination, Invocation::BySha, None);
-            }
-        }
-    }
     let released = super::permit_outbox::release(filter, now_ms);
     filter.inflight.counters.count(&filter.host, InflightCounter::Released, released as u64);
     if !filter.inflight.held.is_empty() && now_ms >= filter.inflight.next_extend_ms {
-        let held: Vec<Held> = filter.inflight.held.values().flatten().cloned().collect();
-        let shortest_ms = held.iter().map(|h| h.lease_ms).min().unwrap_or(0);
+        let held: Vec<Held> =
+            filter.inflight.held.values().flatten().filter(|held| held.local_ms.is_none()).cloned().collect();
+        let shortest_ms = held.iter().map(|h| h.lease_ms).min();
         let extended = super::permit_outbox::extend(filter, &held, now_ms);
         filter.inflight.counters.count(&filter.host, InflightCounter::Extended, extended as u64);
-        filter.inflight.next_extend_ms = now_ms.saturating_add(shortest_ms / 3);
+        // Only local permits held: nothing to extend until a request takes one in Redis (`hold`).
+        filter.inflight.next_extend_ms = shortest_ms.map_or(u64::MAX, |ms| now_ms.saturating_add(ms / 3));
     }
 }
 

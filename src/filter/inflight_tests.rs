@@ -10,10 +10,10 @@ const CONFIG: &str = r#"{"redis":{"cluster":"webdis","timeout":200},"rules":[
     {"name":"per-user","limit_by":{"header":"x-user"},"rate":5,"interval":"1s"},
     {"name":"inflight","limit_by":{"header":"x-user"},"max_in_flight":1,"lease":"3s","retry_after":"2s"}]"#;
 
-/// SEMAPHORE_ACQUIRE's replies for one permit: taken (`free` left), refused (the earliest lease's end, a
-/// string).
-const TAKEN: &[u8] = b"*3\r\n:1\r\n:0\r\n:-1\r\n";
-const REFUSED: &[u8] = b"*3\r\n:0\r\n:0\r\n$13\r\n1764300000000\r\n";
+/// The replies of an ACQUIRE_BATCH carrying one permit's SEMAPHORE_ACQUIRE (a segment `2, 3` and its three
+/// elements): taken (`free` left), refused (the earliest lease's end, a string).
+const TAKEN: &[u8] = b"*5\r\n:2\r\n:3\r\n:1\r\n:0\r\n:-1\r\n";
+const REFUSED: &[u8] = b"*5\r\n:2\r\n:3\r\n:0\r\n:0\r\n$13\r\n1764300000000\r\n";
 
 fn configure(extra: &str) -> (FakeHost, Filter<FakeHost>) {
     let host = FakeHost::new();
@@ -48,6 +48,12 @@ fn a_permit_is_taken_before_the_rate_rules_and_given_back_from_the_tick_when_the
     // The rate rule's acquire follows; its reply resumes the request.
     answer(&host, &mut filter, &acquired(4));
     assert_eq!(host.end(2), Some(End::Resumed));
+    // Its response shows both rules: the in-flight one without a window (draft-11's `w` and `t` are optional).
+    filter.on_response_headers(2);
+    let headers = host.response_headers(2);
+    let value = |name: &str| headers.iter().find(|(key, _)| key == name).map(|(_, value)| value.clone());
+    assert_eq!(value("ratelimit-policy").as_deref(), Some("\"per-user\";q=5;w=1, \"inflight\";q=1"));
+    assert_eq!(value("ratelimit").as_deref(), Some("\"per-user\";r=4;t=1, \"inflight\";r=0"));
     assert_eq!(host.counter("edge_rate_limiter.inflight_admitted"), 1);
     assert_eq!(host.counter("edge_rate_limiter.allowed"), 1);
     assert_eq!(host.counter("edge_rate_limiter.rule.inflight.allowed"), 1);
@@ -81,6 +87,8 @@ fn a_refusal_is_answered_at_once_with_the_rule_and_retry_after_and_asks_no_rate_
             assert_eq!(status, 429);
             assert!(headers.contains(&("x-ratelimited-by".into(), "inflight".into())), "{headers:?}");
             assert!(headers.contains(&("retry-after".into(), "2".into())), "{headers:?}");
+            assert!(headers.contains(&("ratelimit-policy".into(), "\"inflight\";q=1".into())), "{headers:?}");
+            assert!(headers.contains(&("ratelimit".into(), "\"inflight\";r=0".into())), "{headers:?}");
         }
         other => panic!("expected a 429, got {other:?}"),
     }
@@ -105,6 +113,52 @@ fn a_failed_call_follows_the_failure_mode() {
     answer(&host, &mut filter, &acquired(4));
     assert_eq!(host.end(2), Some(End::Resumed), "fail open: on without the permit");
     assert_eq!(host.counter("edge_rate_limiter.inflight_admitted"), 0);
+}
+
+#[test]
+fn in_the_degraded_mode_each_gateway_admits_its_share_of_the_limit_and_counts_ends() {
+    // 5 in flight over 2 gateways: 2 in this one. The first call fails: its permit and everything after it
+    // are decided by the process's own count while the circuit is open (no call at all).
+    let host = FakeHost::new();
+    let json = r#"{"redis":{"cluster":"webdis","timeout":200},"rules":[
+        {"name":"inflight","limit_by":{"header":"x-user"},"max_in_flight":5,"lease":"3s"}],
+        "failure_mode":"local","local_fallback":{"gateways":2,"probe_interval":"1h"}}"#;
+    let mut filter = Filter::configure(host.clone(), json.as_bytes(), false).unwrap();
+    assert_eq!(start(&host, &mut filter, 2), Action::Pause);
+    answer(&host, &mut filter, b"-ERR boom\r\n");
+    assert_eq!(host.end(2), Some(End::Resumed), "decided by the local count");
+    host.clear_calls();
+    assert_eq!(start(&host, &mut filter, 3), Action::Continue, "the circuit is open: decided at once");
+    assert_eq!(start(&host, &mut filter, 4), Action::Pause);
+    assert!(matches!(host.end(4), Some(End::LocalReply { status: 429, .. })), "{:?}", host.end(4));
+    assert!(host.http_calls().is_empty(), "no call while the circuit is open: {:?}", host.http_calls());
+    // A request that ends gives its permit back to the count at once, never to Redis.
+    filter.on_done(2);
+    filter.on_tick();
+    assert!(host.http_calls().is_empty(), "{:?}", host.http_calls());
+    assert_eq!(host.counter("edge_rate_limiter.inflight_released"), 1);
+    assert_eq!(start(&host, &mut filter, 5), Action::Continue);
+    assert_eq!(host.counter("edge_rate_limiter.inflight_admitted"), 3);
+    assert_eq!(host.counter("edge_rate_limiter.inflight_rejected"), 1);
+    // Each request decided once, as the degraded mode's local decisions.
+    assert_eq!(host.counter("edge_rate_limiter.fallback_allowed"), 3);
+    assert_eq!(host.counter("edge_rate_limiter.fallback_rejected"), 1);
+    assert_eq!(host.counter("edge_rate_limiter.allowed") + host.counter("edge_rate_limiter.rejected"), 0);
+}
+
+#[test]
+fn a_request_only_in_flight_rules_apply_to_counts_as_allowed_or_rejected_once() {
+    let host = FakeHost::new();
+    let json = r#"{"redis":{"cluster":"webdis","timeout":200},"rules":[
+        {"name":"inflight","limit_by":{"header":"x-user"},"max_in_flight":1,"lease":"3s"}]}"#;
+    let mut filter = Filter::configure(host.clone(), json.as_bytes(), false).unwrap();
+    start(&host, &mut filter, 2);
+    answer(&host, &mut filter, TAKEN);
+    assert_eq!(host.end(2), Some(End::Resumed));
+    start(&host, &mut filter, 3);
+    answer(&host, &mut filter, REFUSED);
+    assert_eq!(host.counter("edge_rate_limiter.allowed"), 1, "admitted by its in-flight rule");
+    assert_eq!(host.counter("edge_rate_limiter.rejected"), 1);
 }
 
 #[test]
@@ -139,6 +193,55 @@ fn a_call_never_answered_is_forgotten_and_the_tick_stops() {
     assert_eq!(host.tick_period(), 0);
 }
 
+/// An acquire batch never answered: the request's wait ends at its deadline in the failure mode (open: on
+/// to its rate rule, without a permit); the call counts one error when the coalescer gives it up.
+#[test]
+fn an_acquire_never_answered_ends_the_wait_in_the_failure_mode_and_counts_one_error() {
+    let (host, mut filter) = configure("");
+    start(&host, &mut filter, 2);
+    assert_eq!(host.http_calls().len(), 1);
+    host.advance(200 + DEADLINE_GRACE_MS + 1);
+    filter.on_tick();
+    assert_eq!(host.http_calls().len(), 2, "failed open: the rate rule asked");
+    assert_eq!(host.counter("edge_rate_limiter.inflight_admitted"), 0);
+    answer(&host, &mut filter, &acquired(4));
+    assert_eq!(host.end(2), Some(End::Resumed));
+    host.advance(200 + DEADLINE_GRACE_MS);
+    filter.on_tick();
+    assert_eq!(host.counter("edge_rate_limiter.redis_errors"), 1, "the acquire's reply never came");
+}
+
+/// A request that ends while its permit's batch is on its way, whose reply "taken" comes after the
+/// request's own wait would have ended: the permit is still given back (the orphan outlives the batch).
+#[test]
+fn a_permit_taken_by_a_late_reply_after_its_request_ended_is_given_back() {
+    let (host, mut filter) = configure("");
+    start(&host, &mut filter, 2);
+    let acquire = host.http_calls().pop().unwrap();
+    filter.on_done(2);
+    host.advance(200 + DEADLINE_GRACE_MS + u64::from(TICK_MS) + 1);
+    filter.on_tick();
+    host.clear_calls();
+    host.http_reply(200, TAKEN);
+    filter.on_http_call_response(acquire.token, 1, TAKEN.len());
+    filter.on_tick();
+    assert_eq!(host.http_calls().len(), 1, "released once the late reply says it was taken");
+    assert!(String::from_utf8_lossy(&host.http_calls()[0].body).contains("alice"));
+}
+
+/// The host refuses to send a request's permit: the request follows the failure mode from its own
+/// callback's return (open: its rate rule is asked, and refused too, it goes on), never resumed from
+/// within that callback.
+#[test]
+fn a_permit_the_host_refuses_to_send_is_decided_by_the_requests_own_callback() {
+    let (host, mut filter) = configure("");
+    host.refuse_calls(Some(crate::host::HostError::BadArgument));
+    assert_eq!(start(&host, &mut filter, 2), Action::Continue);
+    assert_eq!(host.end(2), None, "not resumed from within its own callback");
+    assert_eq!(host.counter("edge_rate_limiter.inflight_admitted"), 0);
+    assert_eq!(host.counter("edge_rate_limiter.redis_errors"), 2, "the permit's call and the rate rule's");
+}
+
 #[test]
 fn acquires_wait_for_the_call_on_its_way_and_go_out_together() {
     let (host, mut filter) = configure("");
@@ -152,13 +255,16 @@ fn acquires_wait_for_the_call_on_its_way_and_go_out_together() {
     let first = host.http_calls().pop().unwrap();
     host.http_reply(200, TAKEN);
     filter.on_http_call_response(first.token, 1, TAKEN.len());
-    // Request 2 goes on to its rate rule; 3 and 4's acquires leave together, in one call.
+    // 3 and 4's acquires leave together, in one batch (two SEMAPHORE_ACQUIRE segments); request 2's rate
+    // acquire waits for it.
     let calls: Vec<_> = host.http_calls().into_iter().skip(1).collect();
-    let acquires: Vec<_> = calls.iter().filter(|c| String::from_utf8_lossy(&c.body).contains("/6/")).collect();
-    assert_eq!(acquires.len(), 1, "{calls:?}");
-    let both = b"*6\r\n:1\r\n:0\r\n:-1\r\n:0\r\n:0\r\n$13\r\n1764300000000\r\n";
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let body = String::from_utf8_lossy(&calls[0].body).into_owned();
+    assert!(body.starts_with(&format!("EVALSHA/{}/6/", crate::script::ACQUIRE_BATCH.sha())), "{body}");
+    assert!(body.contains("/2/4/3/5/") && body.matches("/4/3/5/").count() == 2, "{body}");
+    let both = b"*10\r\n:2\r\n:3\r\n:1\r\n:0\r\n:-1\r\n:2\r\n:3\r\n:0\r\n:0\r\n$13\r\n1764300000000\r\n";
     host.http_reply(200, both);
-    filter.on_http_call_response(acquires[0].token, 1, both.len());
+    filter.on_http_call_response(calls[0].token, 1, both.len());
     assert!(matches!(host.end(4), Some(End::LocalReply { status: 429, .. })), "{:?}", host.end(4));
     assert_eq!(host.counter("edge_rate_limiter.inflight_admitted"), 2);
     assert_eq!(host.counter("edge_rate_limiter.inflight_rejected"), 1);
@@ -186,4 +292,28 @@ fn a_configuration_push_ends_a_waiting_request_and_hands_running_ones_permits_ov
     new.on_done(2);
     new.on_tick();
     assert_eq!(host.counter("edge_rate_limiter.inflight_released"), 2);
+}
+
+#[test]
+fn a_request_a_rate_rules_local_block_rejects_takes_no_permit() {
+    let (host, mut filter) = configure("");
+    assert_eq!(start(&host, &mut filter, 2), Action::Pause);
+    answer(&host, &mut filter, TAKEN);
+    // Redis rejects the rate rule: the oldest permit leaves in 500 ms; the limiter is blocked until then.
+    answer(&host, &mut filter, &crate::testing::rejected(503));
+    assert!(matches!(host.end(2), Some(End::LocalReply { status: 429, .. })));
+    let sent = host.http_calls().len();
+    assert_eq!(start(&host, &mut filter, 3), Action::Pause);
+    match host.end(3) {
+        Some(End::LocalReply { status, headers, .. }) => {
+            assert_eq!(status, 429);
+            let by = headers.iter().find(|(name, _)| name == "x-ratelimited-by").map(|(_, value)| value.as_str());
+            assert_eq!(by, Some("per-user"), "{headers:?}");
+        }
+        other => panic!("rejected at once, got {other:?}"),
+    }
+    assert_eq!(host.http_calls().len(), sent, "no call: no permit asked for");
+    assert_eq!(host.counter("edge_rate_limiter.inflight_admitted"), 1, "only the first request's");
+    assert_eq!(host.counter("edge_rate_limiter.rule.per-user.rejected"), 2);
+    assert_eq!(host.counter("edge_rate_limiter.rejected"), 2);
 }

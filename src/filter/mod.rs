@@ -161,6 +161,7 @@ pub struct Filter<H: Host> {
     random: fastrand::Rng,
     client_id: String,
     client_id_confirmed: bool,
+    permit_prefix: [u8; crate::script::PERMIT_ID_LEN / 2], // ids::permit_prefix of client_id
     /// Paused requests, by HTTP context id.
     flows: IdMap<Flow>,
     /// Outstanding calls, by [`CallId::key`]: the kind and the token (each kind has its own numbering); with
@@ -235,8 +236,7 @@ pub(crate) use with_context;
 
 impl<H: Host> Filter<H> {
     /// Parses and validates the plugin configuration and sets the filter up: one route per configuration
-    /// (transports: a host Redis client is initialised at once), counters, this process's Redisson client
-    /// id.
+    /// (transports: a host Redis client is set up at once), counters, this process's Redisson client id.
     ///
     /// `host_redis_build`: whether this build has the Higress Redis calls (`transport: "host"` is refused
     /// otherwise).
@@ -250,8 +250,8 @@ impl<H: Host> Filter<H> {
         let generation = generation_of(configuration);
         let cache_size = plugin.configs().map(|(_, c)| c.cache_size).max().unwrap_or(1);
         let global = match &plugin.global {
-            Some(config) => {
-                format!("{} rule(s), Redis via cluster {}", config.rules.len(), quoted(&config.redis.cluster))
+            Some(c) => {
+                format!("{} rule(s), Redis via cluster {}", c.rules.len() + c.inflight.len(), quoted(&c.redis.cluster))
             }
             None => "no global rules".to_string(),
         };
@@ -274,6 +274,7 @@ impl<H: Host> Filter<H> {
             failure_log: FailureLog::default(),
             limiter_errors: LimiterErrorLog::default(),
             random,
+            permit_prefix: ids::permit_prefix(&client_id),
             client_id,
             client_id_confirmed: false,
             flows: IdMap::default(),
@@ -435,11 +436,9 @@ impl<H: Host> Filter<H> {
         let due: Vec<u32> =
             self.flows.iter().filter(|(_, flow)| flow.due(now_ms)).map(|(&context_id, _)| context_id).collect();
         flow::end_flows(self, due);
-        for destination in self.coalescer.expire(now_ms) {
-            coalesce::flush(self, destination, false);
-        }
+        coalesce::expire(self, now_ms);
         coalesce::send_overdue(self);
-        outbox::send_queued(self);
+        outbox::send_queued(self, &self.coalescer.busy());
         give_back::expire_give_backs(self, now_ms);
         outbox::expire_batches(self, now_ms);
         inflight::on_tick(self, now_ms);
@@ -449,7 +448,7 @@ impl<H: Host> Filter<H> {
     /// A reply (or failure) for this call: a give-back's, or a request's (fed to its flow, one step).
     fn on_reply(&mut self, id: CallId, reply: Result<Vec<u8>, Failure>) {
         let key = id.key();
-        if !(self.inflight.is_idle() && self.permit_outbox.is_idle()) && inflight::on_reply(self, key, &reply) {
+        if !self.permit_outbox.is_idle() && permit_outbox::on_reply(self, key, &reply) {
             return;
         }
         if !self.give_backs.is_empty() {
@@ -479,6 +478,7 @@ impl<H: Host> Filter<H> {
         if let Some(destination) = landed {
             coalesce::flush(self, destination, false);
         }
+        inflight::answer_coalesced(self);
         flow::wake_parked(self);
     }
 

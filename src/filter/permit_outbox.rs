@@ -3,7 +3,8 @@
 //! and on a Redis Cluster a hash slot) in one call ([`crate::script::SEMAPHORE_RELEASE`],
 //! [`crate::script::SEMAPHORE_EXTEND`]), at most [`MAX_IDS`] permits per call. Nobody waits for these calls:
 //! a reply is only counted (a failure in `redis_errors`), and one that never comes is forgotten after
-//! `redis.timeout`.
+//! `redis.timeout`. In the degraded mode a permit may come from the gateway process's own count instead
+//! ([`take_local`]): it goes back there at once, never to Redis.
 
 use alloc::rc::Rc;
 
@@ -43,6 +44,43 @@ pub(super) struct Held {
     pub(super) id: PermitId,
     /// The rule's lease, ms.
     pub(super) lease_ms: u64,
+    /// The rule's index in the configuration's `inflight`.
+    pub(super) rule: usize,
+    /// Permits of the semaphore free after this one was taken (the rate limit headers' remaining).
+    pub(super) free: u64,
+    /// Taken from the process's own count at this time (ms since the epoch; the degraded mode,
+    /// [`take_local`]), not from Redis: given back there, its lease never extended.
+    pub(super) local_ms: Option<u64>,
+}
+
+/// The degraded mode's count of a semaphore's permits in flight: a local window (the rate rules' degraded
+/// mode, [`crate::fallback`]) of 30 days, whose count drops only when a request gives its permit back (the
+/// bucket that counted it still in the window: no request runs that long).
+const LOCAL_WINDOW_MS: u64 = 30 * 86_400_000;
+
+/// Takes a permit of semaphore `name` (a rule of `max_in_flight`) from the gateway process's own count, at
+/// most `floor(max_in_flight / gateways)` in flight at once in the process (shared by its workers); `false`:
+/// refused (the count is full, the route has no degraded mode, or the host refused its shared data).
+pub(super) fn take_local(host: &impl Host, route: &Route, name: &str, max_in_flight: u64, now_ms: u64) -> bool {
+    let Some(fallback) = &route.fallback else { return false };
+    let local = fallback.windows.acquire(host, name, max_in_flight, LOCAL_WINDOW_MS, 1, now_ms);
+    local == crate::fallback::Local::Admitted
+}
+
+/// Gives permit `held` back: to the process's count at once if it was taken there (`true`), else to the
+/// releases the tick sends to Redis.
+pub(super) fn give_back<H: Host>(filter: &mut Filter<H>, held: Held) -> bool {
+    match (held.local_ms, &held.route.fallback) {
+        (Some(taken_ms), Some(fallback)) => {
+            fallback.windows.release(&filter.host, &held.name, LOCAL_WINDOW_MS, 1, taken_ms);
+            true
+        }
+        (Some(_), None) => true,
+        (None, _) => {
+            outbox(filter).releases.push(held);
+            false
+        }
+    }
 }
 
 /// Releases waiting for the tick, and the calls on their way.

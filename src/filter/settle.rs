@@ -4,8 +4,9 @@
 //! settle call is a [`crate::script::GIVE_BACK`] of the reservation's member with `used` = the cost: unused
 //! permits go back to the window, an excess is charged.
 //!
-//! Settle calls leave from the root context's tick (at most [`super::TICK_MS`] later): a call made from the
-//! request's own context would be cancelled with it when the stream ends.
+//! Settle calls wait in the outbox: an acquire call that leaves for their destination carries them
+//! ([`super::outbox::take_settles`]), else they leave from the root context's tick (at most
+//! [`super::TICK_MS`] later). None is sent from its own request's last callback.
 
 use alloc::rc::Rc;
 
@@ -137,6 +138,7 @@ pub(super) fn on_done<H: Host>(filter: &mut Filter<H>, context_id: u32) {
 /// share of the reservation used recorded in the rule's `settled_percent`); one without a cost stays as
 /// reserved, counted in `settled_without_usage`.
 fn settle<H: Host>(filter: &mut Filter<H>, settling: Settling) {
+    let now_ms = filter.host.now_ms();
     for item in settling.items {
         let Some(cost) = item.cost else {
             filter.metrics.settled_without_usage(&filter.host);
@@ -158,7 +160,8 @@ fn settle<H: Host>(filter: &mut Filter<H>, settling: Settling) {
             renamed: Some(item.reservation.settled_random()),
             at: item.reservation.at,
         };
-        let call = GiveBackCall::new(&settling.route, item.reservation.name, settlement, GiveBackKind::Settle);
+        let mut call = GiveBackCall::new(&settling.route, item.reservation.name, settlement, GiveBackKind::Settle);
+        call.queued_ms = now_ms;
         filter.outbox.push(call);
     }
     if !filter.outbox.is_empty() {

@@ -535,3 +535,212 @@ fn a_batch_of_settles_never_answered_fails_once_at_its_deadline_and_its_reservat
     assert_eq!(host.counter(&format!("{NAME}.redis_errors")), 1, "one call failed, counted once");
     assert_eq!(host.tick_period(), 0, "nothing waits any more: the tick stops");
 }
+
+/// [`configure`] with these `redis` settings (the bridge's, plus `extra`) and a cost read from `x-cost`.
+fn configure_redis(extra: &str) -> (FakeHost, Filter<FakeHost>) {
+    let host = FakeHost::new();
+    let cost = r#"{"reserve":400,"settle":{"response_header":"x-cost"}}"#;
+    let rule =
+        format!(r#"{{"name":"tokens","limit_by":{{"header":"x-key"}},"rate":10000,"interval":"1m","cost":{cost}}}"#);
+    let json = format!(r#"{{"redis":{{"cluster":"webdis","timeout":200{extra}}},"rules":[{rule}]}}"#);
+    let filter = Filter::configure(host.clone(), json.as_bytes(), true).unwrap();
+    (host, filter)
+}
+
+/// Alice's request allowed and its response ended with a cost of 100 (its settle waits in the outbox),
+/// then bob's request arrives: the calls bob's request sent, and alice's reservation's random bytes.
+fn settle_then_acquire(host: &FakeHost, filter: &mut Filter<FakeHost>) -> (Vec<crate::testing::HttpCall>, String) {
+    let random = allowed(host, filter, 2, "alice");
+    respond(host, filter, 2, &[(":status", "200"), ("x-cost", "100")], &[]);
+    let sent = host.http_calls().len();
+    host.request(4, &[(":path", "/"), ("x-key", "bob")]);
+    assert_eq!(filter.on_request_headers(4), Action::Pause);
+    (host.http_calls().split_off(sent), random)
+}
+
+fn resumed(host: &FakeHost, context_id: u32) -> bool {
+    matches!(host.end(context_id), Some(crate::testing::End::Resumed))
+}
+
+#[test]
+fn a_settle_rides_before_the_next_acquire_to_its_redis_and_each_reads_its_own_part() {
+    let (host, mut filter) = configure_redis("");
+    let (calls, random) = settle_then_acquire(&host, &mut filter);
+    assert_eq!(calls.len(), 1, "one call: the settle rides with bob's acquire");
+    let body = String::from_utf8(calls[0].body.clone()).unwrap();
+    assert!(body.starts_with(&format!("EVALSHA/{}/", crate::script::ACQUIRE_BATCH.sha())), "{body}");
+    assert!(body.contains(&random.replace('-', "%2D")), "{body}");
+    assert!(body.find("alice") < body.find("bob"), "the settle's segment first: {body}");
+    tick(&host, &mut filter);
+    assert_eq!(host.http_calls().len(), 2, "nothing left for the tick to send");
+    // The settle's part as GIVE_BACK alone answers it (1: found), then the acquire's (9,000 left).
+    answer(&host, &mut filter, calls[0].token, b"*4\r\n:1\r\n:1\r\n:1\r\n:9000\r\n");
+    assert!(resumed(&host, 4), "bob allowed by his part of the reply");
+    let counters = ["settlements", "batches", "batched_calls", "redis_calls", "redis_errors"]
+        .map(|name| host.counter(&format!("{NAME}.{name}")));
+    assert_eq!(counters, [1, 1, 2, 2, 0]);
+    assert!(filter.outbox.is_empty() && filter.give_backs.is_empty() && filter.coalescer.is_idle());
+}
+
+#[test]
+fn a_call_carrying_settles_that_fails_counts_one_error_and_its_request_follows_the_failure_mode() {
+    let (host, mut filter) = configure_redis("");
+    let (calls, _) = settle_then_acquire(&host, &mut filter);
+    host.http_reply(503, b"");
+    filter.on_http_call_response(calls[0].token, 0, 0);
+    assert!(resumed(&host, 4), "fail open");
+    let counters = ["redis_errors", "failure_allowed"].map(|name| host.counter(&format!("{NAME}.{name}")));
+    assert_eq!(counters, [1, 1], "one failed call");
+    tick(&host, &mut filter);
+    assert_eq!(host.http_calls().len(), 2, "the settle is not sent again: its reservation stays");
+}
+
+#[test]
+fn a_call_carrying_settles_answered_noscript_carries_them_again_by_source() {
+    let (host, mut filter) = configure_redis("");
+    let (calls, random) = settle_then_acquire(&host, &mut filter);
+    answer(&host, &mut filter, calls[0].token, b"-NOSCRIPT No matching script.\r\n");
+    let again = host.http_calls().pop().unwrap();
+    let body = String::from_utf8(again.body).unwrap();
+    assert!(body.starts_with("EVAL/") && body.contains(&random.replace('-', "%2D")), "{body}");
+    answer(&host, &mut filter, again.token, b"*4\r\n:1\r\n:1\r\n:1\r\n:9000\r\n");
+    assert!(resumed(&host, 4));
+    let counters = ["settlements", "batches", "redis_errors"].map(|name| host.counter(&format!("{NAME}.{name}")));
+    assert_eq!(counters, [1, 1, 0], "the batch counted once");
+}
+
+#[test]
+fn without_coalescing_a_settle_waits_for_the_tick() {
+    let (host, mut filter) = configure_redis(r#","max_batch":1"#);
+    let (calls, random) = settle_then_acquire(&host, &mut filter);
+    assert_eq!(calls.len(), 1);
+    assert!(!String::from_utf8(calls[0].body.clone()).unwrap().contains(&random.replace('-', "%2D")));
+    tick(&host, &mut filter);
+    assert_eq!(settle_calls(&host).len(), 1, "the settle alone, from the tick");
+}
+
+#[test]
+fn a_call_carrying_settles_never_answered_ends_its_request_and_counts_one_error() {
+    let (host, mut filter) = configure_redis("");
+    settle_then_acquire(&host, &mut filter);
+    host.advance(200 + DEADLINE_GRACE_MS);
+    tick(&host, &mut filter);
+    assert!(resumed(&host, 4), "bob's deadline: fail open");
+    host.advance(200);
+    tick(&host, &mut filter);
+    assert!(filter.coalescer.is_idle(), "the call given up");
+    let errors = host.counter(&format!("{NAME}.redis_errors"));
+    assert_eq!(errors, 1, "one call: counted once, by the request's deadline");
+    assert_eq!(host.tick_period(), 0, "nothing waits any more: the tick stops");
+}
+
+/// Alice's request allowed, then bob's call out (no answer yet), then alice's response ended with a cost:
+/// her settle waits in the outbox while bob's call is on its way.
+fn settle_behind_a_call_out(host: &FakeHost, filter: &mut Filter<FakeHost>) -> (u32, String) {
+    let random = allowed(host, filter, 2, "alice");
+    host.request(4, &[(":path", "/"), ("x-key", "bob")]);
+    assert_eq!(filter.on_request_headers(4), Action::Pause);
+    let bob = host.last_token().unwrap();
+    respond(host, filter, 2, &[(":status", "200"), ("x-cost", "100")], &[]);
+    (bob, random)
+}
+
+#[test]
+fn while_a_call_is_out_a_settle_waits_for_the_batch_its_landing_sends() {
+    let (host, mut filter) = configure_redis("");
+    let (bob, random) = settle_behind_a_call_out(&host, &mut filter);
+    let sent = host.http_calls().len();
+    tick(&host, &mut filter);
+    assert_eq!(host.http_calls().len(), sent, "the tick leaves it: bob's call will land");
+    host.request(6, &[(":path", "/"), ("x-key", "carol")]);
+    assert_eq!(filter.on_request_headers(6), Action::Pause, "carol waits for bob's call to land");
+    answer(&host, &mut filter, bob, &acquired(9_000));
+    let calls = host.http_calls().split_off(sent);
+    assert_eq!(calls.len(), 1, "carol's call, carrying the settle");
+    let body = String::from_utf8(calls[0].body.clone()).unwrap();
+    assert!(body.contains(&random.replace('-', "%2D")) && body.contains("carol"), "{body}");
+}
+
+#[test]
+fn a_settle_waits_for_an_acquire_call_at_most_two_ticks() {
+    let (host, mut filter) = configure_redis("");
+    let (_, random) = settle_behind_a_call_out(&host, &mut filter);
+    tick(&host, &mut filter);
+    assert!(settle_calls(&host).is_empty(), "one tick: it waits");
+    tick(&host, &mut filter);
+    assert_eq!(settle_calls(&host).len(), 1, "two ticks, no acquire call left meanwhile: the tick sends it");
+    assert_eq!(settle_calls(&host)[0][0], random);
+}
+
+/// A cost rule and an in-flight rule on `x-key` (with these `redis` settings after the bridge's), and
+/// alice's request allowed: her permit (a batch of one: taken, 4 free), then her rate acquire.
+fn cost_and_inflight_with_alice_allowed(redis_extra: &str) -> (FakeHost, Filter<FakeHost>) {
+    let host = FakeHost::new();
+    let rules = r#"[{"name":"tokens","limit_by":{"header":"x-key"},"rate":10000,"interval":"1m",
+        "cost":{"reserve":400,"settle":{"response_header":"x-cost"}}},
+        {"name":"running","limit_by":{"header":"x-key"},"max_in_flight":5,"lease":"3s"}]"#;
+    let json = format!(r#"{{"redis":{{"cluster":"webdis","timeout":200{redis_extra}}},"rules":{rules}}}"#);
+    let mut filter = Filter::configure(host.clone(), json.as_bytes(), true).unwrap();
+    host.request(2, &[(":path", "/"), ("x-key", "alice")]);
+    assert_eq!(filter.on_request_headers(2), Action::Pause);
+    answer(&host, &mut filter, host.last_token().unwrap(), b"*4\r\n:2\r\n:2\r\n:1\r\n:4\r\n");
+    answer(&host, &mut filter, host.last_token().unwrap(), &acquired(9_000));
+    assert!(resumed(&host, 2));
+    (host, filter)
+}
+
+#[test]
+fn without_coalescing_an_in_flight_permits_call_carries_no_settle() {
+    let (host, mut filter) = cost_and_inflight_with_alice_allowed(r#","max_batch":1"#);
+    respond(&host, &mut filter, 2, &[(":status", "200"), ("x-cost", "100")], &[]);
+    let sent = host.http_calls().len();
+    host.request(4, &[(":path", "/"), ("x-key", "bob")]);
+    assert_eq!(filter.on_request_headers(4), Action::Pause);
+    let calls = host.http_calls().split_off(sent);
+    assert_eq!(calls.len(), 1, "bob's permit");
+    assert!(!String::from_utf8(calls[0].body.clone()).unwrap().contains("alice"), "alone: no settle rides");
+    tick(&host, &mut filter);
+    assert_eq!(settle_calls(&host).len(), 1, "the settle from the tick, at once");
+}
+
+#[test]
+fn a_call_carrying_settles_never_answered_after_its_client_left_counts_the_settles_failure() {
+    let (host, mut filter) = configure_redis("");
+    settle_then_acquire(&host, &mut filter);
+    // Bob leaves before the reply: his part of the call is a hole, and nothing counted it.
+    filter.on_done(4);
+    for _ in 0..3 {
+        host.advance(200);
+        tick(&host, &mut filter);
+    }
+    assert!(filter.coalescer.is_idle(), "the call given up");
+    assert_eq!(host.counter(&format!("{NAME}.redis_errors")), 1, "the settle's failure, counted once");
+}
+
+#[test]
+fn a_settle_waiting_when_the_configuration_goes_away_is_handed_over_not_carried_by_a_dying_call() {
+    // Two calls out at a time: bob's rate call can leave while his permit's is on its way.
+    let (host, mut filter) = cost_and_inflight_with_alice_allowed(r#","max_in_flight":2"#);
+    // Bob waits for his permit when the configuration goes away, with alice's settle in the outbox: his
+    // wait ends in the failure mode (open), and his rate rules are asked from the retiring filter.
+    host.request(4, &[(":path", "/"), ("x-key", "bob")]);
+    assert_eq!(filter.on_request_headers(4), Action::Pause);
+    respond(&host, &mut filter, 2, &[(":status", "200"), ("x-cost", "100")], &[]);
+    let retirement = filter.retire();
+    filter.drop_retirement(&retirement);
+    assert_eq!(host.counter(&format!("{NAME}.settlements_lost")), 1, "handed over (here: nobody to send it)");
+    assert_eq!(host.counter(&format!("{NAME}.settlements")), 0, "not sent with a call that dies");
+}
+
+#[test]
+fn a_call_carrying_settles_that_fails_after_its_requests_deadline_counts_one_error() {
+    let (host, mut filter) = configure_redis("");
+    let (calls, _) = settle_then_acquire(&host, &mut filter);
+    host.advance(200 + DEADLINE_GRACE_MS);
+    tick(&host, &mut filter);
+    assert!(resumed(&host, 4), "bob's deadline: fail open, his call's failure counted");
+    host.http_reply(503, b"");
+    filter.on_http_call_response(calls[0].token, 0, 0);
+    assert_eq!(host.counter(&format!("{NAME}.redis_errors")), 1, "the late failure is the same call's");
+    assert!(filter.coalescer.is_idle());
+}

@@ -12,15 +12,19 @@ use crate::prelude::*;
 use crate::block::Block;
 use crate::config::{FailureMode, Mode, PluginConfig};
 use crate::fallback::Local;
+use crate::key::RequestView;
 use crate::response::{Report, RuleQuota, Verdict};
 use crate::script::Settlement;
 
 use super::pending::{lease_tickets, CallState, PendingRequest, RuleResult};
 use super::reservation::{reservations, Reservation};
+use super::resolve::{group_end, resolve, Resolved};
 use super::{Context, Decision, GiveBack, LocalWindows, Outcome, RuleOutcome};
 
 /// The rejection of a limiter's local block: what `decide` makes of this one result, without the generic
 /// path: the request costs no Redis call, and should cost little else (docs/deploying.md, "Lean guest").
+/// Not inlined: one copy for its two callers.
+#[inline(never)]
 pub(super) fn blocked(ctx: &Context<'_>, rule: usize, block: &Block) -> Decision {
     let (quota, delay_ms) = block_quota(ctx.now_ms, rule, block);
     let mut report = Report { retry_ms: Some(delay_ms), rejected_by: Some(rule), ..Report::default() };
@@ -37,6 +41,48 @@ pub(super) fn blocked(ctx: &Context<'_>, rule: usize, block: &Block) -> Decision
         give_back: Vec::new(),
         reservations: Vec::new(),
     }
+}
+
+/// The rejection of a request by the live local block of one of its enforced rules, found without Redis
+/// and before anything is taken for it: what [`super::start`] decides for that request, since it looks at
+/// blocks before any Redis call (`None`: no rule's block rejects it, or the rate stage must decide). The
+/// rules are walked in [`super::start`]'s order, and the walk stops where that could decide otherwise: at
+/// an enforced rule with a lease (this VM's lease may serve it) and at an enforced rule's denial. Shadow
+/// rules and a request the configuration's `exempt` matches reject nothing. The request view must hold
+/// what the rules' keys and reservations read (the request body, when a rule reads it). For a stage that
+/// takes something before the rate rules (in-flight permits): a request its rate rules reject at once
+/// takes nothing.
+pub fn rejected_by_a_block(ctx: &Context<'_>, request: &impl RequestView) -> Option<Decision> {
+    if ctx.config.exempt.as_ref().is_some_and(|exempt| exempt.matches(request)) {
+        return None;
+    }
+    let enforced = |entry: usize| ctx.config.rules.get(entry).is_some_and(|rule| rule.mode == Mode::Enforce);
+    let mut name = String::new();
+    let mut first = 0;
+    while let Some(end) = group_end(ctx.config, first) {
+        match resolve(ctx.config, first, end, request, &mut name) {
+            Resolved::Limiter(entry) if enforced(entry) => {
+                let rule = ctx.config.rules.get(entry)?;
+                // A lease rule comes first in [`super::start`]'s order: its lease may serve the request, or
+                // its own block reject it (the rate stage decides).
+                if rule.lease.is_some() {
+                    return None;
+                }
+                if rule.local_block_max_ms > 0 {
+                    let permits = super::reservation::permits_of(rule, request);
+                    if let Some(block) = ctx.blocks.rejecting(&name, ctx.now_ms, permits, rule.cost.is_some()) {
+                        return Some(blocked(ctx, entry, &block));
+                    }
+                }
+            }
+            // An enforced rule's denial (its key missing, `on_missing: deny`) decides first: the rate stage
+            // answers it.
+            Resolved::Denied if enforced(end - 1) => return None,
+            _ => {}
+        }
+        first = end;
+    }
+    None
 }
 
 /// The quota a local block reports, and its delay: Redisson's, 3 ms past the oldest permit's departure.

@@ -38,6 +38,7 @@ mod tests;
 
 pub use crate::lease::{LeaseAsk, LeaseGrant, LeaseTicket, Leases};
 pub use crate::response::{Report, RuleQuota, Verdict};
+pub use decision::rejected_by_a_block;
 pub use pending::{start, PendingRequest, Progress, Start};
 pub use plan::{Plan, RulePlan};
 pub use reply::{Effects, LeaseEnd, LimiterError, Notice};

@@ -55,7 +55,13 @@ impl Plan {
         let headers = RuleHeaders {
             style: config.headers,
             shadow_headers: config.shadow_headers,
-            rules: config.rules.iter().map(|rule| RulePolicy::new(&rule.name, rule.rate, rule.interval_ms)).collect(),
+            // The rate rules, then the in-flight rules (no window), as the per-rule counters number them.
+            rules: config
+                .rules
+                .iter()
+                .map(|rule| RulePolicy::new(&rule.name, rule.rate, rule.interval_ms))
+                .chain(config.inflight.iter().map(|rule| RulePolicy::new(&rule.name, rule.max_in_flight, 0)))
+                .collect(),
         };
         Plan {
             rules,

@@ -77,7 +77,8 @@ pub(super) enum Resolved {
 
 /// Reads the key value of the rule with entries `first..end` (all share the source, `on_missing`, `exempt`
 /// and limiter base), picks the entry whose value match accepts it (or accepts the `rates_by` value; else
-/// the default, last), and writes the limiter name into `name`.
+/// the default, last), and writes the limiter name into `name`. (Not inlined: one copy for its callers.)
+#[inline(never)]
 pub(super) fn resolve(
     config: &PluginConfig,
     first: usize,

@@ -613,3 +613,43 @@ fn rates_by_value_pick_the_first_matching_entry_and_its_rate() {
     let words = h.words(&pending, 0, Invocation::BySha);
     assert!(words.contains(&"100".to_string()), "the entry's rate is sent: {words:?}");
 }
+
+/// Rule `first` (keyed by `x-key`, `on_missing: deny`, with `first_extra`), then `per-user`, whose limiter
+/// of alice is blocked with no permit free.
+fn blocked_second_rule(first_extra: &str) -> Harness {
+    let json = format!(
+        r#"{{"redis":{{"cluster":"w"}},"rules":[
+        {{"name":"first","limit_by":{{"header":"x-key"}},"rate":100,"interval":60000,"on_missing":"deny"{first_extra}}},
+        {{"name":"per-user","limit_by":{{"header":"x-user"}},"rate":5,"interval":1000}}]}}"#
+    );
+    let mut h = Harness::new(PluginConfig::from_json(json.as_bytes()).unwrap());
+    let request = FakeRequest::with(&[("x-key", "k"), ("x-user", "alice")]);
+    let Applies::Limiter { name } = applications(&h.config, &request).unwrap()[1].applies.clone() else { panic!() };
+    let block = Block { until_ms: NOW + 400, release_ms: NOW + 400, available: 0, rate: 5, interval_ms: 1000 };
+    h.blocks.0.push((name, block));
+    h
+}
+
+#[test]
+fn a_block_found_before_anything_is_taken_is_the_one_the_rate_stage_rejects_with() {
+    let mut h = blocked_second_rule("");
+    let headers = [("x-key", "k"), ("x-user", "alice")];
+    let early = rejected_by_a_block(&h.context(), &FakeRequest::with(&headers)).expect("per-user's block rejects");
+    let decision = decided(h.start(&headers));
+    let (early_headers, headers_now) = (h.headers(&early), h.headers(&decision));
+    assert_eq!((early.outcome, decision.outcome), (Outcome::LocallyRejected, Outcome::LocallyRejected));
+    assert_eq!(early_headers, headers_now, "the same answer");
+    assert_eq!(early.rules.as_slice(), decision.rules.as_slice());
+    // Where the rate stage decides otherwise first, the walk stops: an enforced rule's denial...
+    let no_key = [("x-user", "alice")];
+    assert!(rejected_by_a_block(&h.context(), &FakeRequest::with(&no_key)).is_none());
+    let denial = decided(h.start(&no_key));
+    let denied = h.headers(&denial);
+    assert_eq!(header(&denied, "x-ratelimited-by"), Some("first"), "denied by `first`");
+    // ...and an enforced rule with a lease (its lease may serve the request, its own block reject it).
+    let leased = blocked_second_rule(r#","lease":{"max_permits":8,"max_age":"1s"}"#);
+    assert!(rejected_by_a_block(&leased.context(), &FakeRequest::with(&headers)).is_none());
+    // A shadow rule's denial does not decide: the walk goes on to the block.
+    let shadow = blocked_second_rule(r#","mode":"shadow""#);
+    assert!(rejected_by_a_block(&shadow.context(), &FakeRequest::with(&no_key)).is_some());
+}

@@ -198,7 +198,7 @@ pub struct RuleQuota {
     pub rule: usize,
     /// Permits per window, as Redis holds it.
     pub limit: u64,
-    /// Window length, ms, as Redis holds it.
+    /// Window length, ms, as Redis holds it (0: an in-flight limit).
     pub window_ms: u64,
     /// Permits left.
     pub remaining: u64,
@@ -214,7 +214,8 @@ pub struct RuleHeaders {
     pub style: HeaderStyle,
     /// `shadow_headers`.
     pub shadow_headers: bool,
-    /// By rule index.
+    /// By rule index: the rate rules (`rules[i]`), then the in-flight rules (`inflight[i]` at
+    /// `rules.len() + i`).
     pub rules: Vec<RulePolicy>,
 }
 
@@ -232,7 +233,8 @@ pub struct RulePolicy {
 }
 
 impl RulePolicy {
-    /// The policy of rule `name` limiting `rate` permits per `interval_ms`.
+    /// The policy of rule `name` limiting `rate` permits per `interval_ms` (0: requests in flight at once,
+    /// no window).
     pub fn new(name: &str, rate: u64, interval_ms: u64) -> Self {
         RulePolicy { name: name.into(), policy: policy_value(name, rate, interval_ms).into(), rate, interval_ms }
     }

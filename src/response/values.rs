@@ -21,7 +21,8 @@ pub struct Quota<'a> {
     pub prepared_policy: Option<&'a Rc<str>>,
     /// Permits per window, as Redis holds it.
     pub limit: u64,
-    /// Window length, ms, as Redis holds it.
+    /// Window length, ms, as Redis holds it; 0 for an in-flight limit, which has no window (no `w`, `t` or
+    /// `x-ratelimit-reset`: both are optional in draft-11).
     pub window_ms: u64,
     /// Permits left.
     pub remaining: u64,
@@ -45,7 +46,8 @@ pub fn retry_after(delay_ms: u64) -> (&'static str, HeaderValue) {
     ("retry-after", HeaderValue::number(seconds_ceil(delay_ms).max(1)))
 }
 
-/// One `RateLimit-Policy` member: `"name";q=<limit>;w=<window seconds>`.
+/// One `RateLimit-Policy` member: `"name";q=<limit>;w=<window seconds>`, or `"name";q=<limit>` for an
+/// in-flight limit (`window_ms` 0: requests at once, no window).
 pub fn policy_value(policy: &str, limit: u64, window_ms: u64) -> String {
     let mut out = String::with_capacity(policy.len() + 24);
     push_policy(&mut out, policy, limit, window_ms);
@@ -57,8 +59,10 @@ fn push_policy(out: &mut String, policy: &str, limit: u64, window_ms: u64) {
     out.push_str(policy);
     out.push_str("\";q=");
     push_number(out, limit);
-    out.push_str(";w=");
-    push_number(out, seconds_ceil(window_ms));
+    if window_ms > 0 {
+        out.push_str(";w=");
+        push_number(out, seconds_ceil(window_ms));
+    }
 }
 
 fn push_state(out: &mut Builder, quota: &Quota<'_>) {
@@ -66,15 +70,18 @@ fn push_state(out: &mut Builder, quota: &Quota<'_>) {
     out.push_str(quota.policy);
     out.push_str("\";r=");
     out.push_number(quota.remaining);
-    out.push_str(";t=");
-    out.push_number(seconds_ceil(quota.reset_ms));
+    if quota.window_ms > 0 {
+        out.push_str(";t=");
+        out.push_number(seconds_ceil(quota.reset_ms));
+    }
 }
 
 /// The rate limit headers for the quotas of one request, in the given style, appended to `headers`.
 ///
 /// Draft: `ratelimit-policy: "per-user";q=100;w=60` and `ratelimit: "per-user";r=42;t=12`, one list member
 /// per rule. Legacy: `x-ratelimit-limit`, `-remaining`, `-reset` (seconds) of the rule with the fewest
-/// permits left.
+/// permits left. An in-flight limit (`window_ms` 0) shows no window and no reset: `"in-flight";q=8` and
+/// `"in-flight";r=3`, and no `x-ratelimit-reset` when it has the fewest left.
 pub fn rate_limit_headers(style: HeaderStyle, quotas: &[Quota<'_>], headers: &mut Headers) {
     let Some(first) = quotas.first() else { return };
     if matches!(style, HeaderStyle::Draft | HeaderStyle::Both) {
@@ -108,7 +115,9 @@ pub fn rate_limit_headers(style: HeaderStyle, quotas: &[Quota<'_>], headers: &mu
         if let Some(tightest) = quotas.iter().min_by_key(|q| q.remaining) {
             headers.push(("x-ratelimit-limit", HeaderValue::number(tightest.limit)));
             headers.push(("x-ratelimit-remaining", HeaderValue::number(tightest.remaining)));
-            headers.push(("x-ratelimit-reset", HeaderValue::number(seconds_ceil(tightest.reset_ms))));
+            if tightest.window_ms > 0 {
+                headers.push(("x-ratelimit-reset", HeaderValue::number(seconds_ceil(tightest.reset_ms))));
+            }
         }
     }
 }
@@ -177,5 +186,23 @@ mod tests {
         assert_eq!(headers(HeaderStyle::Both, &[quota("a", 1)]).len(), 5);
         assert!(headers(HeaderStyle::None, &[quota("a", 1)]).is_empty());
         assert!(headers(HeaderStyle::Draft, &[]).is_empty());
+    }
+
+    #[test]
+    fn an_in_flight_limit_shows_no_window_and_no_reset() {
+        let inflight = Quota { limit: 8, window_ms: 0, remaining: 3, reset_ms: 0, ..quota("in-flight", 3) };
+        assert_eq!(
+            headers(HeaderStyle::Draft, &[quota("per-user", 42), inflight.clone()]),
+            vec![
+                ("ratelimit-policy", "\"per-user\";q=100;w=60, \"in-flight\";q=8".into()),
+                ("ratelimit", "\"per-user\";r=42;t=2, \"in-flight\";r=3".into()),
+            ]
+        );
+        assert_eq!(policy_value("in-flight", 8, 0), "\"in-flight\";q=8");
+        // The tightest is the in-flight limit: no reset to give.
+        assert_eq!(
+            headers(HeaderStyle::Legacy, &[quota("per-user", 42), inflight]),
+            vec![("x-ratelimit-limit", "8".into()), ("x-ratelimit-remaining", "3".into())]
+        );
     }
 }

@@ -12,7 +12,7 @@ use crate::resp::array_elements;
 use super::acquire::{AcquireTemplate, Encoding};
 use super::settlement::Settlement;
 use super::wire::{push_arg, push_arg_parts, push_keys, push_length};
-use super::{Invocation, ACQUIRE, ACQUIRE_ALL, ACQUIRE_BATCH, GIVE_BACK};
+use super::{Invocation, ACQUIRE, ACQUIRE_ALL, ACQUIRE_BATCH, GIVE_BACK, SEMAPHORE_ACQUIRE};
 
 /// Which script a batched call runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +23,8 @@ pub enum SegmentScript {
     AcquireAll,
     /// [`super::GIVE_BACK`], `3` (the settle calls of one tick, batched).
     GiveBack,
+    /// [`super::SEMAPHORE_ACQUIRE`] of one permit, `4` (an in-flight permit, coalesced with the acquires).
+    SemaphoreAcquire,
 }
 
 /// Where an acquire command's keys and arguments are, as its encoder wrote them
@@ -128,9 +130,10 @@ impl<'a> Segment<'a> {
         })
     }
 
-    /// The segment of `command`: an [`ACQUIRE`], [`ACQUIRE_ALL`] or [`GIVE_BACK`] call by sha (`EVALSHA <sha> <numkeys>
-    /// <keys>... <args>...`) in `encoding`, as `PendingRequest::encode` writes it. `None` for any other
-    /// command (another script, or `EVAL` by source): such a call is sent alone.
+    /// The segment of `command`: an [`ACQUIRE`], [`ACQUIRE_ALL`], [`GIVE_BACK`] or [`SEMAPHORE_ACQUIRE`] call
+    /// by sha (`EVALSHA <sha> <numkeys> <keys>... <args>...`) in `encoding`, as `PendingRequest::encode` and
+    /// [`super::encode_semaphore_acquires`] write it. `None` for any other command (another script, or `EVAL`
+    /// by source): such a call is sent alone.
     pub fn of(command: &'a [u8], encoding: Encoding) -> Option<Self> {
         match encoding {
             Encoding::Resp => Self::of_resp(command),
@@ -195,6 +198,8 @@ fn script_of(sha: &[u8]) -> Option<SegmentScript> {
         Some(SegmentScript::AcquireAll)
     } else if sha == GIVE_BACK.sha().as_bytes() {
         Some(SegmentScript::GiveBack)
+    } else if sha == SEMAPHORE_ACQUIRE.sha().as_bytes() {
+        Some(SegmentScript::SemaphoreAcquire)
     } else {
         None
     }
@@ -261,6 +266,7 @@ pub fn encode_batch(segments: &[Segment<'_>], invocation: Invocation, encoding: 
             SegmentScript::Acquire => b"1",
             SegmentScript::AcquireAll => b"2",
             SegmentScript::GiveBack => b"3",
+            SegmentScript::SemaphoreAcquire => b"4",
         };
         push_arg(&mut out, encoding, script);
         push_arg(&mut out, encoding, number.format(segment.key_count).as_bytes());

@@ -35,9 +35,10 @@ pub use reply::{
     LimiterReply, ReplyError,
 };
 pub use semaphore::{
-    decode_semaphore_acquire_replies, encode_semaphore_acquires, encode_semaphore_extend, encode_semaphore_release,
-    Publish, SemaphoreAcquire, SemaphoreKeys, SemaphoreOutcome, SemaphorePermits, MAX_SEMAPHORE_ACQUIRES,
-    NO_LEASE_SCORE, PERMIT_ID_LEN, SEMAPHORE_ACQUIRE, SEMAPHORE_EXTEND, SEMAPHORE_RELEASE,
+    decode_semaphore_acquire_replies, encode_semaphore_acquires, encode_semaphore_acquires_laid_out,
+    encode_semaphore_extend, encode_semaphore_release, Publish, SemaphoreAcquire, SemaphoreKeys, SemaphoreOutcome,
+    SemaphorePermits, MAX_SEMAPHORE_ACQUIRES, NO_LEASE_SCORE, PERMIT_ID_LEN, SEMAPHORE_ACQUIRE, SEMAPHORE_EXTEND,
+    SEMAPHORE_RELEASE,
 };
 pub use settlement::{MemberAt, Settlement};
 
@@ -160,11 +161,13 @@ pub static ACQUIRE_ALL: Script = Script::new("acquireAll", ACQUIRE_ALL_SOURCE, A
 /// order; an error in one is its own. Built by `batch::encode_batch` from the calls' own commands and
 /// answered per call by `batch::split_batch_reply`, which rebuilds the reply each call would have had.
 ///
-/// Also the [`GIVE_BACK`] calls of one tick (settles of reservations), batched the same way.
+/// Also the [`GIVE_BACK`] calls of one tick (settles of reservations), batched the same way, and the
+/// in-flight permits of requests ([`SEMAPHORE_ACQUIRE`] of one permit each), coalesced with the acquires.
 ///
 /// `KEYS`: every call's keys in order. `ARGV`: 1 the number of calls, then per call `1` (ACQUIRE), `2`
-/// (ACQUIRE_ALL) or `3` (GIVE_BACK), its key count, its argument count and its arguments. Reply: a flat array, per call `1`
-/// and a bare integer reply, `2`, `n` and an array reply's `n` elements, or `3` and an error's text.
+/// (ACQUIRE_ALL), `3` (GIVE_BACK) or `4` (SEMAPHORE_ACQUIRE), its key count, its argument count and its
+/// arguments. Reply: a flat array, per call `1` and a bare integer reply, `2`, `n` and an array reply's `n`
+/// elements, or `3` and an error's text.
 pub static ACQUIRE_BATCH: PartsScript =
     PartsScript { name: "acquireBatch", parts: &ACQUIRE_BATCH_PARTS, sha: ACQUIRE_BATCH_SHA };
 
@@ -256,6 +259,8 @@ mod tests {
         assert!(source.contains(&format!("local function acquire(KEYS, ARGV)\n{}end\n", code(&ACQUIRE))));
         assert!(source.contains(&format!("local function acquireAll(KEYS, ARGV)\n{}end\n", code(&ACQUIRE_ALL))));
         assert!(source.contains(&format!("local function settle(KEYS, ARGV)\n{}end\n", code(&GIVE_BACK))));
+        let semaphore = code(&SEMAPHORE_ACQUIRE);
+        assert!(source.contains(&format!("local function semaphoreAcquire(KEYS, ARGV)\n{semaphore}end\n")));
         let sha: String = Sha1::digest(source.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
         assert_eq!(ACQUIRE_BATCH.sha(), sha);
         assert_eq!(source.lines().filter(|l| l.trim_start().starts_with("--")).count(), 1);

@@ -19,7 +19,10 @@ use crate::prelude::*;
 
 use crate::resp::{decode_integers, decode_reply, Integers, Reply};
 
+use core::ops::Range;
+
 use super::acquire::Encoding;
+use super::batch::{Layout, SegmentScript};
 use super::reply::ReplyError;
 use super::wire::ArgWriter;
 use super::{Invocation, Script};
@@ -110,13 +113,21 @@ pub fn encode_semaphore_acquires(
     invocation: Invocation,
     encoding: Encoding,
 ) -> Vec<u8> {
+    encode_semaphore_acquires_laid_out(permits, now_ms, publish, invocation, encoding).0
+}
+
+/// [`encode_semaphore_acquires`], and where its keys and arguments are ([`Layout`]: the call of one permit
+/// is a segment of an [`super::ACQUIRE_BATCH`], coalesced with rate acquires).
+pub fn encode_semaphore_acquires_laid_out(
+    permits: &[SemaphoreAcquire<'_>],
+    now_ms: u64,
+    publish: Publish,
+    invocation: Invocation,
+    encoding: Encoding,
+) -> (Vec<u8>, Layout) {
     let mut out = Vec::with_capacity(128 + permits.len() * 160);
     let mut writer = ArgWriter::new(&mut out, encoding, 3 + permits.len() * 6 + 2);
-    writer.invoke(&SEMAPHORE_ACQUIRE, invocation);
-    writer.arg(itoa::Buffer::new().format(permits.len() * 3).as_bytes());
-    for permit in permits {
-        push_keys(&mut writer, permit.name);
-    }
+    let keys = push_head(&mut writer, &SEMAPHORE_ACQUIRE, invocation, permits.iter().map(|permit| permit.name));
     writer.arg(itoa::Buffer::new().format(now_ms).as_bytes());
     writer.arg(publish.command());
     for permit in permits {
@@ -125,7 +136,8 @@ pub fn encode_semaphore_acquires(
         writer.arg(permit.id);
     }
     writer.finish();
-    out
+    let (key_count, arg_count) = (3 * permits.len(), 2 + 3 * permits.len());
+    (out, Layout { script: SegmentScript::SemaphoreAcquire, keys, key_count, arg_count })
 }
 
 /// Permits of one semaphore, for [`encode_semaphore_release`] and [`encode_semaphore_extend`].
@@ -151,11 +163,7 @@ pub fn encode_semaphore_release(
     let ids: usize = semaphores.iter().map(|s| s.ids.len()).sum();
     let mut out = Vec::with_capacity(128 + semaphores.len() * 96 + ids * 3 * PERMIT_ID_LEN);
     let mut writer = ArgWriter::new(&mut out, encoding, 3 + semaphores.len() * 4 + 1 + ids);
-    writer.invoke(&SEMAPHORE_RELEASE, invocation);
-    writer.arg(itoa::Buffer::new().format(semaphores.len() * 3).as_bytes());
-    for semaphore in semaphores {
-        push_keys(&mut writer, semaphore.name);
-    }
+    push_head(&mut writer, &SEMAPHORE_RELEASE, invocation, semaphores.iter().map(|semaphore| semaphore.name));
     writer.arg(publish.command());
     for semaphore in semaphores {
         writer.arg(itoa::Buffer::new().format(semaphore.ids.len()).as_bytes());
@@ -181,11 +189,7 @@ pub fn encode_semaphore_extend(
     let ids: usize = semaphores.iter().map(|s| s.ids.len()).sum();
     let mut out = Vec::with_capacity(160 + semaphores.len() * 112 + ids * 3 * PERMIT_ID_LEN);
     let mut writer = ArgWriter::new(&mut out, encoding, 3 + semaphores.len() * 5 + 2 + ids);
-    writer.invoke(&SEMAPHORE_EXTEND, invocation);
-    writer.arg(itoa::Buffer::new().format(semaphores.len() * 3).as_bytes());
-    for semaphore in semaphores {
-        push_keys(&mut writer, semaphore.name);
-    }
+    push_head(&mut writer, &SEMAPHORE_EXTEND, invocation, semaphores.iter().map(|semaphore| semaphore.name));
     writer.arg(itoa::Buffer::new().format(now_ms).as_bytes());
     writer.arg(publish.command());
     for semaphore in semaphores {
@@ -199,12 +203,24 @@ pub fn encode_semaphore_extend(
     out
 }
 
-/// Semaphore `name`'s three keys ([`SemaphoreKeys`]), each an argument.
-fn push_keys(writer: &mut ArgWriter<'_>, name: &str) {
-    let keys = SemaphoreKeys::of(name);
-    writer.arg(keys.free.as_bytes());
-    writer.arg(keys.taken.as_bytes());
-    writer.arg(keys.channel.as_bytes());
+/// The head every semaphore call shares: `script`'s invocation, the number of keys, and the three keys
+/// ([`SemaphoreKeys`]) of each semaphore of `names`, each an argument. Returns where the keys are.
+fn push_head<'n>(
+    writer: &mut ArgWriter<'_>,
+    script: &Script,
+    invocation: Invocation,
+    names: impl ExactSizeIterator<Item = &'n str>,
+) -> Range<usize> {
+    writer.invoke(script, invocation);
+    writer.arg(itoa::Buffer::new().format(names.len() * 3).as_bytes());
+    let start = writer.position();
+    for name in names {
+        let keys = SemaphoreKeys::of(name);
+        writer.arg(keys.free.as_bytes());
+        writer.arg(keys.taken.as_bytes());
+        writer.arg(keys.channel.as_bytes());
+    }
+    start..writer.position()
 }
 
 /// What [`SEMAPHORE_ACQUIRE`] answered.

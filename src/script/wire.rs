@@ -145,28 +145,35 @@ pub(super) fn push_bulk(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// Percent-encoded as webdis's path arguments need: everything but ASCII letters and digits, as
-/// `percent_encode(bytes, NON_ALPHANUMERIC)` does (the unit tests compare the two), one byte at a time.
-pub(super) fn push_encoded(out: &mut Vec<u8>, bytes: &[u8]) {
-    // Room for the worst case, then each byte written in place and the rest cut off: no capacity check
-    // per byte (docs/deploying.md, "Lean guest").
-    let start = out.len();
-    out.resize(start + 3 * bytes.len(), 0);
-    let mut at = start;
-    for &byte in bytes {
-        if byte.is_ascii_alphanumeric() {
-            if let Some(slot) = out.get_mut(at) {
-                *slot = byte;
-            }
-            at += 1;
-        } else {
-            if let Some(slot) = out.get_mut(at..at + 3) {
-                slot.copy_from_slice(&[b'%', hex_digit(byte >> 4, b'A'), hex_digit(byte, b'A')]);
-            }
-            at += 3;
-        }
+/// By byte value: whether webdis's path form carries the byte as it is (an ASCII letter or digit); one
+/// load per byte instead of two range checks.
+// Every index is below 256: the loop's bound, and a byte's value.
+#[allow(clippy::indexing_slicing)]
+static PLAIN: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        table[byte] = (byte as u8).is_ascii_alphanumeric();
+        byte += 1;
     }
-    out.truncate(at);
+    table
+};
+
+/// Percent-encoded as webdis's path arguments need: everything but ASCII letters and digits, as
+/// `percent_encode(bytes, NON_ALPHANUMERIC)` does (the unit tests compare the two). Runs of letters and
+/// digits (most of a limiter name, all of a member's random bytes) are copied at once.
+#[allow(clippy::indexing_slicing)] // PLAIN has an entry for every byte value.
+pub(super) fn push_encoded(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.reserve(3 * bytes.len());
+    let mut rest = bytes;
+    loop {
+        let run = rest.iter().position(|&byte| !PLAIN[usize::from(byte)]).unwrap_or(rest.len());
+        let (plain, escaped) = rest.split_at(run);
+        out.extend_from_slice(plain);
+        let Some((&byte, tail)) = escaped.split_first() else { return };
+        out.extend_from_slice(&[b'%', hex_digit(byte >> 4, b'A'), hex_digit(byte, b'A')]);
+        rest = tail;
+    }
 }
 
 #[cfg(test)]

@@ -62,9 +62,6 @@ WEBDIS_BIN = os.environ.get("WEBDIS_BIN", "webdis")
 ADMIN_BIN = Path(os.environ.get("ERL_ADMIN_BIN", REPO / "target" / "debug" / "erl-admin"))
 WASM_HIGRESS = Path(os.environ.get("ERL_WASM_HIGRESS", REPO / "dist" / "edge-rate-limiter-higress.wasm"))
 WASM_HOST_BIN = Path(os.environ.get("ERL_WASM_HOST_BIN", REPO / "target" / "debug" / "wasm-host"))
-# Where every emulator keeps the modules it compiled (wasm-host --compile-cache): a module is compiled once
-# per content and wasmtime build, then loaded in milliseconds. Under target/: nobody else writes there.
-WASM_HOST_CACHE = Path(os.environ.get("ERL_WASM_HOST_CACHE", REPO / "target" / "wasm-host-cache"))
 # The artifacts of `make build` by the name of their build (docs/deploying.md, "Builds").
 BUILDS = {"envoy": WASM, "higress": WASM_HIGRESS}
 
@@ -931,7 +928,7 @@ class Emulator:
                  vms: int = 2, name: str = "emulator", pause_deadline_ms: int = 5000,
                  redis_clusters: dict[str, list[int]] | None = None, args: tuple[str, ...] = (),
                  call_tokens: str = "shared"):
-        # `args`: more `wasm-host serve` options, e.g. ("--host", "higress", "--compile-cache", DIR,
+        # `args`: more `wasm-host serve` options, e.g. ("--host", "higress",
         # "--property", "cluster_name=..."), for modules other than the filter (test_higress_plugins.py).
         self.workdir = workdir
         self.name = name
@@ -968,8 +965,6 @@ class Emulator:
             argv += ["--cluster", f"{cluster}={HOST}:{port}"]
         for cluster, ports in self.redis_clusters.items():
             argv += ["--redis-cluster", f"{cluster}=" + ",".join(f"{HOST}:{port}" for port in ports)]
-        if "--compile-cache" not in self.args:
-            argv += ["--compile-cache", str(WASM_HOST_CACHE)]
         if self.call_tokens != "shared":
             argv += ["--call-tokens", self.call_tokens]
         argv += self.args

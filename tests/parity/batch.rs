@@ -1,5 +1,6 @@
 //! Request coalescing on a real `redis-server`: a sequence of acquire calls (ACQUIRE, with and without a
-//! lease, and ACQUIRE_ALL over limiters shared between calls, one of them broken) sent one by one to one
+//! lease, ACQUIRE_ALL over limiters shared between calls, one of them broken, and in-flight permits'
+//! SEMAPHORE_ACQUIRE, whose leases end as the clock moves) sent one by one to one
 //! server and in random batches (ACQUIRE_BATCH, built from the very same commands) to another gives every
 //! call the very same reply bytes and leaves both servers with the very same keys. So a request decided in
 //! a batch is decided as it would have been alone, in that order, with the same effects in Redis.
@@ -10,8 +11,9 @@ use proptest::prelude::*;
 use crate::redis_server::{RedisServer, ScriptClient};
 use edge_rate_limiter::config::LimiterType;
 use edge_rate_limiter::script::{
-    encode_acquire_all, encode_batch, split_batch_reply, AcquireConfig, AcquirePart, AcquireTemplate, Clock, Encoding,
-    Invocation, LeaseRequest, Segment, MEMBER_RANDOM_LEN,
+    encode_acquire_all, encode_batch, encode_semaphore_acquires, split_batch_reply, AcquireConfig, AcquirePart,
+    AcquireTemplate, Clock, Encoding, Invocation, LeaseRequest, Publish, Segment, SemaphoreAcquire, MEMBER_RANDOM_LEN,
+    PERMIT_ID_LEN,
 };
 
 const CLIENT: &str = "6d1f3b9a-2c4e-4a8b-b5d7-9e0f1a2b3c4d";
@@ -19,15 +21,21 @@ const T0: u64 = 1_700_000_000_000;
 /// The limiters the calls draw from; the last one's config key is a string (every call on it fails with
 /// WRONGTYPE, the others of its call still decide).
 const NAMES: [&str; 4] = ["erl:batch:a", "erl:batch:b", "erl:batch:c", "erl:batch:broken"];
+/// The semaphores of in-flight permits (3 permits each); the last one is limiter `a`'s name (a hash once
+/// `a` exists: its acquires then fail with WRONGTYPE; a string before: `a`'s acquires fail).
+const SEMAPHORES: [&str; 3] = ["erl:batch:sem", "erl:batch:{sem}:b", "erl:batch:a"];
 
 /// One call of the sequence: its limiters (one: ACQUIRE; more: ACQUIRE_ALL), a lease wanted on the first,
-/// and how far the virtual clock moves before it (ms).
-#[derive(Debug, Clone)]
+/// and how far the virtual clock moves before it (ms); or, with `semaphore`, an in-flight permit of that
+/// semaphore whose lease lasts `permit_lease_ms`.
+#[derive(Debug, Clone, Default)]
 struct CallSpec {
     limiters: Vec<usize>,
     lease: Option<u64>,
     advance_ms: u64,
     redis_clock: bool,
+    semaphore: Option<usize>,
+    permit_lease_ms: u64,
 }
 
 fn call_strategy() -> impl Strategy<Value = CallSpec> {
@@ -36,12 +44,16 @@ fn call_strategy() -> impl Strategy<Value = CallSpec> {
         prop_oneof![3 => Just(None), 1 => (2u64..6).prop_map(Some)],
         prop_oneof![3 => Just(0u64), 2 => 1u64..400, 1 => 900u64..1500],
         prop::bool::weighted(0.1),
+        prop_oneof![3 => Just(None), 1 => prop_oneof![4 => 0usize..2, 1 => Just(2usize)].prop_map(Some)],
+        200u64..2_000,
     )
-        .prop_map(|(limiters, lease, advance_ms, redis_clock)| CallSpec {
+        .prop_map(|(limiters, lease, advance_ms, redis_clock, semaphore, permit_lease_ms)| CallSpec {
             limiters,
             lease,
             advance_ms,
             redis_clock,
+            semaphore,
+            permit_lease_ms,
         })
 }
 
@@ -66,6 +78,17 @@ fn template() -> AcquireTemplate {
 
 /// The command of call `index` by sha, as the filter encodes it.
 fn command(spec: &CallSpec, index: usize, now_ms: u64, template: &AcquireTemplate) -> Vec<u8> {
+    if let Some(semaphore) = spec.semaphore {
+        let mut id = [0xA5; PERMIT_ID_LEN];
+        id[..8].copy_from_slice(&(index as u64 + 1).to_be_bytes());
+        let permit = SemaphoreAcquire {
+            name: SEMAPHORES[semaphore],
+            permits: 3,
+            lease_end_ms: now_ms + spec.permit_lease_ms,
+            id: &id,
+        };
+        return encode_semaphore_acquires(&[permit], now_ms, Publish::Plain, Invocation::BySha, Encoding::Resp);
+    }
     let mut random = [0x5A; MEMBER_RANDOM_LEN];
     random[..8].copy_from_slice(&(index as u64 + 1).to_be_bytes());
     let clock = if spec.redis_clock { Clock::Redis } else { Clock::Gateway(now_ms) };
@@ -180,10 +203,11 @@ fn check(calls: &[CallSpec], cuts: &[usize], alone: &RedisServer, batched: &Redi
     Ok(())
 }
 
-/// Loads ACQUIRE and ACQUIRE_ALL by source once (the single calls are sent by sha).
+/// Loads ACQUIRE, ACQUIRE_ALL and SEMAPHORE_ACQUIRE by source once (the single calls are sent by sha).
 fn load_scripts(server: &RedisServer) {
+    use edge_rate_limiter::script::{ACQUIRE, ACQUIRE_ALL, SEMAPHORE_ACQUIRE};
     let mut inspector = server.inspector();
-    for script in [&edge_rate_limiter::script::ACQUIRE, &edge_rate_limiter::script::ACQUIRE_ALL] {
+    for script in [&ACQUIRE, &ACQUIRE_ALL, &SEMAPHORE_ACQUIRE] {
         let _: String = redis::cmd("SCRIPT").arg("LOAD").arg(script.source).query(&mut inspector).unwrap();
     }
 }
@@ -212,7 +236,7 @@ fn calls_in_a_batch_are_decided_as_they_are_alone_in_that_order() {
 fn a_batch_after_script_flush_is_sent_again_by_source() {
     let server = RedisServer::start();
     let template = template();
-    let spec = CallSpec { limiters: vec![0], lease: None, advance_ms: 0, redis_clock: false };
+    let spec = CallSpec { limiters: vec![0], ..Default::default() };
     let commands: Vec<Vec<u8>> = (0..9).map(|i| command(&spec, i, T0, &template)).collect();
     let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut server.inspector()).unwrap();
     let replies = run_batch(&mut server.script_client(), &commands);
@@ -233,7 +257,7 @@ fn a_batch_out_of_memory_is_refused_whole_and_writes_nothing() {
     let server = RedisServer::start();
     let template = template();
     let mut client = server.script_client();
-    let spec = |limiter| CallSpec { limiters: vec![limiter], lease: None, advance_ms: 0, redis_clock: false };
+    let spec = |limiter| CallSpec { limiters: vec![limiter], ..Default::default() };
     // The limiters exist, with a member each (a release will find something to remove a second later).
     let warm: Vec<Vec<u8>> = (0..3).map(|i| command(&spec(i), i, T0, &template)).collect();
     run_batch(&mut client, &warm);
@@ -266,7 +290,7 @@ fn settles_in_a_batch_answer_and_write_as_they_do_alone() {
         .query(&mut alone.inspector())
         .unwrap();
     let template = template();
-    let spec = CallSpec { limiters: vec![0], lease: None, advance_ms: 0, redis_clock: false };
+    let spec = CallSpec { limiters: vec![0], ..Default::default() };
     let acquires: Vec<Vec<u8>> = (0..4).map(|i| command(&spec, i, T0 + i as u64, &template)).collect();
     for server in [&alone, &batched] {
         let mut client = server.script_client();

@@ -1,12 +1,13 @@
 -- ACQUIRE_BATCH: the acquire calls of several requests in one script call (request coalescing,
 -- docs/configuration.md, "Request coalescing"), or the settle calls of one tick. Each segment is one call
--- exactly as it would have been sent alone, ACQUIRE, ACQUIRE_ALL or GIVE_BACK with its own KEYS and ARGV,
--- run in arrival order, so each request is decided as if it had been sent alone in that order. A Redis or script error in one segment is that
--- segment's alone: the others still run. Documented in src/script/mod.rs (ACQUIRE_BATCH).
+-- exactly as it would have been sent alone, ACQUIRE, ACQUIRE_ALL, GIVE_BACK or SEMAPHORE_ACQUIRE (an
+-- in-flight permit) with its own KEYS and ARGV, run in arrival order, so each request is decided as if it
+-- had been sent alone in that order. A Redis or script error in one segment is that segment's alone: the
+-- others still run. Documented in src/script/mod.rs (ACQUIRE_BATCH).
 --
 -- KEYS: every segment's keys, segment after segment. ARGV: 1 the number of segments, then per segment:
--- its script ('1' ACQUIRE, '2' ACQUIRE_ALL, '3' GIVE_BACK), its number of keys, its number of arguments,
--- its arguments.
+-- its script ('1' ACQUIRE, '2' ACQUIRE_ALL, '3' GIVE_BACK, '4' SEMAPHORE_ACQUIRE), its number of keys, its
+-- number of arguments, its arguments.
 --
 -- Reply, a flat array (webdis re-encodes nested arrays' integers and drops nils: keep it flat), per
 -- segment: 1 and the integer of a bare integer reply; 2, n and the n elements of an array reply; 3 and the
@@ -15,6 +16,7 @@
 --@wrap acquire acquire
 --@wrap acquireAll acquireAll
 --@wrap giveBack settle
+--@wrap semaphoreAcquire semaphoreAcquire
 -- Out of memory (maxmemory, noeviction): Redis refuses a script's first write that may grow memory, but
 -- none after a write went through, so one segment's write would let every later one write past maxmemory.
 -- A write that changes nothing (ZADD XX of a member that is not there, on the first call's permits key)
@@ -42,6 +44,8 @@ for _ = 1, tonumber(ARGV[1]) do
     run = acquire
   elseif script == '2' then
     run = acquireAll
+  elseif script == '4' then
+    run = semaphoreAcquire
   end
   local ok, result = pcall(run, keys, args)
   if ok and type(result) == 'table' and result.err == nil then

@@ -49,7 +49,7 @@ pub enum Stop {
     /// Answer this status.
     Status(Status),
     /// Trap: the hostcall returns the error to wasmtime, which fails the guest call.
-    Trap(wasmtime::Error),
+    Trap(crate::engine::Error),
 }
 
 impl From<Status> for Stop {
@@ -58,8 +58,8 @@ impl From<Status> for Stop {
     }
 }
 
-impl From<wasmtime::Error> for Stop {
-    fn from(error: wasmtime::Error) -> Self {
+impl From<crate::engine::Error> for Stop {
+    fn from(error: crate::engine::Error) -> Self {
         Stop::Trap(error)
     }
 }

@@ -14,11 +14,11 @@ pub enum HostError {
         /// The I/O error.
         source: std::io::Error,
     },
-    /// wasmtime could not compile the module.
+    /// The engine could not compile the module.
     #[error("cannot compile the module: {0}")]
     Compile(String),
-    /// The module could not be instrumented for the function profile ([`crate::profile`]), or the
-    /// instrumented module (unlike the original) does not compile.
+    /// The module could not be instrumented for the function profile ([`crate::profile`]), the
+    /// instrumented module (unlike the original) does not compile, or the engine counts no exact fuel.
     #[error("cannot instrument the module for the function profile: {0}")]
     Instrument(String),
     /// The module imports functions this host does not provide (Envoy refuses such a module too:
@@ -44,13 +44,13 @@ pub enum HostError {
     ExportType {
         /// The export.
         name: String,
-        /// What wasmtime said.
+        /// What the engine said.
         detail: String,
     },
     /// The module has no memory export or no allocator (`malloc` / `proxy_on_memory_allocate`).
     #[error("the module is missing {0}")]
     MissingExport(&'static str),
-    /// wasmtime could not instantiate the module.
+    /// The engine could not instantiate the module.
     #[error("cannot instantiate the module: {0}")]
     Instantiate(String),
     /// The engine could not be configured.

@@ -33,7 +33,9 @@
 //! importing them loads as in Higress, check their memory arguments as cpp-host does, and answer
 //! Unimplemented (12) with a warning in the log.
 
-use wasmtime::{Caller, Linker};
+use crate::engine::Caller;
+
+use crate::engine::Imports;
 
 use crate::abi::{LogLevel, Status};
 use crate::hostcalls::{link_hostcall, Body};
@@ -52,7 +54,7 @@ type Call<'a> = Caller<'a, VmState>;
 ///
 /// # Errors
 /// A name linked twice (a bug).
-pub fn link_hostcalls(linker: &mut Linker<VmState>) -> wasmtime::Result<()> {
+pub fn link_hostcalls(linker: &mut Imports) -> Result<(), crate::engine::Error> {
     link_hostcall!(linker, fn proxy_get_upstream_hosts(c, _ptr_ptr: u32, _size_ptr: u32) {
         not_emulated(c, "proxy_get_upstream_hosts")
     });

@@ -19,9 +19,8 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wasmtime::{Config, Engine, Instance, Linker, Module, Store, TypedFunc, WasmParams, WasmResults};
-
 use crate::abi::{AbiVersion, LogLevel};
+use crate::engine::{Engine, Imports, Instance, Module, Store, TypedFunc, WasmParams, WasmResults};
 use crate::error::HostError;
 use crate::exchange::{Cost, Outcome, RequestSpec};
 use crate::faults::{CallKind, Fate, Faults, MISROUTE_OFFSET};
@@ -31,7 +30,7 @@ use crate::shared::{lock, LogLine, LogSource, MetricValue, Shared};
 use crate::stream::StreamRun;
 use crate::tokens::CallTokens;
 use crate::vm::{Context, Event, Setup, UpstreamSpec, VmState};
-use crate::{cache, hostcalls, profile, redis, wasi};
+use crate::{engine, hostcalls, profile, redis, wasi};
 
 /// Builds a [`Host`].
 #[derive(Clone, Debug)]
@@ -49,7 +48,6 @@ pub struct HostBuilder {
     fuel_per_call: u64,
     faults: Faults,
     clock_offset: Duration,
-    compile_cache: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug)]
@@ -100,7 +98,6 @@ impl HostBuilder {
             fuel_per_call: 5_000_000_000,
             faults: Faults::NONE,
             clock_offset: Duration::ZERO,
-            compile_cache: None,
         }
     }
 
@@ -215,7 +212,8 @@ impl HostBuilder {
     /// before it is compiled (a wrapper around every function, see [`crate::profile`]), which makes the
     /// guest slower and costs the host two calls per guest call, but changes no result: the wrappers' fuel
     /// is removed from the profile and from [`crate::Cost::fuel`]. Independent of [`HostBuilder::fuel_profile`],
-    /// whose segments, when both are on, include the wrappers' fuel.
+    /// whose segments, when both are on, include the wrappers' fuel. Only on wasmtime (feature `wasmtime`,
+    /// [`crate::engine`]): [`HostBuilder::build`] refuses it on wasmi ([`HostError::Instrument`]).
     pub fn function_profile(mut self, on: bool) -> Self {
         self.function_profile = on;
         self
@@ -283,14 +281,6 @@ impl HostBuilder {
         HostBuilder { clock_offset, ..self }
     }
 
-    /// Keep compiled modules in `dir` and load them from there next time (default: none, every build
-    /// compiles). A debug build compiles a Go module of several MB in minutes and loads it from the cache in
-    /// milliseconds; see [`crate::cache`] (the directory must be one no one else writes).
-    pub fn compile_cache(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.compile_cache = Some(dir.into());
-        self
-    }
-
     /// Checks the module's ABI and imports, compiles it and starts every VM.
     ///
     /// # Errors
@@ -306,9 +296,14 @@ impl HostBuilder {
             }
             ModuleSource::Bytes(bytes) => bytes.clone(),
         };
-        let mut config = Config::new();
-        config.consume_fuel(true);
-        let engine = Engine::new(&config).map_err(|e| HostError::Engine(e.to_string()))?;
+        if self.function_profile && !engine::EXACT_FUEL {
+            return Err(HostError::Instrument(format!(
+                "the function profile needs exact fuel, which {} does not count: build the emulator with \
+                 --features wasmtime (make bench does)",
+                engine::NAME
+            )));
+        }
+        let engine = engine::metering_engine().map_err(HostError::Engine)?;
         // The imports and exports from the module's header sections; a module wasmparser cannot read is
         // compiled first, for wasmtime's own error.
         let mut compiled = None;
@@ -323,7 +318,7 @@ impl HostBuilder {
         };
         let flavour = self.setup.flavour;
         let abi = detect_abi(flavour, &surface.exports)?;
-        let mut linker: Linker<VmState> = Linker::new(&engine);
+        let mut linker = Imports::new(&engine);
         hostcalls::link(&mut linker, abi, flavour).map_err(|e| HostError::Engine(e.to_string()))?;
         if flavour.redis_extension() {
             redis::link(&mut linker).map_err(|e| HostError::Engine(e.to_string()))?;
@@ -332,7 +327,7 @@ impl HostBuilder {
         if self.function_profile {
             profile::link(&mut linker).map_err(|e| HostError::Engine(e.to_string()))?;
         }
-        check_imports(&engine, &surface.imports, &linker)?;
+        check_imports(&surface.imports, &linker)?;
         let (module, functions) = match compiled {
             Some(module) => module,
             None => self.compile(&engine, &bytes)?,
@@ -362,8 +357,8 @@ impl HostBuilder {
                 VmState::new(index, abi, Arc::clone(&host.shared), Arc::clone(&host.setup), host.sender.clone());
             state.function_profiler = functions.as_ref().map(|table| FunctionProfiler::new(Arc::clone(table)));
             let mut store = Store::new(&engine, state);
-            let instance =
-                linker.instantiate(&mut store, &module).map_err(|e| HostError::Instantiate(format!("{e:?}")))?;
+            let instance = engine::instantiate(&linker, &mut store, &module)
+                .map_err(|e| HostError::Instantiate(format!("{e:?}")))?;
             let exports = Exports::find(&instance, &mut store)?;
             let memory =
                 instance.get_memory(&mut store, "memory").ok_or(HostError::MissingExport("the memory export"))?;
@@ -385,12 +380,9 @@ impl HostBuilder {
 type Compiled = (Module, Option<Arc<profile::FunctionTable>>);
 
 impl HostBuilder {
-    /// Compiles the module (instrumented first with a function profile), through the compile cache if any.
+    /// Compiles the module (instrumented first with a function profile).
     fn compile(&self, engine: &Engine, bytes: &[u8]) -> Result<Compiled, HostError> {
-        let compile = |wasm: &[u8]| match &self.compile_cache {
-            Some(dir) => cache::load_or_compile(engine, dir, wasm),
-            None => Module::new(engine, wasm),
-        };
+        let compile = |wasm: &[u8]| Module::new(engine, wasm);
         if !self.function_profile {
             return Ok((compile(bytes).map_err(|e| HostError::Compile(format!("{e:?}")))?, None));
         }
@@ -466,28 +458,14 @@ fn detect_abi(flavour: HostFlavour, exports: &[String]) -> Result<AbiVersion, Ho
 const ABI_0_2_100: &str = "proxy_abi_version_0_2_100";
 
 /// Fails loudly, before anything runs, for every import the host does not provide.
-fn check_imports(engine: &Engine, imports: &[(String, String)], linker: &Linker<VmState>) -> Result<(), HostError> {
-    // Listing a linker's definitions needs a store of its type; an idle one serves.
-    let defined: std::collections::HashSet<(String, String)> =
-        linker.iter(&mut Store::new(engine, dummy_state())).map(|(m, n, _)| (m.to_string(), n.to_string())).collect();
+fn check_imports(imports: &[(String, String)], linker: &Imports) -> Result<(), HostError> {
     let missing: Vec<String> =
-        imports.iter().filter(|import| !defined.contains(*import)).map(|(m, n)| format!("{m}.{n}")).collect();
+        imports.iter().filter(|(m, n)| !linker.defines(m, n)).map(|(m, n)| format!("{m}.{n}")).collect();
     if missing.is_empty() {
         Ok(())
     } else {
         Err(HostError::MissingImports(missing))
     }
-}
-
-fn dummy_state() -> VmState {
-    let (sender, _) = mpsc::channel();
-    VmState::new(
-        0,
-        AbiVersion::V0_2_1,
-        Shared::new(LogLevel::Critical, false),
-        Arc::new(HostBuilder::new("").setup),
-        sender,
-    )
 }
 
 /// `proxy_on_http_call_response(context, token, headers, body_size, trailers)`.
@@ -901,7 +879,7 @@ impl Host {
         name: &str,
         context: u32,
         stream: Option<u32>,
-        f: impl FnOnce(&mut Store<VmState>) -> wasmtime::Result<R>,
+        f: impl FnOnce(&mut Store<VmState>) -> Result<R, crate::engine::Error>,
     ) -> Called<R> {
         let fuel_per_call = self.fuel_per_call;
         let Some(v) = self.vms.get_mut(vm) else { return Called { value: None, trapped: false } };
@@ -955,7 +933,7 @@ impl Host {
         match result {
             Ok(value) => Called { value: Some(value), trapped: false },
             Err(error) => {
-                let message = format!("Function: {name} failed: {}", describe(&error));
+                let message = format!("Function: {name} failed: {}", engine::describe(&error));
                 self.shared.log(Some(vm), LogLevel::Error, context, LogSource::Host, message.clone());
                 if let Some(v) = self.vms.get_mut(vm) {
                     v.failed = Some(message);
@@ -1142,13 +1120,4 @@ impl Host {
         self.next_connection_id += 1;
         id
     }
-}
-
-/// A wasmtime error as one line: the trap (`wasm trap: ...`, like Envoy's `Uncaught RuntimeError: ...`), or
-/// the innermost cause (a host function's error, e.g. `restricted_callback: ...`).
-fn describe(error: &wasmtime::Error) -> String {
-    if let Some(trap) = error.downcast_ref::<wasmtime::Trap>() {
-        return format!("wasm trap: {trap}");
-    }
-    error.root_cause().to_string().lines().next().unwrap_or_default().to_string()
 }

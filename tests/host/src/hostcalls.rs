@@ -10,7 +10,9 @@
 //! Every hostcall body runs in [`hostcall`]: the VM-start restriction first, then the body, whose `?`
 //! answers the first failing status (or traps); a body that ends answers Ok.
 
-use wasmtime::{Caller, Linker};
+use crate::engine::Caller;
+
+use crate::engine::Imports;
 
 use crate::abi::{
     decode_pairs, encode_pairs, split_property_path, AbiVersion, BufferType, LogLevel, MapType, Status, Stop,
@@ -25,7 +27,7 @@ use crate::shared::{lock, LogSource, MetricKind};
 use crate::vm::{Action, BodyView, LocalReplySpec, Pairs, VmState};
 
 type Call<'a> = Caller<'a, VmState>;
-type Answer = wasmtime::Result<u32>;
+type Answer = Result<u32, crate::engine::Error>;
 /// What a hostcall body returns: `Ok` answers Ok, [`Stop`] another status or a trap.
 pub(crate) type Body = Result<(), Stop>;
 
@@ -37,9 +39,9 @@ const ALLOWED_WHILE_STARTING: &[&str] = &["proxy_log"];
 ///
 /// # Errors
 /// The `restricted_callback` trap.
-pub fn check_restricted(caller: &Call<'_>, name: &str, allowed: &[&str]) -> wasmtime::Result<()> {
+pub fn check_restricted(caller: &Call<'_>, name: &str, allowed: &[&str]) -> Result<(), crate::engine::Error> {
     if caller.data().starting && !allowed.contains(&name) {
-        return Err(wasmtime::Error::msg(format!(
+        return Err(crate::engine::host_error(format!(
             "restricted_callback: {name} cannot be called while the VM starts (_initialize/main)"
         )));
     }
@@ -81,13 +83,13 @@ pub(crate) fn profile_segment(c: &mut Call<'_>, name: &str) -> Option<u64> {
 /// `link_hostcall!(linker, name => fn(c, a: u32, ...) { body })` for a name in a variable, becomes a
 /// wasmtime function of the hostcall's arguments whose body runs in [`hostcall`] with `c` the caller
 /// (`&mut Caller`; `_` if unused). Expands to an expression ending in `?` (for a function returning
-/// `wasmtime::Result`). Written in this form, which rustfmt leaves alone, to keep each signature compact.
+/// `wasmi::Result`). Written in this form, which rustfmt leaves alone, to keep each signature compact.
 macro_rules! link_hostcall {
     ($linker:expr, fn $name:ident($c:tt $(, $arg:ident: $ty:ty)* $(,)?) $body:block) => {
         $crate::hostcalls::link_hostcall!($linker, stringify!($name) => fn($c $(, $arg: $ty)*) $body)
     };
     ($linker:expr, $name:expr => fn($c:tt $(, $arg:ident: $ty:ty)* $(,)?) $body:block) => {
-        $linker.func_wrap("env", $name, move |mut caller: wasmtime::Caller<'_, VmState> $(, $arg: $ty)*| {
+        $linker.func_wrap("env", $name, move |mut caller: crate::engine::Caller<'_, VmState> $(, $arg: $ty)*| {
             $crate::hostcalls::hostcall(&mut caller, $name, |$c| $body)
         })?
     };
@@ -113,7 +115,7 @@ pub(crate) fn start_call(
 
 /// Adds every `env` hostcall of proxy-wasm ABI 0.2.x (those Envoy registers for the module's ABI), and
 /// Higress's extra ones for [`HostFlavour::Higress`] (the Redis calls are [`crate::redis::link`]).
-pub fn link(linker: &mut Linker<VmState>, abi: AbiVersion, flavour: HostFlavour) -> wasmtime::Result<()> {
+pub fn link(linker: &mut Imports, abi: AbiVersion, flavour: HostFlavour) -> Result<(), crate::engine::Error> {
     link_hostcall!(linker, fn proxy_log(c, level: u32, ptr: u32, size: u32) {
         let level = LogLevel::from_u32(level).ok_or(Status::BadArgument)?;
         let message = read(c, ptr, size)?;
@@ -184,7 +186,7 @@ fn buffer_type(state: &VmState, kind: u32) -> Result<BufferType, Status> {
     }
 }
 
-fn link_buffers(linker: &mut Linker<VmState>) -> wasmtime::Result<()> {
+fn link_buffers(linker: &mut Imports) -> Result<(), crate::engine::Error> {
     link_hostcall!(linker, fn proxy_get_buffer_bytes(c, kind: u32, start: u32, length: u32, ptr_ptr: u32,
             size_ptr: u32) {
         let bytes = buffer(c.data(), buffer_type(c.data(), kind)?)?;
@@ -265,7 +267,7 @@ fn edit_map(c: &mut Call<'_>, kind: u32, key: (u32, u32), value: Option<(u32, u3
     Ok(())
 }
 
-fn link_maps(linker: &mut Linker<VmState>) -> wasmtime::Result<()> {
+fn link_maps(linker: &mut Imports) -> Result<(), crate::engine::Error> {
     link_hostcall!(linker, fn proxy_get_header_map_pairs(c, kind: u32, ptr_ptr: u32, size_ptr: u32) {
         // Envoy answers Ok with no pairs for a map it does not have now.
         let pairs = c.data().readable_map(map_type(kind)?).cloned().unwrap_or_default();
@@ -339,7 +341,7 @@ fn stream_type(kind: u32) -> Result<StreamType, Status> {
     StreamType::from_u32(kind).ok_or(Status::BadArgument)
 }
 
-fn link_stream(linker: &mut Linker<VmState>) -> wasmtime::Result<()> {
+fn link_stream(linker: &mut Imports) -> Result<(), crate::engine::Error> {
     link_hostcall!(linker, fn proxy_continue_stream(c, kind: u32) {
         match stream_type(kind)? {
             kind @ (StreamType::Request | StreamType::Response) => {
@@ -406,7 +408,7 @@ fn link_stream(linker: &mut Linker<VmState>) -> wasmtime::Result<()> {
     Ok(())
 }
 
-fn link_shared(linker: &mut Linker<VmState>) -> wasmtime::Result<()> {
+fn link_shared(linker: &mut Imports) -> Result<(), crate::engine::Error> {
     link_hostcall!(linker, fn proxy_get_shared_data(c, key_ptr: u32, key_size: u32, ptr_ptr: u32, size_ptr: u32,
             cas_ptr: u32) {
         let key = read(c, key_ptr, key_size)?;
@@ -460,7 +462,7 @@ fn metric_name(c: &Call<'_>, id: u32) -> Result<String, Status> {
     c.data().metric_ids.get(&id).cloned().ok_or(Status::NotFound)
 }
 
-fn link_metrics(linker: &mut Linker<VmState>) -> wasmtime::Result<()> {
+fn link_metrics(linker: &mut Imports) -> Result<(), crate::engine::Error> {
     link_hostcall!(linker, fn proxy_define_metric(c, kind: u32, name_ptr: u32, name_size: u32, id_ptr: u32) {
         let metric_kind = MetricKind::from_u32(kind).ok_or(Status::BadArgument)?;
         let name = String::from_utf8_lossy(&read(c, name_ptr, name_size)?).into_owned();
@@ -486,7 +488,7 @@ fn link_metrics(linker: &mut Linker<VmState>) -> wasmtime::Result<()> {
     Ok(())
 }
 
-fn link_calls(linker: &mut Linker<VmState>) -> wasmtime::Result<()> {
+fn link_calls(linker: &mut Imports) -> Result<(), crate::engine::Error> {
     link_hostcall!(linker, fn proxy_http_call(c, cluster_ptr: u32, cluster_size: u32, headers_ptr: u32,
             headers_size: u32, body_ptr: u32, body_size: u32, trailers_ptr: u32, trailers_size: u32, timeout_ms: u32,
             token_ptr: u32) {

@@ -23,8 +23,7 @@
 //!
 //! # Layout
 //!
-//! - [`host`]: [`HostBuilder`], [`Host`]: loading, VM start, the event loop (replies, ticks, deadlines);
-//!   [`cache`]: compiled modules kept on disk ([`HostBuilder::compile_cache`]).
+//! - [`host`]: [`HostBuilder`], [`Host`]: loading, VM start, the event loop (replies, ticks, deadlines).
 //! - `stream`: one HTTP stream through the filter, callback by callback, as Envoy drives it.
 //! - [`exchange`]: [`RequestSpec`] in, [`Outcome`] and [`Cost`] out.
 //! - [`vm`]: a VM's state as hostcalls see it: contexts, maps, deferred actions, callback-only buffers.
@@ -54,8 +53,12 @@
 //! proxy-wasm-cpp-host and Envoy and its Go SDK ([`flavour`], [`wasi`]). Each module says which facts it
 //! relies on.
 
+// wasmi's function and memory handles are Copy, wasmtime's are not: the emulator clones them, for both
+// engines (src/engine.rs).
+#![cfg_attr(not(feature = "wasmtime"), allow(clippy::clone_on_copy))]
+
 pub mod abi;
-pub mod cache;
+pub mod engine;
 pub mod error;
 pub mod exchange;
 pub mod faults;

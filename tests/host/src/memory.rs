@@ -2,7 +2,7 @@
 //! `InvalidMemoryAccess`, as in proxy-wasm-cpp-host, never a host panic) and allocation through the guest's
 //! own allocator (`proxy_on_memory_allocate`, or `malloc`), as `WasmBase::allocMemory` does.
 
-use wasmtime::Caller;
+use crate::engine::Caller;
 
 use crate::abi::{Status, Stop};
 use crate::vm::VmState;
@@ -54,7 +54,7 @@ pub fn copy_out(caller: &mut Caller<'_, VmState>, bytes: &[u8], ptr_ptr: u32, si
 }
 
 /// Allocates `size` bytes in the guest; `None` if the allocator returned 0 or there is none.
-pub fn allocate(caller: &mut Caller<'_, VmState>, size: u32) -> Result<Option<u32>, wasmtime::Error> {
+pub fn allocate(caller: &mut Caller<'_, VmState>, size: u32) -> Result<Option<u32>, crate::engine::Error> {
     let Some(alloc) = caller.data().alloc.clone() else {
         return Ok(None);
     };

@@ -1,7 +1,9 @@
 //! A per-function fuel profile: which guest functions spend the fuel, inclusive and exclusive, counted
 //! exactly by wasmtime's fuel (one unit per wasm instruction, with wasmtime's default costs: `nop`, `drop`,
 //! `block`, `loop`, `end`, `else`, `return` and `unreachable` are free, `memory.copy`/`memory.fill` also
-//! cost one per byte, and entering a function costs one).
+//! cost one per byte, and entering a function costs one). Only on wasmtime (the emulator's feature
+//! `wasmtime`, which `make bench` builds; [`crate::engine`]): wasmi charges its fuel a basic block at a time,
+//! in units of its own instructions, so the host refuses the profile there.
 //!
 //! # How
 //!
@@ -47,9 +49,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::engine::Caller;
 use wasm_encoder::reencode::{Error as ReencodeError, Reencode};
 use wasmparser::{CompositeInnerType, KnownCustom, Name, Parser, Payload, TypeRef};
-use wasmtime::{Caller, Linker};
+
+use crate::engine::Imports;
 
 use crate::vm::VmState;
 
@@ -478,7 +482,7 @@ fn names(
 ///
 /// # Errors
 /// If the linker refuses a definition.
-pub fn link(linker: &mut Linker<VmState>) -> wasmtime::Result<()> {
+pub fn link(linker: &mut Imports) -> Result<(), crate::engine::Error> {
     linker.func_wrap(IMPORT_MODULE, ENTER, |mut caller: Caller<'_, VmState>, function: u32| {
         let left = caller.get_fuel().unwrap_or(0);
         if let Some(profiler) = caller.data_mut().function_profiler.as_mut() {
@@ -711,7 +715,9 @@ impl FunctionProfile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{HostBuilder, Outcome, RequestSpec};
+    use crate::HostBuilder;
+    #[cfg(feature = "wasmtime")]
+    use crate::{Outcome, RequestSpec};
 
     /// A proxy-wasm module whose request callback runs `$outer(number of headers)`: `$outer` calls
     /// `$spin(n)`, a loop that calls `$leaf` n times, then `$leaf` once more and `$fact(5)` (recursive),
@@ -758,11 +764,13 @@ mod tests {
           (i32.const 0) (i32.const 0) (i32.const 0) (i32.const 0) (i32.const 0) (i32.const 0) (i32.const -1)))
         (i32.const 1)))"#;
 
+    #[cfg(feature = "wasmtime")]
     fn request(headers: usize) -> RequestSpec {
         let pairs: Vec<(String, String)> = (0..headers).map(|i| (format!("x-h{i}"), "v".to_string())).collect();
         RequestSpec { headers: pairs, ..RequestSpec::default() }
     }
 
+    #[cfg(feature = "wasmtime")]
     /// Runs one request with `headers` headers; the outcome and, if profiling, the profile of the request
     /// alone.
     fn run(headers: usize, profile: bool) -> (Outcome, Option<FunctionProfile>) {
@@ -774,11 +782,26 @@ mod tests {
         (outcome, host.function_profile())
     }
 
+    #[cfg(feature = "wasmtime")]
     fn stats<'a>(profile: &'a FunctionProfile, name: &str) -> &'a FunctionStats {
         profile.function(name).unwrap_or_else(|| panic!("no {name} in {profile:#?}"))
     }
 
     #[test]
+    #[cfg(not(feature = "wasmtime"))]
+    fn the_profile_is_refused_without_exact_fuel() {
+        let wasm = wat::parse_str(MODULE).unwrap();
+        let error = HostBuilder::from_bytes(wasm).function_profile(true).build().err();
+        assert!(
+            matches!(&error, Some(crate::HostError::Instrument(m)) if m.contains("--features wasmtime")),
+            "{error:?}"
+        );
+    }
+
+    /// On wasmtime only: the profile's exactness rests on its fuel ([`crate::engine`]). `make bench` runs it
+    /// before the sections that use the profile.
+    #[test]
+    #[cfg(feature = "wasmtime")]
     fn the_profile_is_exact_and_consistent() {
         let (plain_few, none) = run(2, false);
         assert!(none.is_none());
@@ -839,8 +862,8 @@ mod tests {
         assert_eq!(instrumented.functions.name(0), "reply");
         assert_eq!(instrumented.functions.name(8), "leaf");
         assert_eq!(instrumented.functions.name(12), "func[12]");
-        let engine = wasmtime::Engine::default();
-        let module = wasmtime::Module::new(&engine, &instrumented.wasm).unwrap();
+        let engine = crate::engine::metering_engine().unwrap();
+        let module = crate::engine::Module::new(&engine, &instrumented.wasm).unwrap();
         let imports: Vec<String> = module.imports().map(|i| format!("{}.{}", i.module(), i.name())).collect();
         let expected = [
             "env.proxy_send_local_response",
@@ -849,7 +872,7 @@ mod tests {
             "erl_profile.exit",
         ];
         assert_eq!(imports, expected);
-        assert_eq!(module.exports().count(), wasmtime::Module::new(&engine, &wasm).unwrap().exports().count());
+        assert_eq!(module.exports().count(), crate::engine::Module::new(&engine, &wasm).unwrap().exports().count());
     }
 
     #[test]
@@ -857,11 +880,13 @@ mod tests {
         assert!(instrument(b"not wasm").unwrap_err().contains("cannot parse"));
         let clash = wat::parse_str(r#"(module (import "erl_profile" "enter" (func (param i32))))"#).unwrap();
         assert!(instrument(&clash).unwrap_err().contains("already imports erl_profile.enter"));
-        let error = HostBuilder::from_bytes(b"\0asm\x01\0\0\0\x01".to_vec()).function_profile(true).build().err();
-        assert!(matches!(error, Some(crate::HostError::Instrument(_))), "{error:?}");
+        if crate::engine::EXACT_FUEL {
+            let error = HostBuilder::from_bytes(b"\0asm\x01\0\0\0\x01".to_vec()).function_profile(true).build().err();
+            assert!(matches!(error, Some(crate::HostError::Instrument(_))), "{error:?}");
+        }
         // A module without types, imports or functions still gets the profiler's imports.
         let empty = instrument(&wat::parse_str("(module)").unwrap()).unwrap();
-        let module = wasmtime::Module::new(&wasmtime::Engine::default(), &empty.wasm).unwrap();
+        let module = crate::engine::Module::new(&crate::engine::metering_engine().unwrap(), &empty.wasm).unwrap();
         assert_eq!(module.imports().count(), 2);
     }
 

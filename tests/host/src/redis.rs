@@ -45,7 +45,7 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use wasmtime::Linker;
+use crate::engine::Imports;
 
 use crate::abi::{LogLevel, Status};
 use crate::faults::CallKind;
@@ -321,7 +321,7 @@ impl RedisClients {
 }
 
 /// Adds `proxy_redis_init` and `proxy_redis_call`.
-pub fn link(linker: &mut Linker<VmState>) -> wasmtime::Result<()> {
+pub fn link(linker: &mut Imports) -> Result<(), crate::engine::Error> {
     link_hostcall!(linker, fn proxy_redis_init(c, service_ptr: u32, service_size: u32, username_ptr: u32,
             username_size: u32, password_ptr: u32, password_size: u32, timeout_ms: u32) {
         let service = Service::parse(&String::from_utf8_lossy(&read(c, service_ptr, service_size)?));

@@ -19,7 +19,7 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Duration;
 
-use wasmtime::{Memory, TypedFunc};
+use crate::engine::{Memory, TypedFunc};
 
 use crate::abi::{AbiVersion, LogLevel, MapType, Status, StreamType};
 use crate::exchange::Headers;

@@ -25,7 +25,9 @@
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use wasmtime::{Caller, Linker};
+use crate::engine::Caller;
+
+use crate::engine::Imports;
 
 use crate::abi::{errno, LogLevel};
 use crate::flavour::HostFlavour;
@@ -54,7 +56,7 @@ const ALLOWED_WHILE_STARTING: &[&str] = &[
 
 /// Traps (`restricted_callback`) if `name` may not run now: while the VM starts, only the functions the
 /// flavour's host allows.
-fn check(c: &Call<'_>, name: &str) -> wasmtime::Result<()> {
+fn check(c: &Call<'_>, name: &str) -> Result<(), crate::engine::Error> {
     if c.data().setup.flavour.go_wasi() && GO_ALSO_ALLOWED_WHILE_STARTING.contains(&name) {
         return Ok(());
     }
@@ -62,7 +64,7 @@ fn check(c: &Call<'_>, name: &str) -> wasmtime::Result<()> {
 }
 
 /// `environ_sizes_get` / `args_sizes_get`: no environment and no arguments (0 entries, 0 bytes).
-fn no_sizes(c: &mut Call<'_>, name: &str, count_ptr: u32, size_ptr: u32) -> wasmtime::Result<u32> {
+fn no_sizes(c: &mut Call<'_>, name: &str, count_ptr: u32, size_ptr: u32) -> Result<u32, crate::engine::Error> {
     check(c, name)?;
     if write_u32(c, count_ptr, 0).is_err() {
         return Ok(errno::FAULT);
@@ -84,7 +86,7 @@ fn monotonic_ns() -> u64 {
 }
 
 /// Adds the flavour's WASI functions to both WASI module names.
-pub fn link(linker: &mut Linker<VmState>, flavour: HostFlavour) -> wasmtime::Result<()> {
+pub fn link(linker: &mut Imports, flavour: HostFlavour) -> Result<(), crate::engine::Error> {
     for module in ["wasi_snapshot_preview1", "wasi_unstable"] {
         link_module(linker, module)?;
         if flavour.go_wasi() {
@@ -127,7 +129,7 @@ fn write_stdio(c: &mut Call<'_>, fd: u32, iovs: u32, iovs_len: u32, nwritten_ptr
     errno_of(write_u32(c, nwritten_ptr, written))
 }
 
-fn link_module(linker: &mut Linker<VmState>, m: &str) -> wasmtime::Result<()> {
+fn link_module(linker: &mut Imports, m: &str) -> Result<(), crate::engine::Error> {
     linker.func_wrap(m, "fd_write", |mut c: Call<'_>, fd: u32, iovs: u32, iovs_len: u32, nwritten_ptr: u32| {
         check(&c, "fd_write")?;
         Ok(write_stdio(&mut c, fd, iovs, iovs_len, nwritten_ptr))
@@ -297,7 +299,7 @@ fn out_then(c: &mut Call<'_>, ptr: u32, bytes: &[u8], then: u32) -> u32 {
 /// expression ending in `?`.
 macro_rules! link_wasi {
     ($linker:expr, $m:expr, fn $name:ident($c:tt $(, $arg:ident: $ty:ty)* $(,)?) $body:block) => {
-        $linker.func_wrap($m, stringify!($name), move |mut caller: Call<'_> $(, $arg: $ty)*| -> wasmtime::Result<u32> {
+        $linker.func_wrap($m, stringify!($name), move |mut caller: Call<'_> $(, $arg: $ty)*| -> Result<u32, crate::engine::Error> {
             check(&caller, stringify!($name))?;
             let $c = &mut caller;
             Ok($body)
@@ -307,7 +309,7 @@ macro_rules! link_wasi {
 
 /// Adds the 30 WASI functions cpp-host added for Go 1.24 (#427, #533) to WASI module `m`, with the
 /// flavour's two differences (`path_rename`'s arity, `sock_accept`'s out-parameter).
-fn link_go(linker: &mut Linker<VmState>, m: &str, flavour: HostFlavour) -> wasmtime::Result<()> {
+fn link_go(linker: &mut Imports, m: &str, flavour: HostFlavour) -> Result<(), crate::engine::Error> {
     // Go's runtime yields in spin loops; without threads, success is the only answer.
     link_wasi!(linker, m, fn sched_yield(_) { errno::SUCCESS });
     // No event is ever ready: nevents = 0, success. Go's scheduler sleeps through it, so a timer in a Go
@@ -354,7 +356,7 @@ fn link_go(linker: &mut Linker<VmState>, m: &str, flavour: HostFlavour) -> wasmt
 /// The path functions: no file system, ENOTSUP. `path_link` and `path_symlink` take cpp-host's signatures
 /// (6 and 4 i32s, one fewer than WASI preview1's), `path_rename` 6 i32s in Envoy 1.40 (as WASI) but 5 in
 /// Higress's fork: a module importing them with other signatures does not link, here as there.
-fn link_go_paths(linker: &mut Linker<VmState>, m: &str, flavour: HostFlavour) -> wasmtime::Result<()> {
+fn link_go_paths(linker: &mut Imports, m: &str, flavour: HostFlavour) -> Result<(), crate::engine::Error> {
     link_wasi!(linker, m, fn path_create_directory(_, _fd: u32, _path: u32, _len: u32) { errno::NOTSUP });
     link_wasi!(linker, m, fn path_filestat_set_times(_, _fd: u32, _flags: u32, _path: u32, _len: u32, _atim: u64,
             _mtim: u64, _fst: u32) { errno::NOTSUP });
@@ -379,7 +381,7 @@ fn link_go_paths(linker: &mut Linker<VmState>, m: &str, flavour: HostFlavour) ->
 
 /// The socket functions: no sockets, ENOTSUP after zeroing the out-parameters. `sock_accept` zeroes 8 bytes
 /// in Envoy 1.40's cpp-host (`0UL`) and 4 in Higress's fork (`uint32_t(0)`).
-fn link_go_sockets(linker: &mut Linker<VmState>, m: &str, flavour: HostFlavour) -> wasmtime::Result<()> {
+fn link_go_sockets(linker: &mut Imports, m: &str, flavour: HostFlavour) -> Result<(), crate::engine::Error> {
     let zeroes: &'static [u8] = if flavour.higress_host() { &[0; 4] } else { &[0; 8] };
     link_wasi!(linker, m, fn sock_accept(c, _fd: u32, _flags: u32, fd_ptr: u32) {
         out_then(c, fd_ptr, zeroes, errno::NOTSUP)

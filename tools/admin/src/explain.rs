@@ -21,6 +21,7 @@ use crate::model::{next_config, parse_value, permits_of, summarize, Config, Conf
 use crate::ops::{client_ids, peek_config, peek_window, Peeked};
 use crate::plugin::{config_name, value_match_text};
 use crate::redis_io::Redis;
+use crate::report::InflightExplain;
 use crate::report::{Applies, ExplainReport, RuleExplain, RuleVerdict, State, Verdict, WindowExplain};
 use crate::request::Request;
 
@@ -55,7 +56,9 @@ pub fn explain(
         };
         report.rules.push(explained);
     }
+    report.inflight = crate::semaphore::explain(redis, config, &report.request, now_ms)?;
     decide(&mut report, config);
+    decide_inflight(&mut report, config);
     Ok(report)
 }
 
@@ -268,6 +271,31 @@ fn decide(report: &mut ExplainReport, config: &PluginConfig) {
     }
     if report.verdict == Verdict::Rejected {
         report.status = Some(config.rejection.status);
+    }
+}
+
+/// The in-flight rules' part of the verdict: the filter asks them before the rate rules, so the first
+/// enforced one that refuses decides (the rate rules are not asked); shadow ones that would refuse are
+/// named; an admitted request's remaining counts their free permits too.
+fn decide_inflight(report: &mut ExplainReport, config: &PluginConfig) {
+    let refusing = |rule: &&InflightExplain| matches!(rule.verdict, RuleVerdict::Denied | RuleVerdict::Rejected);
+    let enforced = |rule: &&InflightExplain| rule.mode == Mode::Enforce.name();
+    let shadow = report.inflight.iter().filter(|r| !enforced(r) && refusing(r)).map(|r| r.rule.clone());
+    report.shadow_rejected_by.splice(0..0, shadow.collect::<Vec<_>>());
+    if let Some(first) = report.inflight.iter().filter(enforced).find(refusing) {
+        report.verdict = Verdict::Rejected;
+        report.rejected_by = Some(first.rule.clone());
+        (report.wait_ms, report.retry_after_s) = (first.wait_ms, first.retry_after_s);
+        report.status = Some(config.rejection.status);
+        return;
+    }
+    if report.verdict == Verdict::Allowed {
+        let free = report.inflight.iter().filter(enforced).filter_map(|r| r.free).map(|f| f.saturating_sub(1));
+        let inflight_left = free.filter_map(|f| u64::try_from(f).ok()).min();
+        report.remaining = match (report.remaining, inflight_left) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
     }
 }
 

@@ -31,6 +31,7 @@ pub mod plugin;
 pub mod redis_io;
 pub mod report;
 pub mod request;
+pub mod semaphore;
 pub mod units;
 
 use std::net::SocketAddr;
@@ -139,9 +140,11 @@ impl From<BuildArg> for Build {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Config, available permits, permits in the window (reservations in flight and settled costs listed
-    /// apart), TTLs (per-client limiters: every client found)
+    /// apart), TTLs (per-client limiters: every client found); of an in-flight rule's semaphore: the
+    /// permits free and held, each one's lease and holder (a gateway's permits share the start of its
+    /// client id)
     Show {
-        /// Limiter name
+        /// Limiter or semaphore name
         name: String,
     },
     /// Write the config and reset the state (Redisson setRate)
@@ -348,6 +351,10 @@ fn on_limiters(cli: &Cli, command: &Command, session: Session) -> Result<String>
     match command {
         // Answered by `run`.
         Command::Validate { .. } | Command::Explain { .. } => Ok(String::new()),
+        Command::Show { name } if semaphore::is_semaphore(&mut redis, name)? => {
+            let report = semaphore::show(&mut redis, name, now_ms)?;
+            render(cli.json, &report, semaphore::text_of)
+        }
         Command::Show { name } => {
             let report = ops::show(&mut redis, name, client_id, now_ms)?;
             render(cli.json, &report, output::show)

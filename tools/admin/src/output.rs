@@ -236,7 +236,10 @@ pub fn validate(report: &ValidateReport) -> String {
                 [
                     rule.name.clone(),
                     limit_by_text(&rule.limit_by),
-                    format!("{} per {}", rule.rate, human_ms(rule.interval_ms)),
+                    match (rule.max_in_flight, rule.lease_ms) {
+                        (Some(n), Some(lease)) => format!("{n} in flight, lease {}", human_ms(lease)),
+                        _ => format!("{} per {}", rule.rate, human_ms(rule.interval_ms)),
+                    },
                     mode,
                 ]
             })
@@ -310,9 +313,17 @@ pub fn explain(report: &ExplainReport) -> String {
             let by = report.rejected_by.as_deref().unwrap_or("?");
             let status = report.status.map(|s| format!(" ({s})")).unwrap_or_default();
             let retry = report.retry_after_s.map(|s| format!(" (Retry-After: {s})")).unwrap_or_default();
-            let denied = report.rules.iter().any(|r| r.rule == by && r.verdict == RuleVerdict::Denied);
+            let denied = report.rules.iter().any(|r| r.rule == by && r.verdict == RuleVerdict::Denied)
+                || report.inflight.iter().any(|r| r.rule == by && r.verdict == RuleVerdict::Denied);
+            let inflight = report.inflight.iter().any(|r| r.rule == by && r.verdict == RuleVerdict::Rejected);
             match report.wait_ms {
                 _ if denied => format!("rejected{status} by {by}: the request has no key value for it"),
+                Some(wait) if inflight => format!(
+                    "rejected{status} by {by}: none free until a request ends (at the latest in {}, when the \
+                     earliest lease ends){retry}",
+                    human_ms(wait)
+                ),
+                None if inflight => format!("rejected{status} by {by}: none free until a request ends{retry}"),
                 Some(wait) => format!("rejected{status} by {by}: allowed in {}{retry}", human_ms(wait)),
                 None => format!("rejected{status} by {by}: no wait admits it{retry}"),
             }
@@ -327,6 +338,9 @@ pub fn explain(report: &ExplainReport) -> String {
         );
     }
     let _ = writeln!(out, "now            {}", timestamp(report.now_ms));
+    for rule in &report.inflight {
+        crate::semaphore::explain_lines(&mut out, rule);
+    }
     for rule in &report.rules {
         rule_lines(&mut out, rule);
     }

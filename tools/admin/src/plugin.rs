@@ -7,7 +7,7 @@
 use std::io::Read as _;
 use std::path::Path;
 
-use edge_rate_limiter::config::{FailureMode, Plugin, Rule, TransportKind};
+use edge_rate_limiter::config::{FailureMode, InflightRule, Plugin, Rule, TransportKind};
 use edge_rate_limiter::filter;
 use edge_rate_limiter::key::KeySource;
 use edge_rate_limiter::matching::{Exemption, ValueMatch};
@@ -102,7 +102,12 @@ pub fn summarize(plugin: &Plugin) -> Vec<ConfigSummary> {
                 redis: format!("cluster {} ({transport})", config.redis.cluster),
                 failure_mode,
                 exempt: config.exempt.as_ref().map(exemption_text),
-                rules: config.rules.iter().map(rule_summary).collect(),
+                rules: config
+                    .rules
+                    .iter()
+                    .map(rule_summary)
+                    .chain(config.inflight.iter().map(inflight_summary))
+                    .collect(),
             }
         })
         .collect()
@@ -120,6 +125,25 @@ fn rule_summary(rule: &Rule) -> RuleSummary {
         mode: rule.mode.name(),
         limiter: rule.limiter.clone(),
         exempt: rule.exempt.as_ref().map(exemption_text),
+        max_in_flight: None,
+        lease_ms: None,
+    }
+}
+
+fn inflight_summary(rule: &InflightRule) -> RuleSummary {
+    RuleSummary {
+        name: rule.name.clone(),
+        limit_by: key_source(&rule.source),
+        value_match: None,
+        rate: 0,
+        interval_ms: 0,
+        permits: 1,
+        limiter_type: "overall",
+        mode: rule.mode.name(),
+        limiter: rule.limiter.clone(),
+        exempt: rule.exempt.as_ref().map(exemption_text),
+        max_in_flight: Some(rule.max_in_flight),
+        lease_ms: Some(rule.lease_ms),
     }
 }
 

@@ -143,6 +143,10 @@ pub struct RuleSummary {
     pub limiter: String,
     /// Its own `exempt` section, in words.
     pub exempt: Option<String>,
+    /// An in-flight rule: requests of one key in flight at once (`rate` and `interval_ms` are then 0).
+    pub max_in_flight: Option<u64>,
+    /// An in-flight rule's lease, ms.
+    pub lease_ms: Option<u64>,
 }
 
 /// `explain`'s overall answer.
@@ -184,8 +188,10 @@ pub struct ExplainReport {
     pub retry_after_s: Option<u64>,
     /// Shadow rules that would reject it (they never do).
     pub shadow_rejected_by: Vec<String>,
-    /// Each rule of the configuration.
+    /// Each rate rule of the configuration.
     pub rules: Vec<RuleExplain>,
+    /// Each in-flight rule of the configuration (asked before the rate rules: one that refuses decides).
+    pub inflight: Vec<InflightExplain>,
 }
 
 impl ExplainReport {
@@ -203,8 +209,36 @@ impl ExplainReport {
             retry_after_s: None,
             shadow_rejected_by: Vec::new(),
             rules: Vec::new(),
+            inflight: Vec::new(),
         }
     }
+}
+
+/// One in-flight rule of `explain`: whether the request would take a permit of its semaphore now.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InflightExplain {
+    /// The rule's name.
+    pub rule: String,
+    /// `enforce` or `shadow`.
+    pub mode: &'static str,
+    /// Requests of one key in flight at once.
+    pub max_in_flight: u64,
+    /// How the rule meets the request.
+    pub applies: Applies,
+    /// The semaphore the request would take a permit of.
+    pub semaphore: Option<String>,
+    /// Permits free for it now: the free count and the permits whose lease ended (the acquire reclaims them
+    /// first); `max_in_flight` for a semaphore not created yet (the acquire creates it).
+    pub free: Option<i64>,
+    /// Permits held, their lease running.
+    pub in_flight: usize,
+    /// The answer.
+    pub verdict: RuleVerdict,
+    /// Rejected: ms until the earliest running lease ends (a permit may come back sooner: when its request
+    /// ends).
+    pub wait_ms: Option<u64>,
+    /// Rejected: the `Retry-After` the filter sends, seconds (the rule's `retry_after`).
+    pub retry_after_s: Option<u64>,
 }
 
 /// How a rule meets the request.

@@ -94,10 +94,6 @@ struct Common {
     /// emulator's original mix, Envoy with Higress's Redis extension) or higress (Higress's gateway).
     #[arg(long = "host", default_value_t = HostFlavour::Compat, value_name = "envoy|compat|higress")]
     host: HostFlavour,
-    /// Keep compiled modules in this directory and load them from there next time (a debug build compiles
-    /// a Go module of several MB in minutes).
-    #[arg(long, value_name = "DIR")]
-    compile_cache: Option<PathBuf>,
     /// File with the plugin configuration (e.g. JSON); none if omitted.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -240,9 +236,6 @@ fn build_with(common: &Common, fuel_profile: bool, function_profile: bool) -> Re
         .clock_offset(Duration::from_millis(common.clock_offset_ms))
         .call_tokens(common.call_tokens)
         .faults(common.faults.faults());
-    if let Some(dir) = &common.compile_cache {
-        builder = builder.compile_cache(dir);
-    }
     if let Some(path) = &common.config {
         let config = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         builder = builder.plugin_config(config);

@@ -1,0 +1,202 @@
+//! A batch on the wire: the [`crate::script::ACQUIRE_BATCH`] call of a destination's waiting calls (rate
+//! acquires and in-flight permits) and the settles that ride with them, its reply split back into each
+//! member's own, and its resending by source after `NOSCRIPT`.
+
+use alloc::rc::Rc;
+
+use crate::prelude::*;
+
+use crate::host::Host;
+use crate::script::{encode_batch, split_batch_reply, Invocation, Layout, Segment};
+use crate::transport::Failure;
+
+use super::super::flow::{Call, Stage};
+use super::super::give_back::GiveBackCall;
+use super::super::outbox::{on_carried_replies, settles_failed};
+use super::super::route::Route;
+use super::super::Filter;
+use super::{deliver, expiry, Batch, Destination, Member};
+
+/// The commands of a batch's calls, each with where its keys and arguments are.
+pub(super) type Commands = Vec<(Vec<u8>, Layout)>;
+
+/// Sends a batch of `commands` (its members' own, by sha) by `invocation`; a refused send is every
+/// member's failure (counted as one failed call).
+pub(super) fn send_batch<H: Host>(filter: &mut Filter<H>, batch: Batch, commands: &Commands, invocation: Invocation) {
+    if let Err((batch, failure)) = transmit(filter, batch, commands, invocation) {
+        fail_all(filter, None, batch, &failure);
+    }
+}
+
+/// Sends request `call`'s lone acquire (`command`, by sha) with the `settles` waiting for its
+/// destination, as one batch (the settles first): the call's key, for the request to wait on. A refused
+/// send fails the settles (counted as the call's one failure: the request follows its failure mode
+/// without counting it again) and is returned to the caller, whose request is out of the flows.
+pub(in crate::filter) fn send_carrying<H: Host>(
+    filter: &mut Filter<H>,
+    route: &Rc<Route>,
+    destination: Destination,
+    call: Call,
+    command: (Vec<u8>, Layout),
+    settles: Vec<GiveBackCall>,
+) -> Result<u64, Failure> {
+    let members = vec![Some(Member::Rate(call))];
+    let batch =
+        Batch { route: Rc::clone(route), destination, settles, members, by_source: false, counted: false, sent_us: 0 };
+    transmit(filter, batch, &[command], Invocation::BySha).map_err(|(batch, failure)| {
+        settles_failed(filter, batch.settles, &failure, true);
+        failure
+    })
+}
+
+/// Sends a batch: its settles' segments, then its members' `commands`; on its way, the batch is kept by
+/// its call's key (returned). A batch that cannot be sent comes back with why.
+fn transmit<H: Host>(
+    filter: &mut Filter<H>,
+    mut batch: Batch,
+    commands: &[(Vec<u8>, Layout)],
+    invocation: Invocation,
+) -> Result<u64, (Batch, Failure)> {
+    let encoding = batch.route.transport.encoding();
+    let command = {
+        let count = batch.settles.len() + commands.len();
+        let mut segments: Vec<Segment<'_>> = Vec::with_capacity(count);
+        if let Some(template) = batch.route.plan.rules.first().map(|rule| &rule.template) {
+            let carried = batch.settles.iter().map(|call| Segment::give_back(&call.name, template, &call.settlement));
+            segments.extend(carried);
+        }
+        segments.extend(commands.iter().map_while(|(command, layout)| Segment::laid_out(command, layout, encoding)));
+        (segments.len() == count).then(|| encode_batch(&segments, invocation, encoding))
+    };
+    // Not acquire calls by sha (cannot happen: the limiter and the in-flight stage encode them): each
+    // fails as a refused send would.
+    let Some(command) = command else { return Err((batch, Failure::BadReply("a call that cannot be batched".into()))) };
+    batch.by_source = invocation == Invocation::BySource;
+    let id = match batch.route.transport.send(&filter.host, &command) {
+        Ok(id) => id,
+        Err(failure) => return Err((batch, failure)),
+    };
+    let key = id.key();
+    filter.metrics.redis_call(&filter.host);
+    batch.sent_us = filter.metrics.clock(&filter.host);
+    if !batch.by_source {
+        // A batch sent again by source after NOSCRIPT is the same batch: counted once.
+        let members = batch.members.iter().flatten().count();
+        filter.metrics.batch(&filter.host, members + batch.settles.len());
+        if !batch.settles.is_empty() {
+            filter.metrics.settlements(&filter.host, batch.settles.len());
+        }
+    }
+    let expires_ms = expiry(&filter.host, &batch.route);
+    filter.coalescer.sent(key, batch.destination, filter.host.now_ms(), expires_ms);
+    for member in batch.members.iter().flatten() {
+        if let Some(flow) = filter.flows.get_mut(&member.context_id()).filter(|_| matches!(member, Member::Rate(_))) {
+            flow.tokens.push(key);
+        }
+    }
+    filter.coalescer.batches.push((key, batch));
+    Ok(key)
+}
+
+/// A batch whose call failed as a whole (`key`: its call, if it was sent): its settles' reservations stay,
+/// and every member has the failure; counted as one failed call (not again if a member's request counted
+/// it at its deadline).
+fn fail_all<H: Host>(filter: &mut Filter<H>, key: Option<u64>, batch: Batch, failure: &Failure) {
+    let count_members = batch.settles.is_empty() && !batch.counted;
+    settles_failed(filter, batch.settles, failure, !batch.counted);
+    for (index, member) in batch.members.iter().flatten().enumerate() {
+        deliver_member(filter, key, member, Err(failure.clone()), count_members && index == 0);
+    }
+}
+
+/// The reply of batch call `key`: each member's part fed to its request; `NOSCRIPT` sends the batch again
+/// by source, once; a failed call is every member's failure (counted once).
+pub(in crate::filter) fn on_batch_reply<H: Host>(
+    filter: &mut Filter<H>,
+    key: u64,
+    batch: Batch,
+    reply: Result<Vec<u8>, Failure>,
+) {
+    let bytes = match reply {
+        Err(failure) => return fail_all(filter, Some(key), batch, &failure),
+        Ok(bytes) => bytes,
+    };
+    if bytes.starts_with(b"-NOSCRIPT") && !batch.by_source {
+        resend_by_source(filter, key, batch);
+        return;
+    }
+    let carried = batch.settles.len();
+    match split_batch_reply(&bytes, carried + batch.members.len()) {
+        Ok(replies) => {
+            let mut replies = replies.into_iter();
+            on_carried_replies(filter, batch.settles, replies.by_ref().take(carried));
+            for (member, reply) in batch.members.iter().zip(replies) {
+                if let Some(member) = member {
+                    deliver_member(filter, Some(key), member, Ok(&reply), true);
+                }
+            }
+        }
+        // An error reply for the whole call (Redis out of memory, busy...): every member's own reply, the
+        // settles' failure (one failed call).
+        Err(_) if bytes.first() == Some(&b'-') => {
+            let count_members = batch.settles.is_empty() && !batch.counted;
+            let failure = Failure::BadReply("the batch answered an error".into());
+            settles_failed(filter, batch.settles, &failure, !batch.counted);
+            for (index, member) in batch.members.iter().flatten().enumerate() {
+                deliver_member(filter, Some(key), member, Ok(&bytes), count_members && index == 0);
+            }
+        }
+        Err(why) => fail_all(filter, Some(key), batch, &Failure::BadReply(why.into())),
+    }
+}
+
+/// After `NOSCRIPT`: the batch again by source (which loads the script), its rate calls' commands encoded
+/// anew from their requests, its permits' as they were queued (those of requests gone left out).
+fn resend_by_source<H: Host>(filter: &mut Filter<H>, key: u64, mut batch: Batch) {
+    let encoding = batch.route.transport.encoding();
+    let mut commands = Vec::with_capacity(batch.members.len());
+    batch.members.retain(|member| member.is_some());
+    for slot in batch.members.iter_mut() {
+        let command = match slot {
+            None => continue,
+            Some(Member::Permit(permit)) if permit.gone => None,
+            Some(Member::Permit(permit)) => Some(permit.command.clone()),
+            Some(Member::Rate(call)) => filter.flows.get_mut(&call.context_id).and_then(|flow| {
+                flow.tokens.retain(|&t| t != key);
+                match &flow.stage {
+                    Stage::Waiting(pending) => {
+                        pending.encode_laid_out(call.call, Invocation::BySha, encoding, &flow.route.plan)
+                    }
+                    Stage::Undelivered(_) => None,
+                }
+            }),
+        };
+        match command {
+            Some(command) => commands.push(command),
+            None => *slot = None,
+        }
+    }
+    batch.members.retain(|member| member.is_some());
+    if !batch.members.is_empty() || !batch.settles.is_empty() {
+        send_batch(filter, batch, &commands, Invocation::BySource);
+    }
+}
+
+/// Hands a batch member its reply of call `key` (none: the call was never sent): a rate call's request is
+/// moved one step ([`deliver`]); a permit's reply waits in [`Coalescer::permit_replies`] for the in-flight
+/// stage. `count_failure`: whether a failed call counts in `redis_errors`.
+fn deliver_member<H: Host>(
+    filter: &mut Filter<H>,
+    key: Option<u64>,
+    member: &Member,
+    reply: Result<&[u8], Failure>,
+    count_failure: bool,
+) {
+    match member {
+        Member::Rate(call) => deliver(filter, key, *call, reply, count_failure),
+        Member::Permit(permit) => {
+            let reply = reply.map(<[u8]>::to_vec);
+            filter.coalescer.permit_replies.push((permit.context_id, permit.index, reply, count_failure));
+        }
+    }
+}
