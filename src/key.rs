@@ -50,11 +50,20 @@ pub enum KeySource {
     /// string's bytes).
     Property(Vec<String>),
     /// A field of the JSON request body, by dotted paths tried in order (the first present wins): its
-    /// string's bytes, or a number's decimal text; missing when the body is not JSON, is larger than
-    /// [`MAX_REQUEST_BODY`], or has none of them. E.g. `model` (per-model limits) or a reservation's
-    /// `max_tokens`. A rule reading it holds the request until its body has arrived.
+    /// string's bytes, or a whole number's decimal text. E.g. `model` (per-model limits) or a reservation's
+    /// `max_tokens`. A rule reading it holds the request until its body has arrived. A body that gives no
+    /// value (not JSON, larger than [`MAX_REQUEST_BODY`], none of the paths, another kind of value) never
+    /// makes a key missing: the part is [`UNREAD_BODY_PART`] ([`extract`]), so the request is still charged
+    /// to the limiter of the key's other parts (a client cannot skip a rule by sending a body it cannot
+    /// read).
     Body(Vec<Vec<String>>),
 }
+
+/// How a key part read from the request body ([`KeySource::Body`]) is written in a limiter name when the
+/// body gives no value for it: `!missing`. No value is written so (`!` is not among the verbatim bytes,
+/// and encoded values start with `~` or `#`: [`limiter_name`]), so such requests of one tenant share one
+/// limiter of their own, beside the tenant's other ones.
+pub const UNREAD_BODY_PART: &str = "!missing";
 
 /// The most request-body bytes read for [`KeySource::Body`]: 64 KiB. A larger body is not read (its
 /// fields are missing) and the request is decided when this much has arrived.
@@ -170,15 +179,19 @@ pub trait RequestView {
 pub enum KeyValue {
     /// The request carries a value (possibly empty, possibly binary).
     Value(Vec<u8>),
-    /// A composite key's values, one per part, in order (every part present).
-    Parts(Vec<Vec<u8>>),
+    /// A composite key's values, one per part, in order: every part read from a header, query, cookie,
+    /// address or property present; `None` for a part read from the body that the body did not give
+    /// (written [`UNREAD_BODY_PART`]). A lone [`KeySource::Body`] without its value is `Parts(vec![None])`.
+    Parts(Vec<Option<Vec<u8>>>),
     /// The rule is global: no value part in the limiter name.
     Global,
-    /// The request carries no value for this rule.
+    /// The request carries no value for this rule (a part read from a header, query, cookie, address or
+    /// property is absent: `on_missing` applies). A body field is never missing ([`KeyValue::Parts`]).
     Missing,
 }
 
-/// Reads a rule's key value from a request.
+/// Reads a rule's key value from a request. A part read from the body that the body does not give is
+/// `None` in [`KeyValue::Parts`], never [`KeyValue::Missing`] (see [`UNREAD_BODY_PART`]).
 pub fn extract(source: &KeySource, request: &impl RequestView) -> KeyValue {
     let header = source.header_name().and_then(|name| request.header(name));
     let value = match source {
@@ -202,12 +215,17 @@ pub fn extract(source: &KeySource, request: &impl RequestView) -> KeyValue {
             let path: Vec<&str> = path.iter().map(String::as_str).collect();
             request.property(&path)
         }
-        KeySource::Body(paths) => paths.iter().find_map(|path| request.body_field(path)),
+        KeySource::Body(paths) => match paths.iter().find_map(|path| request.body_field(path)) {
+            Some(value) => Some(value),
+            None => return KeyValue::Parts(vec![None]),
+        },
         KeySource::Composite(parts) => {
             let mut values = Vec::with_capacity(parts.len());
             for part in parts {
                 match extract(part, request) {
-                    KeyValue::Value(value) => values.push(value),
+                    KeyValue::Value(value) => values.push(Some(value)),
+                    // A body field the body did not give (the only source that answers `Parts` here).
+                    KeyValue::Parts(unread) if unread == [None] => values.push(None),
                     _ => return KeyValue::Missing,
                 }
             }
@@ -218,11 +236,14 @@ pub fn extract(source: &KeySource, request: &impl RequestView) -> KeyValue {
 }
 
 /// The bytes a value is matched against (`rates_by_value`): the value itself, or a composite key's parts
-/// joined by `:`; `None` for a global rule or a missing value.
+/// joined by `:` (an unread body part as [`UNREAD_BODY_PART`]); `None` for a global rule or a missing value.
 pub fn match_text(value: &KeyValue) -> Option<Cow<'_, [u8]>> {
     match value {
         KeyValue::Value(bytes) => Some(Cow::Borrowed(bytes)),
-        KeyValue::Parts(parts) => Some(Cow::Owned(parts.join(&b':'))),
+        KeyValue::Parts(parts) => {
+            let texts = parts.iter().map(|part| part.as_deref().unwrap_or(UNREAD_BODY_PART.as_bytes()));
+            Some(Cow::Owned(texts.collect::<Vec<_>>().join(&b':')))
+        }
         KeyValue::Global | KeyValue::Missing => None,
     }
 }
@@ -368,7 +389,10 @@ pub fn write_limiter_name(base: &str, value: &KeyValue, name: &mut String) -> bo
                 name.push(':');
                 // `:` separates the parts, so a part holding one is encoded: the parts of two different
                 // combinations never make one name.
-                write_value(part, |b| b != b':' && is_verbatim_byte(b), name);
+                match part {
+                    Some(part) => write_value(part, |b| b != b':' && is_verbatim_byte(b), name),
+                    None => name.push_str(UNREAD_BODY_PART),
+                }
             }
             return true;
         }
@@ -569,6 +593,51 @@ pub(crate) mod tests {
             values.iter().map(|v| limiter_name("n", &KeyValue::Value(v.clone())).unwrap()).collect();
         assert_eq!(names.len(), values.len());
         assert!(names.iter().all(|n| !n.contains('{')));
+    }
+
+    /// A request whose JSON body gives `model` only when `body` is true.
+    struct BodyRequest {
+        headers: FakeRequest,
+        model: Option<&'static str>,
+    }
+
+    impl RequestView for BodyRequest {
+        fn header(&self, name: &str) -> Option<Vec<u8>> {
+            self.headers.header(name)
+        }
+        fn source_address(&self) -> Option<String> {
+            self.headers.source_address()
+        }
+        fn body_field(&self, path: &[String]) -> Option<Vec<u8>> {
+            (path == ["model"]).then_some(self.model?.as_bytes().to_vec())
+        }
+    }
+
+    #[test]
+    fn a_body_part_the_body_does_not_give_charges_the_other_parts() {
+        let source =
+            KeySource::Composite(vec![KeySource::header("authorization"), KeySource::Body(vec![vec!["model".into()]])]);
+        let tenant = |model| BodyRequest { headers: FakeRequest::with(&[("authorization", "sk-a")]), model };
+        let read = extract(&source, &tenant(Some("gpt")));
+        assert_eq!(limiter_name("erl:t", &read).as_deref(), Some("erl:t:sk-a:gpt"));
+        // Too large, not JSON, or no `model`: the tenant's own limiter for unread bodies, not a skip.
+        let unread = extract(&source, &tenant(None));
+        assert_eq!(unread, KeyValue::Parts(vec![Some(b"sk-a".to_vec()), None]));
+        assert_eq!(limiter_name("erl:t", &unread).as_deref(), Some("erl:t:sk-a:!missing"));
+        assert_eq!(match_text(&unread).as_deref(), Some(&b"sk-a:!missing"[..]));
+        // No value writes the marker: a model named `!missing` is encoded.
+        let named = extract(&source, &tenant(Some("!missing")));
+        assert_ne!(limiter_name("erl:t", &named), limiter_name("erl:t", &unread));
+        // Another tenant's unread bodies have a limiter of their own.
+        let other = BodyRequest { headers: FakeRequest::with(&[("authorization", "sk-b")]), model: None };
+        assert_eq!(limiter_name("erl:t", &extract(&source, &other)).as_deref(), Some("erl:t:sk-b:!missing"));
+        // A header part missing still makes the key missing (`on_missing` applies).
+        let anonymous = BodyRequest { headers: FakeRequest::with(&[]), model: Some("gpt") };
+        assert_eq!(extract(&source, &anonymous), KeyValue::Missing);
+        // A key read from the body alone: one limiter for the requests without the field.
+        let lone = KeySource::Body(vec![vec!["model".into()]]);
+        assert_eq!(limiter_name("erl:m", &extract(&lone, &tenant(None))).as_deref(), Some("erl:m:!missing"));
+        assert_eq!(limiter_name("erl:m", &extract(&lone, &tenant(Some("gpt")))).as_deref(), Some("erl:m:gpt"));
     }
 
     #[test]

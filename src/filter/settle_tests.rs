@@ -371,8 +371,22 @@ fn limit_by_a_body_field_keeps_models_apart() {
     with_body(&host, &mut filter, 2, "alice", &[r#"{"model":"gpt-5","max_tokens":10}"#]);
     let call = String::from_utf8(host.http_calls().pop().unwrap().body).unwrap();
     assert!(call.contains("/erl%3Atokens%3Agpt%2D5/"), "{call}");
-    with_body(&host, &mut filter, 4, "alice", &[r#"{"max_tokens":10}"#]);
-    assert_eq!(host.http_calls().len(), 1, "no model: the key is missing, on_missing (allow) lets it through");
+    answer(&host, &mut filter, host.last_token().unwrap(), &acquired(100));
+    // No model, not JSON, or too large: never skipped; charged to the limiter of unread bodies, with the
+    // reservation's default.
+    let big =
+        format!(r#"{{"messages":[{{"content":"{}"}}],"model":"gpt-5"}}"#, "x".repeat(crate::key::MAX_REQUEST_BODY));
+    for (context_id, body) in [(4, r#"{"max_tokens":10}"#), (6, "not json"), (8, r#"{"model":["gpt-5"]}"#), (10, &big)]
+    {
+        let calls = host.http_calls().len();
+        with_body(&host, &mut filter, context_id, "alice", &[body]);
+        assert_eq!(host.http_calls().len(), calls + 1, "{body:.40}: a call of its own");
+        let call = String::from_utf8(host.http_calls().pop().unwrap().body).unwrap();
+        assert!(call.contains("/erl%3Atokens%3A%21missing/"), "{call}");
+        assert_eq!(acquired_permits(&host), if context_id == 4 { "10" } else { "500" });
+        answer(&host, &mut filter, host.last_token().unwrap(), &acquired(100));
+        assert_eq!(host.end(context_id), Some(crate::testing::End::Resumed));
+    }
 }
 
 #[test]

@@ -1043,8 +1043,10 @@ pub fn reference_value(source: &KeySource, request: &Request) -> KeyValue {
     let value = match source {
         KeySource::Global => return KeyValue::Global,
         KeySource::Header(name) => header(name),
-        // This request answers no property (no host) and has no body: such a key is missing.
-        KeySource::Property(_) | KeySource::Body(_) => None,
+        // This request answers no property (no host): such a key is missing.
+        KeySource::Property(_) => None,
+        // Nor has it a body: a body field is never missing, it is the part `!missing`.
+        KeySource::Body(_) => return KeyValue::Parts(vec![None]),
         KeySource::Path => header(":path").map(|p| p.split(|&b| b == b'?').next().unwrap_or_default().to_vec()),
         KeySource::Query(name) => header(":path").and_then(|path| {
             // Form decoding to bytes (no UTF-8 assumed), the first pair whose decoded name matches. Every
@@ -1104,7 +1106,8 @@ pub fn reference_value(source: &KeySource, request: &Request) -> KeyValue {
             let mut values = Vec::new();
             for part in parts {
                 match reference_value(part, request) {
-                    KeyValue::Value(value) => values.push(value),
+                    KeyValue::Value(value) => values.push(Some(value)),
+                    KeyValue::Parts(unread) if matches!(part, KeySource::Body(_)) => values.extend(unread),
                     _ => return KeyValue::Missing,
                 }
             }
@@ -1150,6 +1153,11 @@ pub fn check_name(base: &str, value: &KeyValue) -> Option<String> {
                 rest = rest.strip_prefix(':').expect("`:` before each part");
                 let end = rest.find(':').unwrap_or(rest.len());
                 let written = &rest[..end];
+                let Some(part) = part else {
+                    assert_eq!(written, "!missing", "an unread body part");
+                    rest = &rest[end..];
+                    continue;
+                };
                 if verbatim(part) && !part.contains(&b':') {
                     assert_eq!(written.as_bytes(), &part[..]);
                 } else {
