@@ -389,6 +389,13 @@ pub struct PluginConfig {
     pub histograms: bool,
     /// The statuses of gRPC requests answered by the filter (`grpc`).
     pub grpc: GrpcAnswers,
+    /// `hold_headers_for_body` (default false): a request whose rules read its body is held whole, headers
+    /// included, until it is decided, so a rejected one never starts an upstream request. Needs a host
+    /// that delivers the body to a filter holding the headers: Envoy 1.35 or later with the Wasm
+    /// `PluginConfig` option `allow_on_headers_stop_iteration: true` (proxy-wasm-cpp-host
+    /// `allow_on_headers_stop_iteration_`; without it a pause in the headers holds the body too:
+    /// `convertVmCallResultToFilterHeadersStatus`). docs/deploying.md, "What a rejection costs the upstream".
+    pub hold_headers_for_body: bool,
 }
 
 impl PluginConfig {

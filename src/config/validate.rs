@@ -32,6 +32,7 @@ const TOP_FIELDS: &[&str] = &[
     "histograms",
     "exempt",
     "grpc",
+    "hold_headers_for_body",
 ];
 const GRPC_FIELDS: &[&str] = &["rejected_status", "failure_status"];
 /// gRPC's status names by code, as gRPC's `doc/statuscodes.md` lists them.
@@ -136,6 +137,7 @@ impl PluginConfig {
         let histograms = top.boolean("histograms")?.unwrap_or(true);
         let exempt = top.object("exempt")?.map(read_exemption).transpose()?;
         let grpc = top.object("grpc")?.map(read_grpc).transpose()?.unwrap_or_default();
+        let hold_headers_for_body = top.boolean("hold_headers_for_body")?.unwrap_or(false);
         top.finish(TOP_FIELDS)?;
         Ok(PluginConfig {
             redis,
@@ -153,6 +155,7 @@ impl PluginConfig {
             shadow_headers,
             histograms,
             grpc,
+            hold_headers_for_body,
         })
     }
 }

@@ -37,6 +37,69 @@ pub(super) struct Awaiting {
     pub(super) headers: Vec<(String, Vec<u8>)>,
     /// When its headers arrived ([`super::metrics::Metrics::clock`]).
     pub(super) since_us: u64,
+    /// `hold_headers_for_body`: since when (ms) the filter holds its headers too, until no body callback
+    /// has come ([`release_unfed`]); `None`: its headers went on.
+    pub(super) held_since_ms: Option<u64>,
+}
+
+/// Whether the host gives a filter the request body while it holds the request headers (Envoy's
+/// `allow_on_headers_stop_iteration`), as this filter has seen it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) enum BodyWhileHeld {
+    /// Not seen yet: held headers are let go after [`HOLD_WITHOUT_BODY_MS`] without a body callback.
+    #[default]
+    Unknown,
+    /// A body callback came while the headers were held.
+    Given,
+    /// Held headers got no body callback in [`HOLD_WITHOUT_BODY_MS`]: the host holds the body with them
+    /// (a pause in the headers is "stop all"), so this filter holds headers no more.
+    Withheld,
+}
+
+/// How long held headers wait for a first body callback before the filter lets them go (and holds no
+/// headers any more, [`BodyWhileHeld::Withheld`]), ms: a host without `allow_on_headers_stop_iteration`
+/// gives no body until the headers go on.
+pub(super) const HOLD_WITHOUT_BODY_MS: u64 = 1_000;
+
+/// Whether a request of `route` whose body follows is held whole (its headers too) until it is decided:
+/// `hold_headers_for_body`, unless the host showed that it gives no body then; or its body already came
+/// while its headers were held (the host gives it).
+pub(super) fn holds_headers<H: Host>(filter: &Filter<H>, route: &Route, context_id: u32) -> bool {
+    (route.config.hold_headers_for_body && filter.body_while_held != BodyWhileHeld::Withheld)
+        || filter.early_bodies.contains_key(&context_id)
+}
+
+/// Whether held headers wait for the host's first body callback ([`release_unfed`] runs from the tick).
+pub(super) fn waits_for_a_first_body<H: Host>(filter: &Filter<H>) -> bool {
+    filter.body_while_held == BodyWhileHeld::Unknown && filter.awaiting_body.values().any(|a| a.held_since_ms.is_some())
+}
+
+/// From the tick: held headers that got no body callback in [`HOLD_WITHOUT_BODY_MS`] go on (the body then
+/// comes as without `hold_headers_for_body`); the filter holds no more headers, and says so once.
+pub(super) fn release_unfed<H: Host>(filter: &mut Filter<H>, now_ms: u64) {
+    if filter.body_while_held == BodyWhileHeld::Given {
+        return;
+    }
+    let due: Vec<u32> = filter
+        .awaiting_body
+        .iter()
+        .filter(|(_, a)| a.held_since_ms.is_some_and(|since| now_ms.saturating_sub(since) >= HOLD_WITHOUT_BODY_MS))
+        .map(|(&context_id, _)| context_id)
+        .collect();
+    for context_id in due {
+        if let Some(awaiting) = filter.awaiting_body.get_mut(&context_id) {
+            awaiting.held_since_ms = None;
+        }
+        if filter.body_while_held == BodyWhileHeld::Unknown {
+            filter.body_while_held = BodyWhileHeld::Withheld;
+            let message = "hold_headers_for_body: no request body came while the headers were held; the host \
+                           needs allow_on_headers_stop_iteration (Envoy 1.35+): headers go on before the body";
+            super::log(&filter.host, crate::host::LogLevel::Warn, message);
+        }
+        if filter.host.set_effective_context(context_id).is_err() || filter.host.resume_request().is_err() {
+            super::metrics::host_refused(filter, "proxy_continue_stream");
+        }
+    }
 }
 
 /// The request headers of a route that reads or settles from bodies, before they go on.
@@ -59,14 +122,25 @@ pub(super) fn on_request_body<H: Host>(
     size: Option<usize>,
     end: bool,
 ) -> Action {
-    if !filter.awaiting_body.contains_key(&context_id) {
+    let Some(awaiting) = filter.awaiting_body.get(&context_id) else {
+        if filter.inflight.waits(context_id) {
+            // Held at its headers for its permits, and the host gives the body anyway (Envoy's
+            // `allow_on_headers_stop_iteration`): held too, its end kept for the rate stage.
+            filter.body_while_held = BodyWhileHeld::Given;
+            let ended = filter.early_bodies.entry(context_id).or_insert(None);
+            *ended = if end { Some(size.unwrap_or(MAX_REQUEST_BODY + 1)) } else { *ended };
+            return Action::Pause;
+        }
         return if filter.flows.contains_key(&context_id) { Action::Pause } else { Action::Continue };
+    };
+    if awaiting.held_since_ms.is_some() {
+        filter.body_while_held = BodyWhileHeld::Given;
     }
     let too_large = size.is_some_and(|size| size > MAX_REQUEST_BODY);
     if !end && !too_large {
         return Action::Pause;
     }
-    let Some(Awaiting { route, headers, since_us }) = filter.awaiting_body.remove(&context_id) else {
+    let Some(Awaiting { route, headers, since_us, .. }) = filter.awaiting_body.remove(&context_id) else {
         return Action::Continue;
     };
     let mut body = None;
@@ -126,7 +200,7 @@ impl<H: Host> Filter<H> {
     /// buffers it; a request decided past that limit stays held while its decision waits for Redis. Other
     /// requests go on.
     pub fn on_request_body(&mut self, context_id: u32, size: usize, end: bool) -> Action {
-        if self.awaiting_body.is_empty() && self.flows.is_empty() {
+        if self.awaiting_body.is_empty() && self.flows.is_empty() && self.inflight.is_idle() {
             return Action::Continue;
         }
         on_request_body(self, context_id, Some(size), end)
@@ -135,7 +209,7 @@ impl<H: Host> Filter<H> {
     /// `proxy_on_request_trailers`: the request body ended (with trailers): a request waiting for it is
     /// decided.
     pub fn on_request_trailers(&mut self, context_id: u32) -> Action {
-        if self.awaiting_body.is_empty() && self.flows.is_empty() {
+        if self.awaiting_body.is_empty() && self.flows.is_empty() && self.inflight.is_idle() {
             return Action::Continue;
         }
         on_request_body(self, context_id, None, true)

@@ -88,6 +88,11 @@ impl Inflight {
         self.held.insert(context_id, held);
     }
 
+    /// Whether request `context_id` waits for its permits (its headers held).
+    pub(super) fn waits(&self, context_id: u32) -> bool {
+        self.waiting.contains_key(&context_id)
+    }
+
     /// Whether nothing waits for the tick: no request waits, no permit is held or to give back, no call
     /// is on its way.
     pub(super) fn is_idle(&self) -> bool {

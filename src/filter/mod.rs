@@ -61,6 +61,8 @@ use crate::transport::{CallId, CallKind, Failure};
 use coalesce::Coalescer;
 
 mod body;
+#[cfg(test)]
+mod body_tests;
 mod coalesce;
 #[cfg(test)]
 mod coalesce_tests;
@@ -197,6 +199,11 @@ pub struct Filter<H: Host> {
     settling: IdMap<settle::Settling>,
     /// Requests waiting for their body before they are decided (a rule reads it).
     awaiting_body: IdMap<body::Awaiting>,
+    /// Requests held at their headers by their in-flight permits whose body came meanwhile (the host gives
+    /// it: `allow_on_headers_stop_iteration`): `Some(size)` once it ended, for the rate stage to read.
+    early_bodies: IdMap<Option<usize>>,
+    /// Whether the host gives the body while the filter holds the headers (`hold_headers_for_body`).
+    body_while_held: body::BodyWhileHeld,
     /// Give-back calls for the next tick, sent from this root context: settles, and the lease settlements a
     /// configuration that went away left ([`Filter::adopt`]).
     outbox: Vec<GiveBackCall>,
@@ -294,6 +301,8 @@ impl<H: Host> Filter<H> {
             settling: IdMap::default(),
             outbox: Vec::new(),
             awaiting_body: IdMap::default(),
+            early_bodies: IdMap::default(),
+            body_while_held: body::BodyWhileHeld::default(),
             inflight: inflight::Inflight::new(&host, inflight),
             permit_outbox: permit_outbox::PermitOutbox::default(),
             routes,
@@ -348,8 +357,18 @@ impl<H: Host> Filter<H> {
         if route.reads_body && body_follows {
             // The headers are readable only until they go on: the decision reads this copy of them.
             let headers = self.host.request_headers().unwrap_or_default();
-            self.awaiting_body.insert(context_id, body::Awaiting { route, headers, since_us });
-            return Action::Continue;
+            let held = body::holds_headers(self, &route, context_id);
+            let held_since_ms = held.then(|| self.host.now_ms());
+            self.awaiting_body.insert(context_id, body::Awaiting { route, headers, since_us, held_since_ms });
+            if !held {
+                return Action::Continue;
+            }
+            if let Some(Some(size)) = self.early_bodies.remove(&context_id) {
+                // Its body came (whole) while its permits were asked.
+                return body::on_request_body(self, context_id, Some(size), true);
+            }
+            tick::start(self);
+            return Action::Pause;
         }
         self.decide(context_id, route, None, None, since_us)
     }
@@ -413,6 +432,9 @@ impl<H: Host> Filter<H> {
         if !self.awaiting_body.is_empty() {
             self.awaiting_body.remove(&context_id);
         }
+        if !self.early_bodies.is_empty() {
+            self.early_bodies.remove(&context_id);
+        }
         inflight::on_done(self, context_id);
     }
 
@@ -442,6 +464,9 @@ impl<H: Host> Filter<H> {
         give_back::expire_give_backs(self, now_ms);
         outbox::expire_batches(self, now_ms);
         inflight::on_tick(self, now_ms);
+        if !self.awaiting_body.is_empty() {
+            body::release_unfed(self, now_ms);
+        }
         tick::stop_when_idle(self);
     }
 

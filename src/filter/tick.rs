@@ -37,5 +37,6 @@ pub(super) fn has_work<H: Host>(filter: &Filter<H>) -> bool {
         && filter.give_back_batches.is_empty()
         && filter.outbox.is_empty()
         && filter.inflight.is_idle()
-        && filter.permit_outbox.is_idle())
+        && filter.permit_outbox.is_idle()
+        && !super::body::waits_for_a_first_body(filter))
 }
