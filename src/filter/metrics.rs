@@ -73,6 +73,7 @@ pub(super) struct Metrics {
     batched_calls: Option<u32>,
     settlements: Option<u32>,
     settled_without_usage: Option<u32>,
+    settled_unanswered: Option<u32>,
     settlements_lost: Option<u32>,
     /// The histograms, when on (`histograms`).
     histograms: Option<Histograms>,
@@ -139,6 +140,7 @@ impl Metrics {
             batched_calls: counter("batched_calls"),
             settlements: counter("settlements"),
             settled_without_usage: counter("settled_without_usage"),
+            settled_unanswered: counter("settled_unanswered"),
             settlements_lost: counter("settlements_lost"),
             histograms,
         }
@@ -294,6 +296,12 @@ impl Metrics {
     /// One reservation kept as it was: its response ended (or stopped) without a cost to read.
     pub(super) fn settled_without_usage(&self, host: &impl Host) {
         Self::add(host, self.settled_without_usage, 1);
+    }
+
+    /// One reservation settled to 0 because the upstream never answered its request (Envoy answered it: a
+    /// connect failure, no healthy upstream, a reset before any response byte).
+    pub(super) fn settled_unanswered(&self, host: &impl Host) {
+        Self::add(host, self.settled_unanswered, 1);
     }
 
     /// Settle calls that knew their cost but were never sent: their configuration went away with no other

@@ -61,6 +61,18 @@ pub(super) fn reserve<H: Host>(
 /// body on (a server-sent event stream if the `content-type` says `text/event-stream`).
 pub(super) fn on_response_headers<H: Host>(filter: &mut Filter<H>, context_id: u32) {
     let Some(settling) = filter.settling.get_mut(&context_id) else { return };
+    if never_answered(&filter.host) {
+        // The upstream never answered (Envoy's own reply): the request cost nothing, its reservations
+        // settle to 0, counted in `settled_unanswered`.
+        for item in &mut settling.items {
+            item.cost = Some(0);
+            filter.metrics.settled_unanswered(&filter.host);
+        }
+        if let Some(settling) = filter.settling.remove(&context_id) {
+            settle(filter, settling);
+        }
+        return;
+    }
     let mut event_stream = None;
     let mut encoded = None;
     for item in &mut settling.items {
@@ -177,6 +189,17 @@ fn settle_locally<H: Host>(filter: &Filter<H>, route: &Route, reservation: &Rese
     };
     fallback.windows.settle(&filter.host, &reservation.name, rule.interval_ms, reservation.granted, cost, taken_ms);
     filter.metrics.settlement(&filter.host);
+}
+
+/// Whether the response is Envoy's own, not the upstream's, for a request the upstream never answered: a
+/// connection that failed, no healthy or no such upstream, a reset before any response byte (Envoy's
+/// `response.code_details` property is other than `via_upstream`: envoy `StreamInfo::ResponseCodeDetails`).
+/// A timeout is not: the upstream had the request and may have done its work.
+fn never_answered(host: &impl Host) -> bool {
+    match host.property(&["response", "code_details"]) {
+        Ok(Some(details)) => details != b"via_upstream" && !details.windows(7).any(|w| w == b"timeout"),
+        _ => false,
+    }
 }
 
 /// A response header's whole number (surrounding spaces allowed); `None` when absent or not a number.

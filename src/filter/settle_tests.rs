@@ -117,6 +117,39 @@ fn a_stream_cut_short_settles_to_what_it_reported_and_one_without_usage_keeps_it
 }
 
 #[test]
+fn a_request_the_upstream_never_answered_settles_to_zero_and_a_timeout_keeps_its_reservation() {
+    let (host, mut filter) = configure(r#"{"reserve":4000,"settle":{"usage":"openai"}}"#);
+    let random = allowed(&host, &mut filter, 2, "alice");
+    // Envoy's own 503: the connection to the upstream failed.
+    host.set_property("response.code_details", "upstream_reset_before_response_started{connection_failure}");
+    respond(&host, &mut filter, 2, &[(":status", "503"), ("content-type", "text/plain")], &["upstream connect error"]);
+    tick(&host, &mut filter);
+    let calls = settle_calls(&host);
+    assert_eq!((calls.len(), calls[0][0].as_str(), calls[0][2].as_str()), (1, random.as_str(), "0"), "all of it back");
+    assert_eq!(host.counter(&format!("{NAME}.settled_unanswered")), 1);
+    // The upstream timed out: it had the request and may have done the work.
+    allowed(&host, &mut filter, 4, "bob");
+    host.set_property("response.code_details", "upstream_response_timeout");
+    respond(
+        &host,
+        &mut filter,
+        4,
+        &[(":status", "504"), ("content-type", "text/plain")],
+        &["upstream request timeout"],
+    );
+    tick(&host, &mut filter);
+    assert_eq!(settle_calls(&host).len(), 1, "kept as reserved");
+    assert_eq!(host.counter(&format!("{NAME}.settled_without_usage")), 1);
+    // The upstream's own answer (an error without usage too) keeps its reservation.
+    allowed(&host, &mut filter, 6, "carol");
+    host.set_property("response.code_details", "via_upstream");
+    respond(&host, &mut filter, 6, &[(":status", "503"), ("content-type", "application/json")], &["{\"error\":1}"]);
+    tick(&host, &mut filter);
+    assert_eq!(host.counter(&format!("{NAME}.settled_without_usage")), 2);
+    assert_eq!(host.counter(&format!("{NAME}.settled_unanswered")), 1);
+}
+
+#[test]
 fn a_rejected_request_or_a_rule_without_cost_settles_nothing() {
     let (host, mut filter) = configure(r#"{"reserve":400,"settle":{"response_header":"x-cost"}}"#);
     host.request(2, &[(":path", "/"), ("x-key", "alice")]);

@@ -10,7 +10,7 @@ from harness import METRIC_PREFIX, plugin_config, rule
 COUNTERS = ("allowed", "rejected", "local_rejected", "failure_allowed", "failure_denied", "redis_calls", "redis_errors",
             "host_errors", "leases", "lease_settlements", "lease_permits_lost", "compensations", "fallback_allowed",
             "fallback_rejected", "exempt", "batches", "batched_calls", "settlements", "settled_without_usage",
-            "settlements_lost", "rule.per-user.allowed", "rule.per-user.rejected", "rule.per-user.local_rejected",
+            "settled_unanswered", "settlements_lost", "rule.per-user.allowed", "rule.per-user.rejected", "rule.per-user.local_rejected",
             "rule.per-user.shadow_rejected", "rule.per-user.failures")
 
 
@@ -65,6 +65,7 @@ def test_one_redis_round_trip_per_request_once_the_limiter_exists(stack, start_g
         "batched_calls": 0,
         "settlements": 0,  # no rule with `cost`
         "settled_without_usage": 0,
+        "settled_unanswered": 0,
         "settlements_lost": 0,
         "rule.per-user.allowed": 30 - warm,
         "rule.per-user.rejected": 3,
