@@ -27,7 +27,7 @@ use crate::host::Host;
 use crate::key::MAX_REQUEST_BODY;
 
 use super::route::Route;
-use super::{Action, Filter};
+use super::{Action, BodyWhileHeld, Filter};
 
 /// A request waiting for its body: its route, and its headers as they were before they went on (Envoy lets
 /// a filter read them only until then).
@@ -42,20 +42,6 @@ pub(super) struct Awaiting {
     pub(super) held_since_ms: Option<u64>,
 }
 
-/// Whether the host gives a filter the request body while it holds the request headers (Envoy's
-/// `allow_on_headers_stop_iteration`), as this filter has seen it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(super) enum BodyWhileHeld {
-    /// Not seen yet: held headers are let go after [`HOLD_WITHOUT_BODY_MS`] without a body callback.
-    #[default]
-    Unknown,
-    /// A body callback came while the headers were held.
-    Given,
-    /// Held headers got no body callback in [`HOLD_WITHOUT_BODY_MS`]: the host holds the body with them
-    /// (a pause in the headers is "stop all"), so this filter holds headers no more.
-    Withheld,
-}
-
 /// How long held headers wait for a first body callback before the filter lets them go (and holds no
 /// headers any more, [`BodyWhileHeld::Withheld`]), ms: a host without `allow_on_headers_stop_iteration`
 /// gives no body until the headers go on.
@@ -67,11 +53,6 @@ pub(super) const HOLD_WITHOUT_BODY_MS: u64 = 1_000;
 pub(super) fn holds_headers<H: Host>(filter: &Filter<H>, route: &Route, context_id: u32) -> bool {
     (route.config.hold_headers_for_body && filter.body_while_held != BodyWhileHeld::Withheld)
         || filter.early_bodies.contains_key(&context_id)
-}
-
-/// Whether held headers wait for the host's first body callback ([`release_unfed`] runs from the tick).
-pub(super) fn waits_for_a_first_body<H: Host>(filter: &Filter<H>) -> bool {
-    filter.body_while_held == BodyWhileHeld::Unknown && filter.awaiting_body.values().any(|a| a.held_since_ms.is_some())
 }
 
 /// From the tick: held headers that got no body callback in [`HOLD_WITHOUT_BODY_MS`] go on (the body then

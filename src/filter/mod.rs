@@ -150,6 +150,20 @@ pub(crate) fn log(host: &impl Host, level: LogLevel, message: &str) {
     host.log(level, &format!("edge-rate-limiter: {message}"));
 }
 
+/// Whether the host gives a filter the request body while it holds the request headers (Envoy's
+/// `allow_on_headers_stop_iteration`), as this filter has seen it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) enum BodyWhileHeld {
+    /// Not seen yet: held headers are let go after [`body::HOLD_WITHOUT_BODY_MS`] without a body callback.
+    #[default]
+    Unknown,
+    /// A body callback came while the headers were held.
+    Given,
+    /// Held headers got no body callback in [`body::HOLD_WITHOUT_BODY_MS`]: the host holds the body with them
+    /// (a pause in the headers is "stop all"), so this filter holds headers no more.
+    Withheld,
+}
+
 /// The filter of one root context.
 pub struct Filter<H: Host> {
     host: H,
@@ -203,7 +217,7 @@ pub struct Filter<H: Host> {
     /// it: `allow_on_headers_stop_iteration`): `Some(size)` once it ended, for the rate stage to read.
     early_bodies: IdMap<Option<usize>>,
     /// Whether the host gives the body while the filter holds the headers (`hold_headers_for_body`).
-    body_while_held: body::BodyWhileHeld,
+    body_while_held: BodyWhileHeld,
     /// Give-back calls for the next tick, sent from this root context: settles, and the lease settlements a
     /// configuration that went away left ([`Filter::adopt`]).
     outbox: Vec<GiveBackCall>,
@@ -302,7 +316,7 @@ impl<H: Host> Filter<H> {
             outbox: Vec::new(),
             awaiting_body: IdMap::default(),
             early_bodies: IdMap::default(),
-            body_while_held: body::BodyWhileHeld::default(),
+            body_while_held: BodyWhileHeld::default(),
             inflight: inflight::Inflight::new(&host, inflight),
             permit_outbox: permit_outbox::PermitOutbox::default(),
             routes,
@@ -315,6 +329,12 @@ impl<H: Host> Filter<H> {
     /// from its `proxy_on_delete`) makes its own root effective first, and owns its tick.
     pub fn own_root_context(&mut self, context_id: u32) {
         self.root_context = Some(context_id);
+    }
+
+    /// Whether held headers wait for the host's first body callback (`hold_headers_for_body`; the tick
+    /// lets them go after [`body::HOLD_WITHOUT_BODY_MS`] without one).
+    fn waits_for_a_first_body(&self) -> bool {
+        self.body_while_held == BodyWhileHeld::Unknown && self.awaiting_body.values().any(|a| a.held_since_ms.is_some())
     }
 
     /// The host this filter runs on.

@@ -38,5 +38,5 @@ pub(super) fn has_work<H: Host>(filter: &Filter<H>) -> bool {
         && filter.outbox.is_empty()
         && filter.inflight.is_idle()
         && filter.permit_outbox.is_idle()
-        && !super::body::waits_for_a_first_body(filter))
+        && !filter.waits_for_a_first_body())
 }

@@ -223,8 +223,8 @@ def test_validate_summarizes_a_configuration_envoy_loads(stack):
     assert admin(None, "validate", str(path)).stdout.splitlines() == [
         "valid: 2 configurations (envoy build)",
         "global: redis cluster webdis (http); failure_mode allow",
-        '  per-user  {"header":"x-user-id"}  3 per 4s    enforce',
-        "  everyone  global                  100 per 4s  enforce",
+        "  per-user  header x-user-id  3 per 4s    enforce",
+        "  everyone  global            100 per 4s  enforce",
         "_rules_[0]: routes login; redis cluster webdis (http); failure_mode allow",
         "  login     client_ip  2 per 4s    enforce",
         "  everyone  global     100 per 4s  enforce",

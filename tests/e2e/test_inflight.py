@@ -147,7 +147,7 @@ def test_erl_admin_shows_the_permits_in_flight_and_explains_the_rule(stack, upst
     assert "verdict        allowed: 1 more" in after or "verdict        allowed" in after, after
     assert "allowed: 2 free, 0 in flight" in after, after
     validated = h.erl_admin(None, "validate", str(config)).stdout
-    assert "inflight  {\"header\":\"x-user-id\"}  2 in flight, lease 3s  enforce" in validated, validated
+    assert "inflight  header x-user-id  2 in flight, lease 3s  enforce" in validated, validated
 
 
 # --- Exactness: 2 gateways x 2 workers far beyond the limits ------------------------------------------------

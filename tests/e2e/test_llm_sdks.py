@@ -40,6 +40,7 @@ import anthropic
 import h2.config
 import h2.connection
 import h2.events
+import httpx2 as httpx  # the HTTP client the SDKs are built on (its `Response` as a raw answer)
 import openai
 import pytest
 import yaml
@@ -53,7 +54,7 @@ OPENAI_MODEL = "gpt-4o-mini"
 ANTHROPIC_MODEL = "claude-sonnet-4-6"
 # What Envoy's access log says of each response: whether the upstream's trailer reached Envoy as a trailer,
 # and the content coding the client got.
-ACCESS_FORMAT = {"status": "%RESPONSE_CODE%", "path": "%REQ(:PATH)%",
+ACCESS_FORMAT = {"status": "%RESPONSE_CODE%", "path": "%REQ(:PATH)%", "details": "%RESPONSE_CODE_DETAILS%",
                  "trailer": f"%TRAILER({llm.TRAILER[0]})%", "encoding": "%RESP(CONTENT-ENCODING)%"}
 
 
@@ -787,3 +788,92 @@ def test_an_answer_that_ends_with_trailers_settles_to_its_usage(start_gateway, s
     assert [entry["trailer"] for entry in logged] == [llm.TRAILER[1]] * 3, "Envoy got the trailers"
     settled_to(stack, "erl:tokens", usages)
     gateway.counters(3, 0)
+
+
+# --- Bodies the filter cannot read, answers the upstream never gave (issue 40) ------------------------------
+
+
+def unread_limiter(rule: str, api_key: str) -> str:
+    """The limiter a tenant's requests whose body gives no `model` are charged to, under a rule keyed by the
+    `authorization` header the SDKs send and the body's `model`: the model part written `!missing`."""
+    return h.limiter_name(f"erl:{rule}", f"Bearer {api_key}") + ":!missing"
+
+
+# The budget of docs/configuration.md ("Costs known after the response"): per API key and per model,
+# reserving the body's max_tokens (default 700 here), settled to the usage.
+DOCS_BUDGET = h.rule("tokens", limit_by=[{"header": "authorization"}, {"body": "model"}], rate=100_000, interval="1m",
+                     cost={"reserve": {"body": "openai", "default": 700}, "settle": {"usage": "openai"}})
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["headers-go-on", "held"])
+def test_a_body_the_filter_cannot_read_is_charged_to_its_own_tenant(start_gateway, stack, hold):
+    """Every kind of body the filter cannot read, sent with the `openai` SDK (its own API key each): over
+    64 KiB (a long prompt), not JSON, no `model`, a `model` that is not a string. None passes the budget
+    uncounted (before, each skipped the rule: `on_missing` left the key missing), and none is charged to a
+    limiter other tenants share: each tenant's limiter of unread bodies (`...:!missing`) holds exactly its
+    one request, reserved at the rule's default or settled to the usage its answer reported; the tenant
+    whose body was read is charged under its model as before."""
+    gateway = start_gateway(DOCS_BUDGET, hold_headers_for_body=hold)
+    messages = [{"role": "user", "content": "say 20 tokens"}]
+    cases: dict[str, Callable[[openai.OpenAI], Any]] = {
+        "too-large": lambda c: chat(c, LONG_PROMPT, max_tokens=300),
+        "not-json": lambda c: c.post("/chat/completions", cast_to=httpx.Response,
+                                     content=b"model=gpt-4o-mini&max_tokens=5"),
+        "no-model": lambda c: c.post("/chat/completions", body={"messages": messages, "max_tokens": 300},
+                                     cast_to=httpx.Response),
+        "model-not-a-string": lambda c: chat(c, "say 20 tokens", max_tokens=300, extra_body={"model": ["gpt-4o"]}),
+    }
+    for key, call in cases.items():
+        with gateway.openai(api_key=key, max_retries=0) as client:
+            try:
+                call(client)
+            except openai.APIStatusError as error:  # the upstream refuses what it cannot read either
+                assert error.status_code != 429, f"{key}: {error}"
+    with gateway.openai(api_key="readable") as client:
+        assert chat(client, "say 20 tokens", max_tokens=300).usage == predicted("say 20 tokens", max_tokens=300)
+    gateway.served(len(cases) + 1)
+
+    def charged() -> dict[str, list[llm.Member]] | None:
+        found = {key: members(stack, unread_limiter("tokens", key)) for key in cases}
+        settled = all(m.random[:2] in (b"-s", b"-r") for ms in found.values() for m in ms)
+        return found if settled and all(len(ms) == 1 for ms in found.values()) else None
+
+    try:
+        found = h.wait_until(charged, 5.0, "each tenant's unread body to be charged")
+    except h.HarnessError:
+        states = {key: _state(stack, unread_limiter("tokens", key)) for key in cases}
+        raise AssertionError(f"an unreadable body passed uncounted: {states}") from None
+    for key, [member] in found.items():
+        assert member.permits > 0, f"{key}: {member}"
+        if member.random[:2] == b"-r":
+            assert member.permits == 700, f"{key}: kept at the reservation's default: {member}"
+    assert found["too-large"][0].permits == predicted(LONG_PROMPT, max_tokens=300), "settled to its usage"
+    settled_to(stack, f"{key_limiter('tokens', 'readable')}:{OPENAI_MODEL}", [predicted("say 20 tokens", max_tokens=300)])
+    shared = [name for name in stack.redis.client.keys("*!missing*") if b"Bearer" not in name and b"~" not in name]
+    assert shared == [], f"a limiter of unread bodies shared by all tenants: {shared}"
+
+
+def test_a_request_the_upstream_never_answered_gives_its_reservation_back(start_gateway, start_upstream, stack):
+    """The upstream is down: Envoy answers the SDK's call itself (503, `UF`: the connection failed). The
+    request's reservation (its 300 `max_tokens`) settles to 0 at once, counted in `settled_unanswered`, so
+    the tenant's budget is whole again (no member left, the value back at the rate); before, it stayed reserved for the whole interval. With the held
+    headers of the docs' configuration: the upstream request starts once the reservation is taken."""
+    down = start_upstream()
+    gateway = start_gateway(DOCS_BUDGET, upstream=down, hold_headers_for_body=True)
+    down.stop()
+    with gateway.openai(max_retries=0) as client:
+        with pytest.raises(openai.InternalServerError) as refused:
+            chat(client, "say 20 tokens", max_tokens=300)
+    assert refused.value.status_code == 503
+    name = f"{key_limiter('tokens')}:{OPENAI_MODEL}"
+
+    def given_back() -> bool:
+        # The settle to 0 removes the member and gives its 300 permits back to the value.
+        return members(stack, name) == [] and value(stack, name) == 100_000
+
+    try:
+        h.wait_until(given_back, 5.0, "the reservation to settle to 0")
+    except h.HarnessError:
+        raise AssertionError(f"the reservation was not given back: {_state(stack, name)}; "
+                             f"{gateway.envoy.metrics()}; {gateway.access(1)}") from None
+    assert gateway.envoy.metrics().get("settled_unanswered") == 1

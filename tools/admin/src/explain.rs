@@ -11,18 +11,18 @@
 //! What it cannot see: a gateway's local block and leases (in the gateway's memory; both agree with Redis
 //! on the answer, docs/configuration.md, "Local block"), and traffic between the read and the request.
 
-use edge_rate_limiter::config::{LimiterType, Mode, Plugin, PluginConfig, RateSource, Rule};
-use edge_rate_limiter::key::LimiterKeys;
+use edge_rate_limiter::config::{LimiterType, Mode, Plugin, PluginConfig, RateSource, Reserve, Rule};
+use edge_rate_limiter::key::{extract, KeyValue, LimiterKeys};
 use edge_rate_limiter::limiter::{applications, Applies as Applied};
 use edge_rate_limiter::response::seconds_ceil;
 
 use crate::error::{AdminError, Result};
 use crate::model::{next_config, parse_value, permits_of, summarize, Config, ConfigStep, Outlook, Stored};
 use crate::ops::{client_ids, peek_config, peek_window, Peeked};
-use crate::plugin::{config_name, value_match_text};
+use crate::plugin::{config_name, cost_summary, key_parts, value_match_text};
 use crate::redis_io::Redis;
 use crate::report::InflightExplain;
-use crate::report::{Applies, ExplainReport, RuleExplain, RuleVerdict, State, Verdict, WindowExplain};
+use crate::report::{Applies, ExplainReport, PermitsFrom, RuleExplain, RuleVerdict, State, Verdict, WindowExplain};
 use crate::request::Request;
 
 /// `explain`: the request's configuration, each of its rules' limiter and state, and the verdict at
@@ -48,11 +48,13 @@ pub fn explain(
     };
     for application in applied {
         let Some(rule) = config.rules.get(application.entry) else { continue };
+        let permits = reserved(rule, &report.request);
+        let entry = application.entry;
         let explained = match application.applies {
-            Applied::Exempt => not_acquiring(rule, application.entry, Applies::Exempt, RuleVerdict::Skipped),
-            Applied::NoKey => not_acquiring(rule, application.entry, Applies::NoKey, RuleVerdict::Skipped),
-            Applied::Denied => not_acquiring(rule, application.entry, Applies::Denied, RuleVerdict::Denied),
-            Applied::Limiter { name } => limiter_rule(redis, rule, application.entry, name, client_id, now_ms)?,
+            Applied::Exempt => not_acquiring(rule, entry, permits, Applies::Exempt, RuleVerdict::Skipped),
+            Applied::NoKey => not_acquiring(rule, entry, permits, Applies::NoKey, RuleVerdict::Skipped),
+            Applied::Denied => not_acquiring(rule, entry, permits, Applies::Denied, RuleVerdict::Denied),
+            Applied::Limiter { name } => limiter_rule(redis, rule, entry, permits, name, client_id, now_ms)?,
         };
         report.rules.push(explained);
     }
@@ -62,8 +64,28 @@ pub fn explain(
     Ok(report)
 }
 
-/// A rule that takes no permit from a limiter for this request.
-fn not_acquiring(rule: &Rule, entry: usize, applies: Applies, verdict: RuleVerdict) -> RuleExplain {
+/// The permits a request of entry `rule` asks for, as the filter counts them (its
+/// `limiter::reservation::permits_of`): the rule's `permits`, or with a `cost.reserve` read from the request
+/// its whole number clamped to 1..=rate, else its `default`. `explain` has no body and no properties: a
+/// reservation read from them is its default.
+pub fn reserved(rule: &Rule, request: &Request) -> (u64, PermitsFrom) {
+    let Some(Reserve::From { source, default }) = rule.cost.as_ref().map(|cost| &cost.reserve) else {
+        return (rule.permits, PermitsFrom::Rule);
+    };
+    let KeyValue::Value(value) = extract(source, request) else { return (*default, PermitsFrom::Default) };
+    let asked = std::str::from_utf8(&value).ok().and_then(|text| text.trim().parse::<u64>().ok());
+    asked.map_or((*default, PermitsFrom::Default), |permits| (permits.clamp(1, rule.rate), PermitsFrom::Request))
+}
+
+/// A rule that takes no permit from a limiter for this request; `permits`: what it would ask for
+/// ([`reserved`]).
+fn not_acquiring(
+    rule: &Rule,
+    entry: usize,
+    (permits, permits_from): (u64, PermitsFrom),
+    applies: Applies,
+    verdict: RuleVerdict,
+) -> RuleExplain {
     RuleExplain {
         rule: rule.name.clone(),
         entry,
@@ -71,7 +93,11 @@ fn not_acquiring(rule: &Rule, entry: usize, applies: Applies, verdict: RuleVerdi
         value_match: rule.value_match.as_ref().map(value_match_text),
         rate: rule.rate,
         interval_ms: rule.interval_ms,
-        permits: rule.permits,
+        permits,
+        permits_from,
+        key: key_parts(&rule.source),
+        rates_by: rule.rates_by.as_ref().map(key_parts),
+        cost: rule.cost.as_ref().map(cost_summary),
         applies,
         limiter: None,
         redis_config: None,
@@ -103,11 +129,12 @@ fn limiter_rule(
     redis: &mut Redis,
     rule: &Rule,
     entry: usize,
+    permits: (u64, PermitsFrom),
     name: String,
     client_id: Option<&str>,
     now_ms: u64,
 ) -> Result<RuleExplain> {
-    let mut explained = not_acquiring(rule, entry, Applies::Limiter, RuleVerdict::Unknown);
+    let mut explained = not_acquiring(rule, entry, permits, Applies::Limiter, RuleVerdict::Unknown);
     explained.limiter = Some(name.clone());
     match read_limiter(redis, rule, &name, client_id, now_ms, &mut explained) {
         Ok(()) => {}
@@ -179,7 +206,7 @@ fn read_limiter(
             expired,
             ttl,
         };
-        let outlook = stored.outlook(effective.rate, effective.interval_ms, rule.permits, now_ms);
+        let outlook = stored.outlook(effective.rate, effective.interval_ms, explained.permits, now_ms);
         explained.windows.push(window_explain(state, outlook));
     }
     let (verdict, remaining, wait_ms, delay_ms) = worst(&explained.windows);
@@ -305,6 +332,24 @@ pub fn retry_after_s(delay_ms: u64) -> u64 {
     seconds_ceil(delay_ms).max(1)
 }
 
+/// What `explain` reports of each rule of `config` for `request`, without Redis: its rules with their key,
+/// permits, cost and limiter name, no window read (for the text's tests).
+#[cfg(test)]
+pub(crate) fn without_redis(config: &PluginConfig, request: Request) -> ExplainReport {
+    let mut report = ExplainReport::unlimited(request, 0);
+    report.configuration = Some("global".into());
+    for applied in applications(config, &report.request).into_iter().flatten() {
+        let Some(rule) = config.rules.get(applied.entry) else { continue };
+        let permits = reserved(rule, &report.request);
+        let mut explained = not_acquiring(rule, applied.entry, permits, Applies::Limiter, RuleVerdict::Unknown);
+        if let Applied::Limiter { name } = applied.applies {
+            explained.limiter = Some(name);
+        }
+        report.rules.push(explained);
+    }
+    report
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -326,7 +371,7 @@ mod tests {
         )
         .unwrap();
         let rule = Rule { name: name.to_string(), mode, ..config.rules[0].clone() };
-        not_acquiring(&rule, 0, Applies::Limiter, verdict)
+        not_acquiring(&rule, 0, (rule.permits, PermitsFrom::Rule), Applies::Limiter, verdict)
     }
 
     fn allowed(name: &str, mode: Mode, remaining: u64) -> RuleExplain {
@@ -402,5 +447,52 @@ mod tests {
     #[test]
     fn retry_after_is_the_filters_header_value() {
         assert_eq!((retry_after_s(3), retry_after_s(1_000), retry_after_s(1_001)), (1, 1, 2));
+    }
+
+    /// docs/operating.md's token-budget rule, and a rule reserving a header's number.
+    const TOKENS: &str = r#"{"redis":{"cluster":"webdis","timeout":"200ms"},"rules":[{"name":"tokens",
+        "limit_by":[{"header":"authorization"},{"body":"model"}],"rate":100000,"interval":"1m",
+        "rates_by":{"header":"x-plan"},"rates_by_value":[{"values":["gold"],"rate":1000000}],
+        "cost":{"reserve":{"body":"openai","default":4000},"settle":{"usage":"openai","include_usage":true}}},
+        {"name":"calls","limit_by":{"header":"authorization"},"rate":500,"interval":"1m",
+        "cost":{"reserve":{"header":"x-max-tokens","default":40},"settle":{"response_header":"x-cost"}}}]}"#;
+
+    /// A request of `headers` to `/v1/chat/completions`.
+    fn request(headers: &[&str]) -> Request {
+        let headers: Vec<_> = headers.iter().map(|h| crate::request::parse_header(h).unwrap()).collect();
+        Request::new(&headers, Some("/v1/chat/completions"), None, None, None)
+    }
+
+    #[test]
+    fn a_body_key_part_is_charged_as_missing_and_a_body_reservation_is_its_default() {
+        let config = PluginConfig::from_json(TOKENS.as_bytes()).unwrap();
+        let report = without_redis(&config, request(&["authorization:sk-a", "x-plan:gold", "x-max-tokens:250"]));
+        let json = serde_json::to_value(&report).unwrap();
+        let (tokens, calls) = (&json["rules"][0], &json["rules"][1]);
+        assert_eq!(tokens["limiter"], "erl:tokens:sk-a:!missing", "charged to the API key's limiter");
+        assert_eq!(tokens["key"][1], serde_json::json!({"source": "body", "text": "body model", "unread": "!missing"}));
+        assert_eq!((&tokens["permits"], &tokens["permits_from"]), (&4000.into(), &"default".into()));
+        assert_eq!(tokens["cost"]["reserve"]["source"], "body");
+        assert_eq!((&calls["permits"], &calls["permits_from"]), (&250.into(), &"request".into()));
+    }
+
+    #[test]
+    fn a_reservation_read_from_a_header_is_clamped_else_its_default() {
+        let config = PluginConfig::from_json(TOKENS.as_bytes()).unwrap();
+        let calls = &config.rules[2];
+        let with = |value: &str| {
+            let headers = [crate::request::parse_header(&format!("x-max-tokens:{value}")).unwrap()];
+            reserved(calls, &Request::new(&headers, None, None, None, None))
+        };
+        assert_eq!(with(" 250 "), (250, PermitsFrom::Request));
+        assert_eq!(with("9999999"), (500, PermitsFrom::Request), "clamped to the rate");
+        assert_eq!(with("0"), (1, PermitsFrom::Request), "at least 1");
+        assert_eq!(with("many"), (40, PermitsFrom::Default));
+        assert_eq!(reserved(calls, &Request::new(&[], None, None, None, None)), (40, PermitsFrom::Default));
+        let body = [crate::request::parse_header("max_tokens:9").unwrap()];
+        let read = reserved(&config.rules[1], &Request::new(&body, None, None, None, None));
+        assert_eq!(read, (4000, PermitsFrom::Default), "explain reads no body");
+        let fixed = rule("r", Mode::Enforce, RuleVerdict::Allowed);
+        assert_eq!((fixed.permits, fixed.permits_from), (1, PermitsFrom::Rule));
     }
 }

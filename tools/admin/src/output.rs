@@ -8,9 +8,10 @@ use edge_rate_limiter::config::LimiterType;
 
 use crate::explain::retry_after_s;
 use crate::model::{type_name, Config, ConfigStep, HeldTotal};
+use crate::plugin::{key_text, key_text_with};
 use crate::report::{
-    Applies, ChangeReport, DeleteReport, ExplainReport, KeyTtl, ListEntry, RuleExplain, RuleVerdict, ShowReport, State,
-    ValidateReport, Verdict,
+    Applies, ChangeReport, CostSummary, DeleteReport, ExplainReport, KeyTtl, ListEntry, PermitsFrom, ReserveSource,
+    ReserveSummary, RuleExplain, RuleVerdict, SettleSource, SettleSummary, ShowReport, State, ValidateReport, Verdict,
 };
 use crate::units::{human_ms, timestamp};
 
@@ -218,10 +219,16 @@ pub fn validate(report: &ValidateReport) -> String {
             .map(|rule| {
                 let mut extras = Vec::new();
                 if let Some(value_match) = &rule.value_match {
-                    extras.push(format!("for {value_match}"));
+                    match &rule.rates_by {
+                        Some(rates_by) => extras.push(format!("for {value_match} of {}", key_text(rates_by))),
+                        None => extras.push(format!("for {value_match}")),
+                    }
                 }
-                if rule.permits != 1 {
+                if rule.permits != 1 && rule.cost.is_none() {
                     extras.push(format!("{} permits a request", rule.permits));
+                }
+                if rule.on_missing != "skip" {
+                    extras.push(format!("on_missing {}", rule.on_missing));
                 }
                 if rule.limiter_type != "overall" {
                     extras.push(rule.limiter_type.to_string());
@@ -235,7 +242,7 @@ pub fn validate(report: &ValidateReport) -> String {
                 let mode = [rule.mode.to_string()].into_iter().chain(extras).collect::<Vec<_>>().join(", ");
                 [
                     rule.name.clone(),
-                    limit_by_text(&rule.limit_by),
+                    key_text(&rule.key),
                     match (rule.max_in_flight, rule.lease_ms) {
                         (Some(n), Some(lease)) => format!("{n} in flight, lease {}", human_ms(lease)),
                         _ => format!("{} per {}", rule.rate, human_ms(rule.interval_ms)),
@@ -244,17 +251,67 @@ pub fn validate(report: &ValidateReport) -> String {
                 ]
             })
             .collect();
-        out.push_str(&table("  ", &rows));
+        // A rule's cost once, under its last entry (a rule with `rates_by_value` has several, one cost).
+        let lines = table("  ", &rows);
+        for (index, (line, rule)) in lines.lines().zip(&config.rules).enumerate() {
+            let _ = writeln!(out, "{line}");
+            let last = config.rules.get(index + 1).is_none_or(|next| next.name != rule.name);
+            if let (true, Some(cost)) = (last, &rule.cost) {
+                cost_lines(&mut out, "    ", "  ", cost, "");
+            }
+        }
     }
     out
 }
 
-/// A `limit_by` in a summary: a name as it is (`client_ip`), an object or list as compact JSON.
-fn limit_by_text(limit_by: &serde_json::Value) -> String {
-    match limit_by {
-        serde_json::Value::String(name) => name.clone(),
-        other => other.to_string(),
+/// A reservation in words: `4000`, `the body's max_completion_tokens|max_tokens|max_output_tokens
+/// (openai), else 4000`, `header x-max-tokens, else 4000`.
+pub fn reserve_text(reserve: &ReserveSummary) -> String {
+    let from = reserve.from.join("|");
+    match reserve.source {
+        ReserveSource::Fixed => reserve.default.to_string(),
+        ReserveSource::Body => {
+            let api = reserve.api.map(|api| format!(" ({api})")).unwrap_or_default();
+            format!("the body's {from}{api}, else {}", reserve.default)
+        }
+        ReserveSource::Header => format!("header {from}, else {}", reserve.default),
+        ReserveSource::Property => format!("property {from}, else {}", reserve.default),
     }
+}
+
+/// Where a settlement reads the cost, in words: `the usage in the response body (openai, include_usage)`,
+/// `the response body's usage.total_tokens`, `response header x-cost`.
+pub fn settle_text(settle: &SettleSummary) -> String {
+    if settle.source == SettleSource::ResponseHeader {
+        return format!("response header {}", settle.from.join(", "));
+    }
+    let mut details = Vec::new();
+    if settle.include_usage {
+        details.push("include_usage".to_string());
+    }
+    if let Some(w) = &settle.weights {
+        details.push(format!(
+            "weights input {} cached_input {} cache_write {} output {}",
+            w.input, w.cached_input, w.cache_write, w.output
+        ));
+    }
+    match settle.usage {
+        Some("paths") | None => {
+            let details = details.iter().map(|d| format!(" ({d})")).collect::<String>();
+            format!("the response body's {}{details}", settle.from.join(" + "))
+        }
+        Some(api) => {
+            let details = [api.to_string()].into_iter().chain(details).collect::<Vec<_>>().join(", ");
+            format!("the usage in the response body ({details})")
+        }
+    }
+}
+
+/// A cost's `reserve` and `settle` lines, labels padded to `pad` past `indent`; `request`: what the
+/// reservation is for the request explained (empty in `validate`).
+fn cost_lines(out: &mut String, indent: &str, pad: &str, cost: &CostSummary, request: &str) {
+    let _ = writeln!(out, "{indent}reserve{pad}{}{request}", reserve_text(&cost.reserve));
+    let _ = writeln!(out, "{indent}settle {pad}{}", settle_text(&cost.settle));
 }
 
 /// Rows as aligned columns, each line after `indent`, trailing blanks trimmed.
@@ -361,17 +418,38 @@ fn rule_lines(out: &mut String, rule: &RuleExplain) {
     match rule.applies {
         Applies::Exempt => {
             let _ = writeln!(out, ": skipped: the rule's exempt matches");
-            return;
         }
         Applies::NoKey => {
             let _ = writeln!(out, ": skipped: the request has no key value");
-            return;
         }
         Applies::Denied => {
             let _ = writeln!(out, ": denied: the request has no key value (on_missing deny), without Redis");
-            return;
         }
         Applies::Limiter => out.push('\n'),
+    }
+    // `explain` takes no body: every part read from it stands as unread.
+    let _ = writeln!(out, "  key          {}", key_text_with(&rule.key, "; explain reads no body"));
+    if let Some(rates_by) = &rule.rates_by {
+        let _ = writeln!(out, "  rates_by     {}", key_text_with(rates_by, "; explain reads no body"));
+    }
+    if let Some(cost) = &rule.cost {
+        let request = match (rule.permits_from, cost.reserve.source) {
+            (PermitsFrom::Rule, _) => String::new(),
+            (PermitsFrom::Request, _) => format!("; this request: {}", rule.permits),
+            (PermitsFrom::Default, ReserveSource::Body) => {
+                format!("; this request: {} (explain reads no body)", rule.permits)
+            }
+            (PermitsFrom::Default, ReserveSource::Property) => {
+                format!("; this request: {} (explain reads no property)", rule.permits)
+            }
+            (PermitsFrom::Default, _) => {
+                format!("; this request: {} (no whole number in {})", rule.permits, cost.reserve.from.join(", "))
+            }
+        };
+        cost_lines(out, "  ", "      ", cost, &request);
+    }
+    if rule.applies != Applies::Limiter {
+        return;
     }
     let _ = writeln!(out, "  limiter      {}", rule.limiter.as_deref().unwrap_or("?"));
     if let Some(problem) = &rule.problem {
@@ -543,11 +621,11 @@ ttl  {erl:llm}:value  no expiry
             validate(&report),
             r#"valid: 2 configurations (envoy build)
 global: redis cluster webdis (http); failure_mode allow
-  per-user  {"header":"x-user-id"}  100 per 1m  enforce, 2 permits a request
-  per-ip    client_ip               20 per 1s   shadow, per-client
+  per-user  header x-user-id  100 per 1m  enforce, 2 permits a request
+  per-ip    client_ip         20 per 1s   shadow, per-client
 _rules_[0]: routes login; domains *.example.com; redis cluster webdis (http); failure_mode allow; exempt client_ips 10.0.0.0/8
-  login  [{"header":"x-user-id"},"path"]  1 per 1m  enforce, for values ["bob:/x"], limiter auth:login
-  login  [{"header":"x-user-id"},"path"]  2 per 1m  enforce, limiter auth:login
+  login  header x-user-id, path  1 per 1m  enforce, for values ["bob:/x"], limiter auth:login
+  login  header x-user-id, path  2 per 1m  enforce, limiter auth:login
 "#
         );
     }
@@ -576,6 +654,10 @@ _rules_[0]: routes login; domains *.example.com; redis cluster webdis (http); fa
             rate: 5,
             interval_ms: 4_000,
             permits: 1,
+            permits_from: PermitsFrom::Rule,
+            key: crate::plugin::key_parts(&edge_rate_limiter::key::KeySource::header("x-user-id")),
+            rates_by: None,
+            cost: None,
             applies: Applies::Limiter,
             limiter: Some("erl:u:alice".into()),
             redis_config: Some(config),
@@ -597,6 +679,7 @@ _rules_[0]: routes login; domains *.example.com; redis cluster webdis (http); fa
         };
         let skipped = RuleExplain {
             rule: "ip".into(),
+            key: crate::plugin::key_parts(&edge_rate_limiter::key::KeySource::ClientIp),
             applies: Applies::NoKey,
             verdict: RuleVerdict::Skipped,
             mode: "shadow",
@@ -620,6 +703,7 @@ _rules_[0]: routes login; domains *.example.com; redis cluster webdis (http); fa
 verdict        rejected (429) by u: allowed in 1s 500ms (Retry-After: 2)
 now            1970-01-01T00:00:02.500Z
 rule u (enforce): 5 per 4s
+  key          header x-user-id
   limiter      erl:u:alice
   config       Redis holds 3 per 4s (overall, keepAlive none): it wins (rate_source redis)
   ttl  erl:u:alice  no expiry
@@ -631,9 +715,134 @@ rule u (enforce): 5 per 4s
   ttl  {erl:u:alice}:value  3s (3000 ms)
   verdict      rejected: allowed in 1s 500ms (Retry-After: 2)
 rule ip (shadow): 5 per 4s: skipped: the request has no key value
+  key          client_ip
 "
         );
         let unlimited = ExplainReport::unlimited(report.request, 0);
         assert!(explain(&unlimited).ends_with("verdict        unlimited\n"));
+    }
+
+    /// The token-budget configuration of docs/configuration.md and docs/operating.md.
+    pub(crate) const TOKENS: &str = r#"{"redis":{"cluster":"webdis","timeout":"200ms"},"rules":[{"name":"tokens",
+        "limit_by":[{"header":"authorization"},{"body":"model"}],"rate":100000,"interval":"1m",
+        "rates_by":{"header":"x-plan"},"rates_by_value":[{"values":["gold"],"rate":1000000}],
+        "cost":{"reserve":{"body":"openai","default":4000},"settle":{"usage":"openai","include_usage":true}}}]}"#;
+
+    fn validated(json: &str) -> ValidateReport {
+        let plugin = crate::plugin::load(json.as_bytes(), crate::plugin::Build::Envoy).unwrap();
+        ValidateReport { valid: true, build: "envoy", error: None, configurations: crate::plugin::summarize(&plugin) }
+    }
+
+    #[test]
+    fn validate_says_where_a_body_key_part_and_a_body_reservation_are_read() {
+        let report = validated(TOKENS);
+        assert_eq!(
+            validate(&report),
+            r#"valid: 1 configuration (envoy build)
+global: redis cluster webdis (http); failure_mode allow
+  tokens  header authorization, body model (unreadable body: !missing)  1000000 per 1m  enforce, for values ["gold"] of header x-plan
+  tokens  header authorization, body model (unreadable body: !missing)  100000 per 1m   enforce
+    reserve  the body's max_completion_tokens|max_tokens|max_output_tokens (openai), else 4000
+    settle   the usage in the response body (openai, include_usage)
+"#
+        );
+        let json = serde_json::to_value(&report).unwrap();
+        let rule = &json["configurations"][0]["rules"][1];
+        assert_eq!(rule["limit_by"], serde_json::json!([{"header": "authorization"}, {"body": "model"}]));
+        assert_eq!(
+            rule["key"],
+            serde_json::json!([
+                {"source": "header", "text": "header authorization", "unread": null},
+                {"source": "body", "text": "body model", "unread": "!missing"}])
+        );
+        assert_eq!(rule["on_missing"], "skip");
+        assert_eq!(
+            rule["rates_by"],
+            serde_json::json!([{"source": "header", "text": "header x-plan", "unread": null}])
+        );
+        assert_eq!(
+            rule["cost"],
+            serde_json::json!({
+                "reserve": {"source": "body", "from": ["max_completion_tokens", "max_tokens", "max_output_tokens"],
+                    "api": "openai", "default": 4000},
+                "settle": {"source": "usage", "usage": "openai", "from": [], "include_usage": true, "weights": null}})
+        );
+        assert_eq!(rule["permits"], 4000);
+    }
+
+    #[test]
+    fn validate_words_every_key_source_reservation_and_settlement() {
+        let json = r#"{"redis":{"cluster":"webdis"},"rules":[
+            {"name":"fixed","limit_by":{"query":"key"},"rate":100,"interval":"1m","on_missing":"deny",
+             "cost":{"reserve":40,"settle":{"response_header":"X-Cost"}}},
+            {"name":"header","limit_by":[{"cookie":"s"},{"x_forwarded_for":2}],"rate":100,"interval":"1m",
+             "cost":{"reserve":{"header":"x-max-tokens","default":10},"settle":{"usage":{"paths":["usage.a","b"]}}}},
+            {"name":"property","limit_by":{"property":["metadata","envoy.jwt","sub"]},"rate":100,"interval":"1m",
+             "cost":{"reserve":{"property":"filter_state.max","default":10},
+                     "settle":{"usage":"anthropic","weights":{"cached_input":0.1,"output":4}}}},
+            {"name":"paths","limit_by":{"client_ip":{"ipv4_prefix":24}},"rate":100,"interval":"1m",
+             "cost":{"reserve":{"body":{"paths":["a.b","c"]},"default":10},"settle":{"usage":"gemini"}}},
+            {"name":"plan","limit_by":{"body":"user.id"},"rate":5,"interval":"1s","permits":2,
+             "rates_by":{"body":"plan"},"rates_by_value":[{"values":["pro"],"rate":10}]}]}"#;
+        assert_eq!(
+            validate(&validated(json)),
+            r#"valid: 1 configuration (envoy build)
+global: redis cluster webdis (http); failure_mode allow
+  fixed     query key                                 100 per 1m  enforce, on_missing deny
+    reserve  40
+    settle   response header x-cost
+  header    cookie s, x_forwarded_for 2 hops          100 per 1m  enforce
+    reserve  header x-max-tokens, else 10
+    settle   the response body's usage.a + b
+  property  property ["metadata","envoy.jwt","sub"]   100 per 1m  enforce
+    reserve  property filter_state.max, else 10
+    settle   the usage in the response body (anthropic, weights input 1 cached_input 0.1 cache_write 1 output 4)
+  paths     client_ip /24 (IPv6 /128)                 100 per 1m  enforce
+    reserve  the body's a.b|c, else 10
+    settle   the usage in the response body (gemini)
+  plan      body user.id (unreadable body: !missing)  10 per 1s   enforce, for values ["pro"] of body plan (unreadable body: !missing), 2 permits a request
+  plan      body user.id (unreadable body: !missing)  5 per 1s    enforce, 2 permits a request
+"#
+        );
+    }
+
+    #[test]
+    fn explain_says_where_the_key_and_the_reservation_are_read_and_what_explain_cannot_read() {
+        let calls = r#"{"name":"calls","limit_by":{"header":"authorization"},"rate":500,"interval":"1m",
+            "cost":{"reserve":{"header":"x-max-tokens","default":40},"settle":{"response_header":"x-cost"}}}"#;
+        let json = format!("{},{calls}]}}", TOKENS.strip_suffix("]}").unwrap());
+        let config = edge_rate_limiter::config::PluginConfig::from_json(json.as_bytes()).unwrap();
+        let headers: Vec<_> = ["authorization:sk-a", "x-plan:gold", "x-max-tokens:250"]
+            .iter()
+            .map(|h| crate::request::parse_header(h).unwrap())
+            .collect();
+        let request = crate::request::Request::new(&headers, Some("/v1/chat/completions"), None, None, None);
+        let text = explain(&crate::explain::without_redis(&config, request));
+        assert!(
+            text.ends_with(
+                r#"rule tokens (enforce, rates_by_value values ["gold"]): 1000000 per 1m, 4000 permits a request
+  key          header authorization, body model (unreadable body: !missing; explain reads no body)
+  rates_by     header x-plan
+  reserve      the body's max_completion_tokens|max_tokens|max_output_tokens (openai), else 4000; this request: 4000 (explain reads no body)
+  settle       the usage in the response body (openai, include_usage)
+  limiter      erl:tokens:sk-a:!missing
+rule calls (enforce): 500 per 1m, 250 permits a request
+  key          header authorization
+  reserve      header x-max-tokens, else 40; this request: 250
+  settle       response header x-cost
+  limiter      erl:calls:sk-a
+"#
+            ),
+            "{text}"
+        );
+        let request = crate::request::Request::new(&headers[..1], None, None, None, None);
+        let text = explain(&crate::explain::without_redis(&config, request));
+        assert!(
+            text.contains(
+                "  reserve      header x-max-tokens, else 40; this request: 40 (no whole number in x-max-tokens)\n"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("  limiter      erl:tokens:sk-a:!missing\n"), "no plan: the default entry, {text}");
     }
 }

@@ -7,14 +7,20 @@
 use std::io::Read as _;
 use std::path::Path;
 
-use edge_rate_limiter::config::{FailureMode, InflightRule, Plugin, Rule, TransportKind};
+use edge_rate_limiter::config::{
+    Cost, FailureMode, InflightRule, OnMissing, Plugin, PluginConfig, Reserve, Rule, Settle, TransportKind,
+};
 use edge_rate_limiter::filter;
-use edge_rate_limiter::key::KeySource;
+use edge_rate_limiter::key::{KeySource, UNREAD_BODY_PART};
 use edge_rate_limiter::matching::{Exemption, ValueMatch};
+use edge_rate_limiter::usage::{UsageFormat, Weights};
 
 use crate::error::{AdminError, Result};
 use crate::model::type_name;
-use crate::report::{ConfigSummary, RuleSummary};
+use crate::report::{
+    ConfigSummary, CostSummary, KeyPart, ReserveSource, ReserveSummary, RuleSummary, SettleSource, SettleSummary,
+    WeightsSummary,
+};
 
 /// What the filter writes before the reason when it refuses a configuration.
 pub use edge_rate_limiter::filter::REFUSAL_PREFIX;
@@ -117,10 +123,14 @@ fn rule_summary(rule: &Rule) -> RuleSummary {
     RuleSummary {
         name: rule.name.clone(),
         limit_by: key_source(&rule.source),
+        key: key_parts(&rule.source),
+        on_missing: on_missing_name(rule.on_missing),
+        rates_by: rule.rates_by.as_ref().map(key_parts),
         value_match: rule.value_match.as_ref().map(value_match_text),
         rate: rule.rate,
         interval_ms: rule.interval_ms,
         permits: rule.permits,
+        cost: rule.cost.as_ref().map(cost_summary),
         limiter_type: type_name(rule.limiter_type),
         mode: rule.mode.name(),
         limiter: rule.limiter.clone(),
@@ -134,10 +144,14 @@ fn inflight_summary(rule: &InflightRule) -> RuleSummary {
     RuleSummary {
         name: rule.name.clone(),
         limit_by: key_source(&rule.source),
+        key: key_parts(&rule.source),
+        on_missing: on_missing_name(rule.on_missing),
+        rates_by: None,
         value_match: None,
         rate: 0,
         interval_ms: 0,
         permits: 1,
+        cost: None,
         limiter_type: "overall",
         mode: rule.mode.name(),
         limiter: rule.limiter.clone(),
@@ -181,6 +195,150 @@ pub fn key_source(source: &KeySource) -> serde_json::Value {
             [only] => json!({ "body": only.join(".") }),
             _ => json!({ "body": { "paths": paths.iter().map(|path| path.join(".")).collect::<Vec<_>>() } }),
         },
+    }
+}
+
+/// A key's parts in words: `header authorization, body model (unreadable body: !missing)`.
+pub fn key_text(parts: &[KeyPart]) -> String {
+    key_text_with(parts, "")
+}
+
+/// A key's parts in words, `note` added to what stands for an unread body part.
+pub fn key_text_with(parts: &[KeyPart], note: &str) -> String {
+    let texts: Vec<String> = parts
+        .iter()
+        .map(|part| match part.unread {
+            Some(unread) => format!("{} (unreadable body: {unread}{note})", part.text),
+            None => part.text.clone(),
+        })
+        .collect();
+    texts.join(", ")
+}
+
+/// `on_missing` as the configuration writes it.
+pub fn on_missing_name(on_missing: OnMissing) -> &'static str {
+    match on_missing {
+        OnMissing::Skip => "skip",
+        OnMissing::Deny => "deny",
+        OnMissing::Share => "share",
+    }
+}
+
+/// A key (`limit_by`, `rates_by`) part by part: where each part is read from, in words, and for a part
+/// read from the body what stands for it when the body does not give it ([`UNREAD_BODY_PART`]).
+pub fn key_parts(source: &KeySource) -> Vec<KeyPart> {
+    match source {
+        KeySource::Composite(parts) => parts.iter().flat_map(key_parts).collect(),
+        one => vec![key_part(one)],
+    }
+}
+
+fn key_part(source: &KeySource) -> KeyPart {
+    let (kind, text) = match source {
+        KeySource::Header(name) => ("header", format!("header {name}")),
+        KeySource::Query(name) => ("query", format!("query {name}")),
+        KeySource::Cookie(name) => ("cookie", format!("cookie {name}")),
+        KeySource::ClientIp => ("client_ip", "client_ip".to_string()),
+        KeySource::XForwardedFor(1) => ("x_forwarded_for", "x_forwarded_for 1 hop".to_string()),
+        KeySource::XForwardedFor(hops) => ("x_forwarded_for", format!("x_forwarded_for {hops} hops")),
+        KeySource::Path => ("path", "path".to_string()),
+        KeySource::Global => ("global", "global".to_string()),
+        KeySource::Network { of, prefix } => {
+            let address = key_part(of);
+            (address.source, format!("{} /{} (IPv6 /{})", address.text, prefix.ipv4, prefix.ipv6))
+        }
+        KeySource::Property(path) => ("property", format!("property {}", property_path(path))),
+        KeySource::Body(paths) => ("body", format!("body {}", dotted(paths).join("|"))),
+        // Not a part (a composite key is never nested): as the configuration writes it.
+        KeySource::Composite(_) => ("composite", key_source(source).to_string()),
+    };
+    KeyPart { source: kind, text, unread: matches!(source, KeySource::Body(_)).then_some(UNREAD_BODY_PART) }
+}
+
+/// A property path as dotted text, or as its list of segments when one holds a dot.
+fn property_path(path: &[String]) -> String {
+    if path.iter().any(|segment| segment.contains('.')) {
+        serde_json::Value::from(path.to_vec()).to_string()
+    } else {
+        path.join(".")
+    }
+}
+
+/// Body paths (member names) as dotted paths.
+fn dotted(paths: &[Vec<String>]) -> Vec<String> {
+    paths.iter().map(|path| path.join(".")).collect()
+}
+
+/// The API names `cost.reserve.body` takes (the filter's `RESERVE_BODY_FIELDS`).
+const RESERVE_BODY_APIS: [&str; 3] = ["openai", "anthropic", "gemini"];
+
+/// The API whose request-body fields `paths` are, as `{"body": "<api>"}` names them: asked of the filter's
+/// own parser, so the fields are never listed here.
+fn body_api(paths: &[Vec<String>]) -> Option<&'static str> {
+    RESERVE_BODY_APIS.into_iter().find(|api| {
+        let json = format!(
+            r#"{{"redis":{{"cluster":"c"}},"rules":[{{"name":"r","limit_by":"global","rate":1,"interval":1000,
+                "cost":{{"reserve":{{"body":"{api}","default":1}},"settle":{{"response_header":"x"}}}}}}]}}"#
+        );
+        let parsed = PluginConfig::from_json(json.as_bytes()).ok();
+        let reserve = parsed.as_ref().and_then(|config| config.rules.first()).and_then(|rule| rule.cost.as_ref());
+        matches!(reserve.map(|cost| &cost.reserve),
+            Some(Reserve::From { source: KeySource::Body(fields), .. }) if fields == paths)
+    })
+}
+
+/// A rule's `cost`: where its reservation is read from and where its settlement reads the real cost.
+pub fn cost_summary(cost: &Cost) -> CostSummary {
+    let reserve = match &cost.reserve {
+        Reserve::Fixed(permits) => {
+            ReserveSummary { source: ReserveSource::Fixed, from: Vec::new(), api: None, default: *permits }
+        }
+        Reserve::From { source, default } => {
+            let (kind, from, api) = match source {
+                KeySource::Header(name) => (ReserveSource::Header, vec![name.clone()], None),
+                KeySource::Property(path) => (ReserveSource::Property, vec![property_path(path)], None),
+                KeySource::Body(paths) => (ReserveSource::Body, dotted(paths), body_api(paths)),
+                // Unreachable: the parser reads a reservation from a header, a property or the body only.
+                other => (ReserveSource::Header, vec![key_part(other).text], None),
+            };
+            ReserveSummary { source: kind, from, api, default: *default }
+        }
+    };
+    let settle = match &cost.settle {
+        Settle::Usage(format, weights) => {
+            let (usage, from) = match format {
+                UsageFormat::OpenAi => ("openai", Vec::new()),
+                UsageFormat::Anthropic => ("anthropic", Vec::new()),
+                UsageFormat::Gemini => ("gemini", Vec::new()),
+                UsageFormat::Paths(paths) => ("paths", dotted(paths)),
+            };
+            SettleSummary {
+                source: SettleSource::Usage,
+                usage: Some(usage),
+                from,
+                include_usage: cost.include_usage,
+                weights: weights.as_ref().map(weights_summary),
+            }
+        }
+        Settle::ResponseHeader(name) => SettleSummary {
+            source: SettleSource::ResponseHeader,
+            usage: None,
+            from: vec![name.clone()],
+            include_usage: false,
+            weights: None,
+        },
+    };
+    CostSummary { reserve, settle }
+}
+
+/// Weights (thousandths of a permit per token) as permits per token.
+fn weights_summary(weights: &Weights) -> WeightsSummary {
+    let permits = |thousandths: u32| f64::from(thousandths) / 1000.0;
+    WeightsSummary {
+        input: permits(weights.input),
+        cached_input: permits(weights.cached_input),
+        cache_write: permits(weights.cache_write),
+        output: permits(weights.output),
     }
 }
 

@@ -88,7 +88,7 @@ pub struct ListEntry {
 }
 
 /// What `validate` reports.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ValidateReport {
     /// Whether the filter loads the configuration.
     pub valid: bool,
@@ -101,7 +101,7 @@ pub struct ValidateReport {
 }
 
 /// One configuration of a plugin, as `validate` summarizes it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ConfigSummary {
     /// `global`, or `_rules_[i]`.
     pub name: String,
@@ -120,20 +120,30 @@ pub struct ConfigSummary {
 }
 
 /// One entry of a configuration's rules.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RuleSummary {
     /// The rule's name.
     pub name: String,
     /// Where its key value comes from, as the configuration writes it (`{"header":"x-user-id"}`).
     pub limit_by: serde_json::Value,
+    /// The same, part by part: where each is read from, and what stands for a body part the body does not
+    /// give.
+    pub key: Vec<KeyPart>,
+    /// What the rule does with a request missing a key part read from a header, query, cookie, address or
+    /// property: `skip`, `deny` or `share` (a body part is never missing: [`KeyPart::unread`]).
+    pub on_missing: &'static str,
+    /// `rates_by`: where the value its `rates_by_value` entries match is read from, when not the key.
+    pub rates_by: Option<Vec<KeyPart>>,
     /// `rates_by_value` entries: the values it applies to (`values [...]`, `regex ...`).
     pub value_match: Option<String>,
     /// Permits per interval.
     pub rate: u64,
     /// The window, ms.
     pub interval_ms: u64,
-    /// Permits a request takes.
+    /// Permits a request takes (with `cost`: the reservation's fixed number or `default`).
     pub permits: u64,
+    /// `cost`: where the reservation is read from, and where the settlement reads the real cost.
+    pub cost: Option<CostSummary>,
     /// `overall` or `per-client`.
     #[serde(rename = "type")]
     pub limiter_type: &'static str,
@@ -147,6 +157,111 @@ pub struct RuleSummary {
     pub max_in_flight: Option<u64>,
     /// An in-flight rule's lease, ms.
     pub lease_ms: Option<u64>,
+}
+
+/// One part of a key (`limit_by`, `rates_by`; a composite key has several): where it is read from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KeyPart {
+    /// `header`, `query`, `cookie`, `client_ip`, `x_forwarded_for`, `path`, `property`, `body` or `global`.
+    pub source: &'static str,
+    /// The part in words, as the text output writes it: `header authorization`, `body model`,
+    /// `client_ip /24 (IPv6 /64)`, `body a.b|c` (dotted paths tried in order, the first present wins).
+    pub text: String,
+    /// A part read from the JSON request body: what stands for it when the body does not give it (larger
+    /// than 64 KiB, not JSON, no such field, not a string or whole number): `!missing`, written so in the
+    /// limiter name (and in the value `rates_by_value` matches). Such a part never makes the key missing:
+    /// the request is still charged, to the limiter of the key's other parts (`on_missing` applies only to
+    /// the parts read from headers, query, cookies, the address or properties). `None` for those parts.
+    pub unread: Option<&'static str>,
+}
+
+/// A rule's `cost`, as `validate` and `explain` describe it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CostSummary {
+    /// `cost.reserve`: the permits taken at the request.
+    pub reserve: ReserveSummary,
+    /// `cost.settle`: where the real cost is read when the response ends.
+    pub settle: SettleSummary,
+}
+
+/// Where a reservation (`cost.reserve`) comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReserveSource {
+    /// A fixed number of permits.
+    Fixed,
+    /// A request header's whole number.
+    Header,
+    /// A request property's whole number.
+    Property,
+    /// A field of the JSON request body (the first present of its paths).
+    Body,
+}
+
+/// A rule's `cost.reserve`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReserveSummary {
+    /// Where the permits come from.
+    pub source: ReserveSource,
+    /// The header's name, the property's path, or the body's dotted paths in the order tried (none for a
+    /// fixed reservation).
+    pub from: Vec<String>,
+    /// A body reservation by API name (`{"body": "openai"}`): `openai`, `anthropic` or `gemini`.
+    pub api: Option<&'static str>,
+    /// The fixed number; else the permits of a request that gives no whole number (`default`). A number
+    /// read from the request is clamped to 1..=rate.
+    pub default: u64,
+}
+
+/// Where a settlement (`cost.settle`) reads the real cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SettleSource {
+    /// The usage an LLM API reports in the response body (JSON or server-sent events).
+    Usage,
+    /// A response header's whole number.
+    ResponseHeader,
+}
+
+/// A rule's `cost.settle`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SettleSummary {
+    /// Where the cost is read.
+    pub source: SettleSource,
+    /// `usage`: `openai`, `anthropic`, `gemini`, or `paths` (the sum of the numbers at `from`).
+    pub usage: Option<&'static str>,
+    /// `usage` `paths`: the dotted paths summed; `response_header`: the header's name.
+    pub from: Vec<String>,
+    /// `include_usage`: a streamed OpenAI chat request is asked to report its usage.
+    pub include_usage: bool,
+    /// `weights`: permits per token of each kind.
+    pub weights: Option<WeightsSummary>,
+}
+
+/// `cost.settle.weights`: permits per token, by kind.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct WeightsSummary {
+    /// Prompt tokens not read from a cache.
+    pub input: f64,
+    /// Prompt tokens read from a cache.
+    pub cached_input: f64,
+    /// Prompt tokens written to a cache.
+    pub cache_write: f64,
+    /// Generated tokens.
+    pub output: f64,
+}
+
+/// Where the permits `explain` counts for a request come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PermitsFrom {
+    /// The rule's `permits`, or a fixed `cost.reserve`.
+    Rule,
+    /// `cost.reserve`'s header, read from the request (clamped to 1..=rate).
+    Request,
+    /// `cost.reserve`'s `default`: the request gives no whole number (`explain` reads no body and no
+    /// property, so a reservation read from them is always its default).
+    Default,
 }
 
 /// `explain`'s overall answer.
@@ -223,6 +338,8 @@ pub struct InflightExplain {
     pub mode: &'static str,
     /// Requests of one key in flight at once.
     pub max_in_flight: u64,
+    /// Where its key is read from, part by part (never the body: a permit is taken with the headers).
+    pub key: Vec<KeyPart>,
     /// How the rule meets the request.
     pub applies: Applies,
     /// The semaphore the request would take a permit of.
@@ -290,6 +407,14 @@ pub struct RuleExplain {
     pub interval_ms: u64,
     /// Permits the request takes.
     pub permits: u64,
+    /// Where `permits` comes from.
+    pub permits_from: PermitsFrom,
+    /// Where its key is read from, part by part.
+    pub key: Vec<KeyPart>,
+    /// `rates_by`: where the value its `rates_by_value` entries match is read from, when not the key.
+    pub rates_by: Option<Vec<KeyPart>>,
+    /// `cost`: where the reservation is read from, and where the settlement reads the real cost.
+    pub cost: Option<CostSummary>,
     /// Whether and how it applies.
     pub applies: Applies,
     /// Its limiter name.

@@ -17,6 +17,7 @@ use edge_rate_limiter::key::RequestView;
 use edge_rate_limiter::script::{SemaphoreKeys, NO_LEASE_SCORE};
 
 use crate::error::Result;
+use crate::plugin::{key_parts, key_text};
 use crate::redis_io::{integer, scored_members, Redis};
 use crate::report::{Applies, InflightExplain, RuleVerdict};
 use crate::units::{human_ms, timestamp};
@@ -179,6 +180,7 @@ pub fn explain(
             rule: rule.name.clone(),
             mode: rule.mode.name(),
             max_in_flight: rule.max_in_flight,
+            key: key_parts(&rule.source),
             applies: Applies::Limiter,
             semaphore: None,
             free: None,
@@ -233,6 +235,7 @@ pub fn explain_lines(out: &mut String, rule: &InflightExplain) {
         },
     };
     let _ = writeln!(out, ": {what}");
+    let _ = writeln!(out, "  key          {}", key_text(&rule.key));
     if let Some(name) = &rule.semaphore {
         let _ = writeln!(out, "  semaphore    {name} (erl-admin show {name})");
     }
