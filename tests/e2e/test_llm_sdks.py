@@ -813,7 +813,7 @@ def test_a_body_the_filter_cannot_read_is_charged_to_its_own_tenant(start_gatewa
     limiter other tenants share: each tenant's limiter of unread bodies (`...:!missing`) holds exactly its
     one request, reserved at the rule's default or settled to the usage its answer reported; the tenant
     whose body was read is charged under its model as before."""
-    gateway = start_gateway(DOCS_BUDGET, hold_headers_for_body=hold)
+    gateway = start_gateway(DOCS_BUDGET, **({"hold_headers_for_body": True} if hold else {}))
     messages = [{"role": "user", "content": "say 20 tokens"}]
     cases: dict[str, Callable[[openai.OpenAI], Any]] = {
         "too-large": lambda c: chat(c, LONG_PROMPT, max_tokens=300),
