@@ -48,7 +48,7 @@ TEST_SUPPORT = {"testing"}
 # import any sibling.
 SUBFLOORS: dict[str, list[str]] = {
     "src/filter": [
-        "ids metrics route",          # 0 this process's ids, counters and logs, configurations compiled
+        "ids metrics route hold",     # 0 this process's ids, counters and logs, configurations compiled
         "tick",                       # 1 the root context's tick
         "give_back",                  # 2 give-back calls, one at a time
         "outbox settle permit_outbox",  # 3 what leaves from the tick: the outbox, reservations and their settles, in-flight permits

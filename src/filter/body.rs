@@ -26,8 +26,9 @@ use serde_json::Value;
 use crate::host::Host;
 use crate::key::MAX_REQUEST_BODY;
 
+use super::hold::{BodyWhileHeld, HOLD_WITHOUT_BODY_MS};
 use super::route::Route;
-use super::{Action, BodyWhileHeld, Filter};
+use super::{tick, Action, Filter};
 
 /// A request waiting for its body: its route, and its headers as they were before they went on (Envoy lets
 /// a filter read them only until then).
@@ -41,11 +42,6 @@ pub(super) struct Awaiting {
     /// has come ([`release_unfed`]); `None`: its headers went on.
     pub(super) held_since_ms: Option<u64>,
 }
-
-/// How long held headers wait for a first body callback before the filter lets them go (and holds no
-/// headers any more, [`BodyWhileHeld::Withheld`]), ms: a host without `allow_on_headers_stop_iteration`
-/// gives no body until the headers go on.
-pub(super) const HOLD_WITHOUT_BODY_MS: u64 = 1_000;
 
 /// Whether a request of `route` whose body follows is held whole (its headers too) until it is decided:
 /// `hold_headers_for_body`, unless the host showed that it gives no body then; or its body already came
@@ -81,6 +77,25 @@ pub(super) fn release_unfed<H: Host>(filter: &mut Filter<H>, now_ms: u64) {
             super::metrics::host_refused(filter, "proxy_continue_stream");
         }
     }
+}
+
+/// A request of `route` whose rules read its body, and a body follows: waits for it, its headers held
+/// ([`holds_headers`]) or gone on with a copy of them kept (Envoy lets a filter read them only until then).
+pub(super) fn await_body<H: Host>(filter: &mut Filter<H>, context_id: u32, route: Rc<Route>, since_us: u64) -> Action {
+    // The headers are readable only until they go on: the decision reads this copy of them.
+    let headers = filter.host.request_headers().unwrap_or_default();
+    let held = holds_headers(filter, &route, context_id);
+    let held_since_ms = held.then(|| filter.host.now_ms());
+    filter.awaiting_body.insert(context_id, Awaiting { route, headers, since_us, held_since_ms });
+    if !held {
+        return Action::Continue;
+    }
+    if let Some(Some(size)) = filter.early_bodies.remove(&context_id) {
+        // Its body came (whole) while its permits were asked.
+        return on_request_body(filter, context_id, Some(size), true);
+    }
+    tick::start(filter);
+    Action::Pause
 }
 
 /// The request headers of a route that reads or settles from bodies, before they go on.

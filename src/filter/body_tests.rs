@@ -4,7 +4,7 @@
 //! a body that came while the in-flight stage held the headers is read by the rate stage.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 
-use super::body::HOLD_WITHOUT_BODY_MS;
+use super::hold::HOLD_WITHOUT_BODY_MS;
 use super::*;
 use crate::testing::{acquired, rejected, End, FakeHost, ROOT};
 

@@ -70,6 +70,7 @@ mod end;
 mod flow;
 mod give_back;
 mod handover;
+mod hold;
 mod ids;
 mod inflight;
 #[cfg(all(test, not(target_arch = "wasm32")))]
@@ -150,20 +151,6 @@ pub(crate) fn log(host: &impl Host, level: LogLevel, message: &str) {
     host.log(level, &format!("edge-rate-limiter: {message}"));
 }
 
-/// Whether the host gives a filter the request body while it holds the request headers (Envoy's
-/// `allow_on_headers_stop_iteration`), as this filter has seen it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(super) enum BodyWhileHeld {
-    /// Not seen yet: held headers are let go after [`body::HOLD_WITHOUT_BODY_MS`] without a body callback.
-    #[default]
-    Unknown,
-    /// A body callback came while the headers were held.
-    Given,
-    /// Held headers got no body callback in [`body::HOLD_WITHOUT_BODY_MS`]: the host holds the body with them
-    /// (a pause in the headers is "stop all"), so this filter holds headers no more.
-    Withheld,
-}
-
 /// The filter of one root context.
 pub struct Filter<H: Host> {
     host: H,
@@ -217,7 +204,7 @@ pub struct Filter<H: Host> {
     /// it: `allow_on_headers_stop_iteration`): `Some(size)` once it ended, for the rate stage to read.
     early_bodies: IdMap<Option<usize>>,
     /// Whether the host gives the body while the filter holds the headers (`hold_headers_for_body`).
-    body_while_held: BodyWhileHeld,
+    body_while_held: hold::BodyWhileHeld,
     /// Give-back calls for the next tick, sent from this root context: settles, and the lease settlements a
     /// configuration that went away left ([`Filter::adopt`]).
     outbox: Vec<GiveBackCall>,
@@ -316,7 +303,7 @@ impl<H: Host> Filter<H> {
             outbox: Vec::new(),
             awaiting_body: IdMap::default(),
             early_bodies: IdMap::default(),
-            body_while_held: BodyWhileHeld::default(),
+            body_while_held: hold::BodyWhileHeld::default(),
             inflight: inflight::Inflight::new(&host, inflight),
             permit_outbox: permit_outbox::PermitOutbox::default(),
             routes,
@@ -329,12 +316,6 @@ impl<H: Host> Filter<H> {
     /// from its `proxy_on_delete`) makes its own root effective first, and owns its tick.
     pub fn own_root_context(&mut self, context_id: u32) {
         self.root_context = Some(context_id);
-    }
-
-    /// Whether held headers wait for the host's first body callback (`hold_headers_for_body`; the tick
-    /// lets them go after [`body::HOLD_WITHOUT_BODY_MS`] without one).
-    fn waits_for_a_first_body(&self) -> bool {
-        self.body_while_held == BodyWhileHeld::Unknown && self.awaiting_body.values().any(|a| a.held_since_ms.is_some())
     }
 
     /// The host this filter runs on.
@@ -375,20 +356,7 @@ impl<H: Host> Filter<H> {
             body::before_headers_go(self, &route, body_follows);
         }
         if route.reads_body && body_follows {
-            // The headers are readable only until they go on: the decision reads this copy of them.
-            let headers = self.host.request_headers().unwrap_or_default();
-            let held = body::holds_headers(self, &route, context_id);
-            let held_since_ms = held.then(|| self.host.now_ms());
-            self.awaiting_body.insert(context_id, body::Awaiting { route, headers, since_us, held_since_ms });
-            if !held {
-                return Action::Continue;
-            }
-            if let Some(Some(size)) = self.early_bodies.remove(&context_id) {
-                // Its body came (whole) while its permits were asked.
-                return body::on_request_body(self, context_id, Some(size), true);
-            }
-            tick::start(self);
-            return Action::Pause;
+            return body::await_body(self, context_id, route, since_us);
         }
         self.decide(context_id, route, None, None, since_us)
     }
@@ -408,24 +376,6 @@ impl<H: Host> Filter<H> {
             if self.host.add_response_header(name, &value).is_err() {
                 metrics::host_refused(self, "proxy_add_header_map_value");
             }
-        }
-        Action::Continue
-    }
-
-    /// `proxy_on_response_body`: a chunk of `size` bytes of the response (`end`: its last), read only for a
-    /// request whose reservation settles to the usage in the body; always let through.
-    pub fn on_response_body(&mut self, context_id: u32, size: usize, end: bool) -> Action {
-        if !self.settling.is_empty() {
-            settle::on_response_body(self, context_id, size, end);
-        }
-        Action::Continue
-    }
-
-    /// `proxy_on_response_trailers`: the response ends with trailers (its last body chunk came with
-    /// `end = false`): a request whose reservation settles to the usage in the body settles now.
-    pub fn on_response_trailers(&mut self, context_id: u32) -> Action {
-        if !self.settling.is_empty() {
-            settle::on_response_end(self, context_id);
         }
         Action::Continue
     }

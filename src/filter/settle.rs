@@ -21,7 +21,7 @@ use crate::usage::UsageMeter;
 use super::give_back::{GiveBackCall, GiveBackKind};
 use super::metrics::Metrics;
 use super::route::Route;
-use super::Filter;
+use super::{Action, Filter};
 
 /// A request's reservations, waiting for its response.
 #[derive(Debug)]
@@ -206,4 +206,24 @@ fn never_answered(host: &impl Host) -> bool {
 fn header_number(host: &impl Host, name: &str) -> Option<u64> {
     let value = host.response_header(name).ok().flatten()?;
     core::str::from_utf8(&value).ok()?.trim().parse().ok()
+}
+
+impl<H: Host> Filter<H> {
+    /// `proxy_on_response_body`: a chunk of `size` bytes of the response (`end`: its last), read only for a
+    /// request whose reservation settles to the usage in the body; always let through.
+    pub fn on_response_body(&mut self, context_id: u32, size: usize, end: bool) -> Action {
+        if !self.settling.is_empty() {
+            on_response_body(self, context_id, size, end);
+        }
+        Action::Continue
+    }
+
+    /// `proxy_on_response_trailers`: the response ends with trailers (its last body chunk came with
+    /// `end = false`): a request whose reservation settles to the usage in the body settles now.
+    pub fn on_response_trailers(&mut self, context_id: u32) -> Action {
+        if !self.settling.is_empty() {
+            on_response_end(self, context_id);
+        }
+        Action::Continue
+    }
 }

@@ -22,6 +22,7 @@
 //! - `main` (this file): the command line (`clap`), dispatch, exit codes (0 ok, 1 error or an invalid
 //!   configuration, 2 usage).
 
+pub mod cost_text;
 pub mod error;
 pub mod explain;
 pub mod model;

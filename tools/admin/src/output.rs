@@ -6,12 +6,13 @@ use std::fmt::Write as _;
 
 use edge_rate_limiter::config::LimiterType;
 
+use crate::cost_text::cost_lines;
 use crate::explain::retry_after_s;
 use crate::model::{type_name, Config, ConfigStep, HeldTotal};
 use crate::plugin::{key_text, key_text_with};
 use crate::report::{
-    Applies, ChangeReport, CostSummary, DeleteReport, ExplainReport, KeyTtl, ListEntry, PermitsFrom, ReserveSource,
-    ReserveSummary, RuleExplain, RuleVerdict, SettleSource, SettleSummary, ShowReport, State, ValidateReport, Verdict,
+    Applies, ChangeReport, DeleteReport, ExplainReport, KeyTtl, ListEntry, PermitsFrom, ReserveSource, RuleExplain,
+    RuleVerdict, ShowReport, State, ValidateReport, Verdict,
 };
 use crate::units::{human_ms, timestamp};
 
@@ -264,56 +265,6 @@ pub fn validate(report: &ValidateReport) -> String {
     out
 }
 
-/// A reservation in words: `4000`, `the body's max_completion_tokens|max_tokens|max_output_tokens
-/// (openai), else 4000`, `header x-max-tokens, else 4000`.
-pub fn reserve_text(reserve: &ReserveSummary) -> String {
-    let from = reserve.from.join("|");
-    match reserve.source {
-        ReserveSource::Fixed => reserve.default.to_string(),
-        ReserveSource::Body => {
-            let api = reserve.api.map(|api| format!(" ({api})")).unwrap_or_default();
-            format!("the body's {from}{api}, else {}", reserve.default)
-        }
-        ReserveSource::Header => format!("header {from}, else {}", reserve.default),
-        ReserveSource::Property => format!("property {from}, else {}", reserve.default),
-    }
-}
-
-/// Where a settlement reads the cost, in words: `the usage in the response body (openai, include_usage)`,
-/// `the response body's usage.total_tokens`, `response header x-cost`.
-pub fn settle_text(settle: &SettleSummary) -> String {
-    if settle.source == SettleSource::ResponseHeader {
-        return format!("response header {}", settle.from.join(", "));
-    }
-    let mut details = Vec::new();
-    if settle.include_usage {
-        details.push("include_usage".to_string());
-    }
-    if let Some(w) = &settle.weights {
-        details.push(format!(
-            "weights input {} cached_input {} cache_write {} output {}",
-            w.input, w.cached_input, w.cache_write, w.output
-        ));
-    }
-    match settle.usage {
-        Some("paths") | None => {
-            let details = details.iter().map(|d| format!(" ({d})")).collect::<String>();
-            format!("the response body's {}{details}", settle.from.join(" + "))
-        }
-        Some(api) => {
-            let details = [api.to_string()].into_iter().chain(details).collect::<Vec<_>>().join(", ");
-            format!("the usage in the response body ({details})")
-        }
-    }
-}
-
-/// A cost's `reserve` and `settle` lines, labels padded to `pad` past `indent`; `request`: what the
-/// reservation is for the request explained (empty in `validate`).
-fn cost_lines(out: &mut String, indent: &str, pad: &str, cost: &CostSummary, request: &str) {
-    let _ = writeln!(out, "{indent}reserve{pad}{}{request}", reserve_text(&cost.reserve));
-    let _ = writeln!(out, "{indent}settle {pad}{}", settle_text(&cost.settle));
-}
-
 /// Rows as aligned columns, each line after `indent`, trailing blanks trimmed.
 fn table<const N: usize>(indent: &str, rows: &[[String; N]]) -> String {
     let mut widths = [0usize; N];
@@ -427,27 +378,7 @@ fn rule_lines(out: &mut String, rule: &RuleExplain) {
         }
         Applies::Limiter => out.push('\n'),
     }
-    // `explain` takes no body: every part read from it stands as unread.
-    let _ = writeln!(out, "  key          {}", key_text_with(&rule.key, "; explain reads no body"));
-    if let Some(rates_by) = &rule.rates_by {
-        let _ = writeln!(out, "  rates_by     {}", key_text_with(rates_by, "; explain reads no body"));
-    }
-    if let Some(cost) = &rule.cost {
-        let request = match (rule.permits_from, cost.reserve.source) {
-            (PermitsFrom::Rule, _) => String::new(),
-            (PermitsFrom::Request, _) => format!("; this request: {}", rule.permits),
-            (PermitsFrom::Default, ReserveSource::Body) => {
-                format!("; this request: {} (explain reads no body)", rule.permits)
-            }
-            (PermitsFrom::Default, ReserveSource::Property) => {
-                format!("; this request: {} (explain reads no property)", rule.permits)
-            }
-            (PermitsFrom::Default, _) => {
-                format!("; this request: {} (no whole number in {})", rule.permits, cost.reserve.from.join(", "))
-            }
-        };
-        cost_lines(out, "  ", "      ", cost, &request);
-    }
+    source_lines(out, rule);
     if rule.applies != Applies::Limiter {
         return;
     }
@@ -502,6 +433,31 @@ fn rule_lines(out: &mut String, rule: &RuleExplain) {
         }
     }
     let _ = writeln!(out, "  verdict      {}", verdict_text(rule.verdict, rule.remaining, rule.wait_ms, rule.delay_ms));
+}
+
+/// Where a rule's key parts, `rates_by` and reservation are read from, and the reservation of this request.
+fn source_lines(out: &mut String, rule: &RuleExplain) {
+    // `explain` takes no body: every part read from it stands as unread.
+    let _ = writeln!(out, "  key          {}", key_text_with(&rule.key, "; explain reads no body"));
+    if let Some(rates_by) = &rule.rates_by {
+        let _ = writeln!(out, "  rates_by     {}", key_text_with(rates_by, "; explain reads no body"));
+    }
+    if let Some(cost) = &rule.cost {
+        let request = match (rule.permits_from, cost.reserve.source) {
+            (PermitsFrom::Rule, _) => String::new(),
+            (PermitsFrom::Request, _) => format!("; this request: {}", rule.permits),
+            (PermitsFrom::Default, ReserveSource::Body) => {
+                format!("; this request: {} (explain reads no body)", rule.permits)
+            }
+            (PermitsFrom::Default, ReserveSource::Property) => {
+                format!("; this request: {} (explain reads no property)", rule.permits)
+            }
+            (PermitsFrom::Default, _) => {
+                format!("; this request: {} (no whole number in {})", rule.permits, cost.reserve.from.join(", "))
+            }
+        };
+        cost_lines(out, "  ", "      ", cost, &request);
+    }
 }
 
 fn verdict_text(verdict: RuleVerdict, remaining: Option<u64>, wait_ms: Option<u64>, delay_ms: Option<u64>) -> String {
