@@ -314,7 +314,28 @@ pub struct Rule {
     /// `cost`: a reservation at the request (`permits` is its default size), settled to the real cost when
     /// the response ends.
     pub cost: Option<Cost>,
+    /// `layout`: how its limiters are kept in Redis.
+    pub layout: WindowLayout,
 }
+
+/// How a rule keeps its limiters in Redis (`layout`; docs/configuration.md, "Which window to choose").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WindowLayout {
+    /// A sliding log, Redisson 4.x `RRateLimiter`'s layout (a config hash, a value, a sorted set of one
+    /// member per acquire in the window, about 120 B each): exact to the millisecond, shared with Java.
+    #[default]
+    SlidingLog,
+    /// A sliding window counter: one hash per limiter (`{name}:value`), one field per slice of the
+    /// interval ([`COUNTER_SLICES`] slices, field = the slice's index since the epoch, value = permits taken
+    /// in it). A request is admitted when every slice that overlaps the last interval, plus its permits,
+    /// fits the rate: no sliding window ever holds more than the rate, and under saturation at least
+    /// k/(k+1) of it is used. O(1) memory per limiter; not shared with Java.
+    SlidingWindowCounter,
+}
+
+/// The slices of an interval in a sliding window counter (k): at most k + 1 fields stay in its hash, well
+/// within Redis's listpack encoding (128 fields by default, `hash-max-listpack-entries`).
+pub const COUNTER_SLICES: u64 = 20;
 
 /// A rule's permit lease: a VM takes up to `max_permits` in one acquire and serves the limiter's requests
 /// from them for at most `max_age_ms`.
@@ -521,6 +542,32 @@ mod tests {
             parse(&MINIMAL.replace(r#""cluster":"webdis""#, r#""cluster":"webdis","username":"u","password":"p""#))
                 .unwrap();
         assert_eq!(config.redis.basic_auth.as_ref().map(Secret::expose), Some("Basic dTpw"));
+    }
+
+    #[test]
+    fn a_rule_chooses_its_layout_and_a_counter_refuses_what_it_does_not_do() {
+        let counter = |extra: &str| {
+            MINIMAL
+                .replace(r#""interval":"1s""#, &format!(r#""interval":"1s","layout":"sliding_window_counter"{extra}"#))
+        };
+        assert_eq!(parse(MINIMAL).unwrap().rules[0].layout, WindowLayout::SlidingLog, "the Redisson layout by default");
+        assert_eq!(parse(&counter("")).unwrap().rules[0].layout, WindowLayout::SlidingWindowCounter);
+        let refusals = [
+            (r#","type":"per_client""#, "rules[0].type: a sliding window counter is overall only"),
+            (r#","rate_source":"redis""#, "rules[0].rate_source: a sliding window counter keeps no config in Redis"),
+            (r#","lease":{"max_permits":2,"max_age":"100ms"}"#, "rules[0].lease: not with a sliding window counter"),
+            (
+                r#","cost":{"reserve":2,"settle":{"usage":"openai"}}"#,
+                "rules[0].cost: not with a sliding window counter",
+            ),
+            (r#","keep_alive":"1h""#, "rules[0].keep_alive: a sliding window counter expires"),
+        ];
+        for (extra, expected) in refusals {
+            let error = error_of(&counter(extra));
+            assert!(error.starts_with(expected), "{extra}: {error}");
+        }
+        assert!(error_of(&MINIMAL.replace(r#""interval":"1s""#, r#""interval":"1s","layout":"fixed""#))
+            .starts_with("rules[0].layout: unknown variant `fixed`"));
     }
 
     #[test]

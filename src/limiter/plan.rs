@@ -48,6 +48,7 @@ impl Plan {
                     limiter_type: rule.limiter_type,
                     keep_alive_ms: rule.keep_alive_ms,
                     apply_config: rule.rate_source == RateSource::Config,
+                    layout: rule.layout,
                 };
                 RulePlan { template: AcquireTemplate::new(acquire, client_id) }
             })

@@ -11,7 +11,7 @@ use core::ops::Range;
 
 use crate::prelude::*;
 
-use crate::config::LimiterType;
+use crate::config::{LimiterType, WindowLayout};
 use crate::key::LimiterKeys;
 use crate::resp::Command;
 
@@ -23,6 +23,10 @@ use super::{Invocation, ACQUIRE, ACQUIRE_ALL};
 /// The hash field where [`super::ACQUIRE`] records the config a rule wrote (`rate_source: config`):
 /// `rate:interval:type:keepAliveTime`, next to Redisson's four fields.
 pub const RULE_CONFIG_FIELD: &str = "erlRuleConfig";
+
+/// ARGV 6 (the limiter type) of a sliding window counter: the scripts keep it in one hash, `{name}:value`
+/// (docs/configuration.md, "Which window to choose").
+pub const COUNTER_TYPE: &[u8] = b"2";
 
 /// Length of the random part of a permit member, bytes (Redisson 4.x; 3.17-3.20 wrote 8).
 pub const MEMBER_RANDOM_LEN: usize = 16;
@@ -60,6 +64,9 @@ pub struct AcquireConfig {
     pub keep_alive_ms: u64,
     /// Whether Redis should apply this config over one the rule wrote (`rate_source: config`).
     pub apply_config: bool,
+    /// How the limiter is kept in Redis: a sliding window counter is asked with type `2` (ARGV 6 of
+    /// [`super::ACQUIRE`], and of each limiter in [`super::ACQUIRE_ALL`]).
+    pub layout: WindowLayout,
 }
 
 /// One rule's acquire command with everything but the limiter name, the time and the member bytes
@@ -88,8 +95,14 @@ impl AcquireTemplate {
             config.permits.to_string().into_bytes(),
             config.rate.to_string().into_bytes(),
             config.interval_ms.to_string().into_bytes(),
-            config.limiter_type.redisson_ordinal().to_string().into_bytes(),
-            config.keep_alive_ms.to_string().into_bytes(),
+            match config.layout {
+                WindowLayout::SlidingLog => config.limiter_type.redisson_ordinal().to_string().into_bytes(),
+                WindowLayout::SlidingWindowCounter => COUNTER_TYPE.to_vec(),
+            },
+            match config.layout {
+                WindowLayout::SlidingLog => config.keep_alive_ms.to_string().into_bytes(),
+                WindowLayout::SlidingWindowCounter => crate::config::COUNTER_SLICES.to_string().into_bytes(),
+            },
             if config.apply_config { b"1".to_vec() } else { b"0".to_vec() },
         ];
         let mut resp_tail = Vec::new();
@@ -399,6 +412,7 @@ mod tests {
             limiter_type: LimiterType::PerClient,
             keep_alive_ms: 3_600_000,
             apply_config: false,
+            layout: crate::config::WindowLayout::SlidingLog,
         };
         AcquireTemplate::new(config, "client-1")
     }

@@ -367,6 +367,7 @@ mod tests {
             limiter_type: LimiterType::Overall,
             keep_alive_ms: 0,
             apply_config: false,
+            layout: crate::config::WindowLayout::SlidingLog,
         };
         AcquireTemplate::new(config, "6d1f3b9a-2c4e-4a8b-b5d7-9e0f1a2b3c4d")
     }

@@ -71,6 +71,7 @@ fn template() -> AcquireTemplate {
             limiter_type: LimiterType::Overall,
             keep_alive_ms: 0,
             apply_config: false,
+            layout: edge_rate_limiter::config::WindowLayout::SlidingLog,
         },
         CLIENT,
     )

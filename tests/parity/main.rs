@@ -15,6 +15,7 @@
 //! Run: `cargo test --no-default-features --test parity` (needs `redis-server` on the `PATH`).
 
 mod batch;
+mod counter;
 mod model;
 mod properties;
 mod redis_server;

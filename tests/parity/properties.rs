@@ -633,6 +633,7 @@ impl Run<'_> {
                                 limiter_type: limiter_type(wanted.rate_type),
                                 keep_alive_ms: wanted.keep_alive() as u64,
                                 apply_config: *apply,
+                                layout: edge_rate_limiter::config::WindowLayout::SlidingLog,
                             },
                             CLIENT_IDS[client],
                         );
@@ -820,6 +821,7 @@ impl Run<'_> {
                         limiter_type: limiter_type(config.rate_type),
                         keep_alive_ms: config.keep_alive() as u64,
                         apply_config: false,
+                        layout: edge_rate_limiter::config::WindowLayout::SlidingLog,
                     },
                     CLIENT_IDS[client],
                 );

@@ -92,6 +92,7 @@ impl Gateway {
                 limiter_type: self.limiter_type,
                 keep_alive_ms: self.keep_alive_ms,
                 apply_config: false,
+                layout: edge_rate_limiter::config::WindowLayout::SlidingLog,
             },
             // The client id the keys were made for (`{name}:value:<id>`).
             self.keys.client_value.strip_prefix(&format!("{}:", self.keys.value)).unwrap(),
@@ -417,6 +418,7 @@ fn acquire_all(
             limiter_type: LimiterType::Overall,
             keep_alive_ms: 0,
             apply_config: false,
+            layout: edge_rate_limiter::config::WindowLayout::SlidingLog,
         },
         CLIENT,
     );

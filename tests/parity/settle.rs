@@ -72,6 +72,7 @@ impl Limiter {
             limiter_type: LimiterType::Overall,
             keep_alive_ms,
             apply_config: false,
+            layout: edge_rate_limiter::config::WindowLayout::SlidingLog,
         };
         Limiter {
             scripts: server.script_client(),

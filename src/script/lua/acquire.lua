@@ -9,14 +9,13 @@
 -- the one sent: the permits left (acquired) or minus the delay (rejected; the delay is always >= 4).
 --
 -- ARGV: 1 now (ms; empty = Redis TIME), 2 the member's random bytes, 3 permits, 4 rate, 5 interval (ms),
--- 6 type, 7 keepAliveTime (ms), 8 '1' = apply 4-7 as rate_source: config; for a lease (rules with
+-- 6 type ('2': a sliding window counter), 7 keepAliveTime (ms; a counter's slices), 8 '1' = apply 4-7 as rate_source: config; for a lease (rules with
 -- `lease` only): 9 the most permits to lease, 10 the lease's age (ms), 11-14 the previous lease to settle
 -- first (random, granted, used, ms its last use came before its expiry; 11 empty = none).
 --
 -- A lease takes up to ARGV[9] permits, never more than are free, in one member scored now + age: every use
 -- of the lease happens at or before that score, so the window covers each use for at least the interval.
 -- (The VM asks for what its last lease served, so one with little traffic holds little: src/lease.rs.)
-local config = redis.call('hmget', KEYS[1], 'rate', 'interval', 'type', 'keepAliveTime')
 local nowArg = ARGV[1]
 local now
 if nowArg == '' then
@@ -26,6 +25,23 @@ if nowArg == '' then
 else
   now = tonumber(nowArg)
 end
+-- Type '2': a sliding window counter (ARGV 7 its slices), in one hash, KEYS[2]; no config in Redis.
+if ARGV[6] == '2' then
+--@function counterWindow
+--@function counterDelay
+  local rate, interval, requested = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[3])
+  if requested > rate then
+    return {2, 0, 0, rate, interval, 0, 0, 0}
+  end
+  local sum, current, first, width, counts = counterWindow(KEYS[2], now, interval, tonumber(ARGV[7]))
+  if sum + requested > rate then
+    return -counterDelay(counts, first, current, width, interval, now, sum + requested - rate)
+  end
+  redis.call('hincrby', KEYS[2], string.format('%d', current), requested)
+  redis.call('pexpire', KEYS[2], interval + width)
+  return rate - sum - requested
+end
+local config = redis.call('hmget', KEYS[1], 'rate', 'interval', 'type', 'keepAliveTime')
 local change = 0
 if config[1] == false or config[2] == false or config[3] == false
     or (ARGV[8] == '1' and (config[1] ~= ARGV[4] or config[2] ~= ARGV[5] or config[3] ~= ARGV[6]

@@ -8,7 +8,7 @@
 -- KEYS: five per limiter, as every script takes them (config hash, value, client value, permits, client
 -- permits). ARGV: 1 now (ms; empty = Redis TIME), 2 '1' = a limiter's error stops the others' charge (the
 -- request fails closed), then 13 per limiter: the member's random bytes, permits, rate, interval (ms),
--- type, keepAliveTime (ms), '1' = apply as rate_source: config, the most permits to lease (0 = no lease),
+-- type ('2': a sliding window counter, in one hash, its value key), keepAliveTime (ms; a counter's slices), '1' = apply as rate_source: config, the most permits to lease (0 = no lease),
 -- the lease's age (ms), and the previous lease to settle (random, granted, used, ms before its expiry of
 -- its last use; random empty = none).
 --
@@ -109,6 +109,27 @@ for i = 1, #KEYS / 5 do
   local limiter = {keys = keys, a = a, code = 1, amount = 0, value = 0, taken = 0, rate = 0, interval = 0,
                    limiterType = 0, change = 0, requested = tonumber(ARGV[a + 2])}
   local ok, err = pcall(function()
+    if ARGV[a + 5] == '2' then
+      -- A sliding window counter (ARGV a+6 its slices), in one hash, keys[2]; no config in Redis.
+      local rate, interval = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+      limiter.counter, limiter.rate, limiter.interval, limiter.valueName = true, rate, interval, keys[2]
+      local requested, before = limiter.requested, asked[keys[2]] or 0
+      if requested + before > rate then
+        limiter.code = 2
+        everyOneAdmits = false
+        return
+      end
+      local sum, current, first, width, counts = counterWindow(keys[2], now, interval, tonumber(ARGV[a + 6]))
+      limiter.value, limiter.current, limiter.width = rate - sum, current, width
+      if sum + before + requested > rate then
+        limiter.code = 0
+        limiter.amount = counterDelay(counts, first, current, width, interval, now, sum + before + requested - rate)
+        everyOneAdmits = false
+      else
+        asked[keys[2]] = before + requested
+      end
+      return
+    end
     local config, change = resolveConfig(keys, a)
     local rate, interval = tonumber(config[1]), tonumber(config[2])
     local valueName, permitsName = names(keys, config[3])
@@ -150,7 +171,18 @@ end
 -- limiter leave (`ahead`: permits those still need), so the value never goes below zero.
 local charged = {}
 for _, limiter in ipairs(limiters) do
-  if limiter.code == 1 and everyOneAdmits then
+  if limiter.code == 1 and everyOneAdmits and limiter.counter then
+    local ok, err = pcall(function()
+      charged[limiter.valueName] = (charged[limiter.valueName] or 0) + limiter.requested
+      redis.call('hincrby', limiter.valueName, string.format('%d', limiter.current), limiter.requested)
+      redis.call('pexpire', limiter.valueName, limiter.interval + limiter.width)
+      limiter.value = limiter.value - charged[limiter.valueName]
+      limiter.amount, limiter.taken = limiter.value, limiter.requested
+    end)
+    if not ok then
+      limiter.code, limiter.error = 4, errorText(err)
+    end
+  elseif limiter.code == 1 and everyOneAdmits then
     local ok, err = pcall(function()
       local a = limiter.a
       local value = tonumber(redis.call('get', limiter.valueName))
@@ -180,7 +212,7 @@ for _, limiter in ipairs(limiters) do
   elseif limiter.code == 0 then
     limiter.value = math.max(0, limiter.value)
   end
-  if limiter.code ~= 4 then
+  if limiter.code ~= 4 and not limiter.counter then
     pcall(refreshTtl, limiter.keys, limiter.config[4], limiter.valueName, limiter.permitsName)
   end
 end

@@ -35,6 +35,14 @@
 --   added one goes again (1 command less than reading the score first); absent or empty: ZSCORE. A member
 --   that only goes (used 0) is removed at once (ZREM answers whether it was there). Returns 1 if the member
 --   was found, else 0.
+-- counterWindow(hashName, now, interval, slices): a sliding window counter (rule `layout`
+--   "sliding_window_counter"): one hash, one field per slice of interval / slices ms (the field: the slice's
+--   index since the epoch; its value: the permits taken in it). Returns the permits of every slice that
+--   overlaps the last interval, (now - interval, now], the current slice, the first slice counted, the slice
+--   width and the counts by slice; slices before the first are deleted. Counting every overlapping slice
+--   whole, a sliding window never holds more than the rate.
+-- counterDelay(counts, first, current, width, interval, now, need): ms until `need` permits of the counted
+--   slices leave the window (a slice stops being counted once its end is an interval old).
 -- (Full-line comments are stripped by build.rs: they are not sent to Redis.)
 local function nowMs(arg)
   if arg ~= nil and arg ~= '' then return tonumber(arg) end
@@ -134,4 +142,39 @@ local function giveBack(valueName, permitsName, random, granted, used, early, ra
     end
   end
   return 1
+end
+local function counterWindow(hashName, now, interval, slices)
+  local width = math.max(1, math.floor(interval / slices))
+  local current = math.floor(now / width)
+  local first = math.floor((now - interval) / width)
+  local fields = redis.call('hgetall', hashName)
+  local counts, sum, stale = {}, 0, {}
+  for i = 1, #fields, 2 do
+    local slice = tonumber(fields[i])
+    if slice < first then
+      stale[#stale + 1] = fields[i]
+    else
+      local count = tonumber(fields[i + 1])
+      counts[slice] = (counts[slice] or 0) + count
+      sum = sum + count
+    end
+  end
+  if #stale > 0 then
+    redis.call('hdel', hashName, unpack(stale))
+  end
+  return sum, current, first, width, counts
+end
+local function counterDelay(counts, first, current, width, interval, now, need)
+  local freed = 0
+  local last = current
+  for slice, _ in pairs(counts) do
+    if slice > last then last = slice end
+  end
+  for slice = first, last do
+    freed = freed + (counts[slice] or 0)
+    if freed >= need then
+      return (slice + 1) * width + interval - now
+    end
+  end
+  return (last + 1) * width + interval - now
 end

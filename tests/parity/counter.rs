@@ -1,0 +1,265 @@
+//! The sliding window counter (rule `layout: "sliding_window_counter"`) on a real `redis-server`: ACQUIRE
+//! and ACQUIRE_ALL with type `2`, alone, beside a sliding log limiter in one all-or-nothing call, and in
+//! ACQUIRE_BATCH. What a user would notice if it broke:
+//!
+//! - a sliding window (by the admissions' own times) holding more than the rate;
+//! - a saturated limiter using less than k/(k+1) of its rate in a whole window;
+//! - a `Retry-After` that admits nothing when it ends, or waits longer than one interval and a slice;
+//! - Redis memory growing with the admissions (the hash must stay under 1 KB at any count);
+//! - a batch deciding otherwise than the same calls alone.
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
+use proptest::prelude::*;
+
+use crate::redis_server::{RedisServer, ScriptClient};
+use edge_rate_limiter::config::{LimiterType, WindowLayout, COUNTER_SLICES};
+use edge_rate_limiter::script::{
+    encode_acquire_all, encode_batch, split_batch_reply, AcquireConfig, AcquirePart, AcquireTemplate, Clock, Encoding,
+    Invocation, Segment, MEMBER_RANDOM_LEN,
+};
+
+const CLIENT: &str = "6d1f3b9a-2c4e-4a8b-b5d7-9e0f1a2b3c4d";
+const T0: u64 = 1_700_000_000_000;
+const RATE: u64 = 40;
+const INTERVAL_MS: u64 = 1_000;
+/// Two counters and one sliding log (the last), drawn on by the calls.
+const NAMES: [&str; 3] = ["erl:swc:a", "erl:swc:b", "erl:swc:log"];
+
+fn template(permits: u64, layout: WindowLayout) -> AcquireTemplate {
+    let config = AcquireConfig {
+        permits,
+        rate: RATE,
+        interval_ms: INTERVAL_MS,
+        limiter_type: LimiterType::Overall,
+        keep_alive_ms: 0,
+        apply_config: false,
+        layout,
+    };
+    AcquireTemplate::new(config, CLIENT)
+}
+
+/// One call: its limiters (one: ACQUIRE; more: ACQUIRE_ALL), its permits, how far the clock moves first.
+#[derive(Debug, Clone)]
+struct CallSpec {
+    limiters: Vec<usize>,
+    permits: u64,
+    advance_ms: u64,
+}
+
+fn call_strategy() -> impl Strategy<Value = CallSpec> {
+    (
+        prop_oneof![4 => Just(vec![0usize]), 2 => Just(vec![0usize, 1]), 2 => Just(vec![1usize, 2]), 1 => Just(vec![1usize])],
+        1u64..=3,
+        prop_oneof![4 => 0u64..15, 1 => 15u64..200, 1 => Just(0u64)],
+    )
+        .prop_map(|(limiters, permits, advance_ms)| CallSpec { limiters, permits, advance_ms })
+}
+
+/// The command of `spec` at `now_ms`, by sha or by source.
+fn command(spec: &CallSpec, index: usize, now_ms: u64, invocation: Invocation) -> Vec<u8> {
+    let mut random = [0x5A; MEMBER_RANDOM_LEN];
+    random[..8].copy_from_slice(&(index as u64 + 1).to_be_bytes());
+    let templates: Vec<AcquireTemplate> = spec
+        .limiters
+        .iter()
+        .map(|&l| {
+            template(spec.permits, if l == 2 { WindowLayout::SlidingLog } else { WindowLayout::SlidingWindowCounter })
+        })
+        .collect();
+    let clock = Clock::Gateway(now_ms);
+    if let ([only], [template]) = (spec.limiters.as_slice(), templates.as_slice()) {
+        return template.encode(NAMES[*only], clock, &random, None, invocation, Encoding::Resp);
+    }
+    let parts: Vec<AcquirePart<'_>> = spec
+        .limiters
+        .iter()
+        .zip(&templates)
+        .map(|(&limiter, template)| AcquirePart { template, name: NAMES[limiter], random: &random, lease: None })
+        .collect();
+    encode_acquire_all(&parts, clock, false, invocation, Encoding::Resp)
+}
+
+/// The integers of a RESP reply (a bare integer, or an array of integers).
+fn integers(reply: &[u8]) -> Vec<i64> {
+    let text = String::from_utf8_lossy(reply);
+    text.split("\r\n").filter_map(|line| line.strip_prefix(':')).map(|n| n.parse().unwrap()).collect()
+}
+
+/// What one call took of each of its limiters (`None`: rejected), and the delay of a rejected ACQUIRE.
+fn taken(spec: &CallSpec, reply: &[u8]) -> (Vec<Option<u64>>, Option<i64>) {
+    let numbers = integers(reply);
+    if spec.limiters.len() == 1 {
+        return match numbers.as_slice() {
+            [n] if *n >= 0 => (vec![Some(spec.permits)], None),
+            [n] => (vec![None], Some(-n)),
+            _ => (vec![None], None),
+        };
+    }
+    let taken = numbers.chunks(8).map(|l| (l[0] == 1).then(|| u64::try_from(l[7]).unwrap())).collect();
+    (taken, None)
+}
+
+fn run(client: &mut ScriptClient, spec: &CallSpec, index: usize, now_ms: u64) -> Vec<u8> {
+    client.run_raw(&command(spec, index, now_ms, Invocation::BySha), || {
+        command(spec, index, now_ms, Invocation::BySource)
+    })
+}
+
+/// Every window of `INTERVAL_MS` ending at an admission holds at most the rate.
+fn fullest_window(admitted: &[(u64, u64)]) -> u64 {
+    admitted
+        .iter()
+        .map(|&(end, _)| admitted.iter().filter(|&&(t, _)| t + INTERVAL_MS > end && t <= end).map(|&(_, p)| p).sum())
+        .max()
+        .unwrap_or(0)
+}
+
+/// The most permits the slices overlapping one window ever held together: at each admission at `t`, the
+/// admissions whose slice (`t / width`) overlaps `(t - interval, t]`. Every sliding window lies within
+/// the slices that overlap it, so this bounds every window; the script admits against exactly this sum.
+fn fullest_slices(admitted: &[(u64, u64)]) -> u64 {
+    let width = INTERVAL_MS / COUNTER_SLICES;
+    admitted
+        .iter()
+        .map(|&(end, _)| {
+            let (first, current) = ((end - INTERVAL_MS) / width, end / width);
+            admitted.iter().filter(|&&(t, _)| t / width >= first && t / width <= current).map(|&(_, p)| p).sum()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// The permits a counter's hash holds in the slices that overlap the interval before `now_ms`.
+fn counted(server: &RedisServer, hash: &str, now_ms: u64) -> u64 {
+    let width = INTERVAL_MS / COUNTER_SLICES;
+    let fields: Vec<(u64, u64)> = redis::cmd("HGETALL").arg(hash).query(&mut server.inspector()).unwrap();
+    fields.iter().filter(|&&(slice, _)| slice >= (now_ms - INTERVAL_MS) / width).map(|&(_, permits)| permits).sum()
+}
+
+fn check(calls: &[CallSpec], cut: usize, alone: &RedisServer, batched: &RedisServer) -> Result<(), TestCaseError> {
+    let mut one = alone.script_client();
+    let mut now_ms = T0;
+    let mut admitted: [Vec<(u64, u64)>; 3] = Default::default();
+    let mut commands = Vec::new();
+    let mut replies = Vec::new();
+    for (index, spec) in calls.iter().enumerate() {
+        now_ms += spec.advance_ms;
+        let reply = run(&mut one, spec, index, now_ms);
+        let (took, delay) = taken(spec, &reply);
+        prop_assert!(
+            took.iter().all(Option::is_some) || took.iter().all(Option::is_none),
+            "all or nothing: {:?}",
+            reply
+        );
+        for (&limiter, took) in spec.limiters.iter().zip(&took) {
+            if let Some(permits) = took {
+                admitted[limiter].push((now_ms, *permits));
+            }
+        }
+        if let Some(delay) = delay {
+            let width = INTERVAL_MS / COUNTER_SLICES;
+            prop_assert!(delay >= 1 && delay <= (INTERVAL_MS + width) as i64, "delay {delay}");
+        }
+        // What Redis holds: the slices overlapping the last interval never hold more than the rate.
+        for name in ["{erl:swc:a}:value", "{erl:swc:b}:value"] {
+            prop_assert!(counted(alone, name, now_ms) <= RATE, "{name}: {} counted", counted(alone, name, now_ms));
+        }
+        commands.push(command(spec, index, now_ms, Invocation::BySha));
+        replies.push(reply);
+    }
+    for (limiter, admissions) in admitted.iter().enumerate() {
+        prop_assert!(
+            fullest_window(admissions) <= RATE,
+            "{}: {} in a window",
+            NAMES[limiter],
+            fullest_window(admissions)
+        );
+        if limiter < 2 {
+            prop_assert!(
+                fullest_slices(admissions) <= RATE,
+                "{}: {} in a window's slices",
+                NAMES[limiter],
+                fullest_slices(admissions)
+            );
+        }
+    }
+    // The same calls in batches of `cut`: the same replies, the same keys.
+    let mut other = batched.script_client();
+    let mut together = Vec::new();
+    for chunk in commands.chunks(cut) {
+        let segments: Vec<Segment<'_>> = chunk.iter().map(|c| Segment::of(c, Encoding::Resp).unwrap()).collect();
+        let reply = other.run_raw(&encode_batch(&segments, Invocation::BySha, Encoding::Resp), || {
+            encode_batch(&segments, Invocation::BySource, Encoding::Resp)
+        });
+        together.extend(split_batch_reply(&reply, chunk.len()).unwrap());
+    }
+    let trimmed = |replies: &[Vec<u8>]| -> Vec<Vec<i64>> { replies.iter().map(|r| integers(r)).collect() };
+    prop_assert_eq!(trimmed(&replies), trimmed(&together));
+    let hash = |server: &RedisServer| -> Vec<(String, String)> {
+        let mut fields: Vec<(String, String)> =
+            redis::cmd("HGETALL").arg("{erl:swc:a}:value").query(&mut server.inspector()).unwrap();
+        fields.sort();
+        fields
+    };
+    prop_assert_eq!(hash(alone), hash(batched));
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    /// Random calls (one limiter, two counters together, a counter with a sliding log) never put more than
+    /// the rate in a sliding window of any limiter, and decide in a batch as alone.
+    #[test]
+    fn no_sliding_window_holds_more_than_the_rate_alone_or_batched(
+        calls in prop::collection::vec(call_strategy(), 50..400),
+        cut in 1usize..8,
+    ) {
+        let alone = RedisServer::start();
+        let batched = RedisServer::start();
+        check(&calls, cut, &alone, &batched)?;
+    }
+}
+
+/// Demand far beyond the rate (3 permits every ms for 20 intervals): every whole window after the first
+/// admits at least k/(k+1) of the rate, a rejected call's delay admits the next call when it ends, and the
+/// limiter's hash stays under 1 KB (`MEMORY USAGE`) and expires an interval and a slice after its last write.
+#[test]
+fn a_saturated_counter_uses_k_over_k_plus_1_of_its_rate_in_constant_memory() {
+    let server = RedisServer::start();
+    let mut client = server.script_client();
+    let spec = CallSpec { limiters: vec![0], permits: 1, advance_ms: 0 };
+    let mut admitted = Vec::new();
+    let mut next_allowed_ms = 0;
+    for ms in 0..20 * INTERVAL_MS {
+        let now_ms = T0 + ms;
+        for attempt in 0..3 {
+            let reply = run(&mut client, &spec, (ms * 3 + attempt) as usize, now_ms);
+            match integers(&reply).as_slice() {
+                [n] if *n >= 0 => {
+                    assert!(now_ms >= next_allowed_ms || next_allowed_ms == 0, "admitted before its delay ended");
+                    admitted.push((now_ms, 1));
+                }
+                [n] => next_allowed_ms = now_ms + u64::try_from(-n).unwrap() - 1,
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    assert!(fullest_window(&admitted) <= RATE);
+    assert!(fullest_slices(&admitted) <= RATE, "{} in a window's slices", fullest_slices(&admitted));
+    let floor = RATE * COUNTER_SLICES / (COUNTER_SLICES + 1);
+    for window in 1..20 {
+        let start = T0 + window * INTERVAL_MS;
+        let used: u64 = admitted.iter().filter(|&&(t, _)| t >= start && t < start + INTERVAL_MS).map(|&(_, p)| p).sum();
+        assert!(used >= floor, "window {window}: {used} of {RATE} (at least {floor})");
+    }
+    let mut inspector = server.inspector();
+    let bytes: u64 = redis::cmd("MEMORY").arg("USAGE").arg("{erl:swc:a}:value").query(&mut inspector).unwrap();
+    assert!(bytes <= 1024, "{bytes} bytes");
+    let fields: u64 = redis::cmd("HLEN").arg("{erl:swc:a}:value").query(&mut inspector).unwrap();
+    assert!(fields <= COUNTER_SLICES + 2, "{fields} slices kept");
+    let ttl: i64 = redis::cmd("PTTL").arg("{erl:swc:a}:value").query(&mut inspector).unwrap();
+    assert!(ttl > 0 && ttl <= (INTERVAL_MS + INTERVAL_MS / COUNTER_SLICES) as i64, "ttl {ttl}");
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut inspector).unwrap();
+    assert_eq!(keys, ["{erl:swc:a}:value"], "one key per limiter, nothing else");
+}
