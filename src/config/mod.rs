@@ -325,7 +325,7 @@ pub enum WindowLayout {
     /// member per acquire in the window, about 120 B each): exact to the millisecond, shared with Java.
     #[default]
     SlidingLog,
-    /// A sliding window counter: one hash per limiter (`{name}:value`), one field per slice of the
+    /// A sliding window counter: one hash per limiter (`{name}:counter`), one field per slice of the
     /// interval ([`COUNTER_SLICES`] slices, field = the slice's index since the epoch, value = permits taken
     /// in it). A request is admitted when every slice that overlaps the last interval, plus its permits,
     /// fits the rate: no sliding window ever holds more than the rate, and under saturation at least

@@ -118,6 +118,16 @@ impl AcquireTemplate {
         AcquireTemplate { config, client_suffix: (raw, encoded), tail, resp_tail, webdis_tail }
     }
 
+    /// The suffix of the limiter's second key: `:value` (the sliding log's available permits), or
+    /// `:counter` (a sliding window counter's hash of slices: its only key, kept apart from a sliding log's
+    /// keys of the same name).
+    pub fn value_suffix(&self) -> &'static str {
+        match self.config.layout {
+            WindowLayout::SlidingLog => ":value",
+            WindowLayout::SlidingWindowCounter => ":counter",
+        }
+    }
+
     /// The config this template acquires with.
     pub fn config(&self) -> &AcquireConfig {
         &self.config
@@ -189,7 +199,9 @@ impl AcquireTemplate {
         let keys_start = out.len();
         push_bulk(&mut out, name.as_bytes());
         let client = &self.client_suffix.0;
-        for (suffix, per_client) in [(":value", false), (":value", true), (":permits", false), (":permits", true)] {
+        for (suffix, per_client) in
+            [(self.value_suffix(), false), (":value", true), (":permits", false), (":permits", true)]
+        {
             let len = name.len() + open.len() + close.len() + suffix.len() + if per_client { client.len() } else { 0 };
             push_length(&mut out, b'$', len);
             out.extend_from_slice(open.as_bytes());
@@ -241,8 +253,12 @@ impl AcquireTemplate {
         let name_encoded = start..out.len();
         let (open, close) = if hash_tag { ("%7B", "%7D") } else { ("", "") };
         let client = &self.client_suffix.1;
+        let encoded_value = match self.config.layout {
+            WindowLayout::SlidingLog => "%3Avalue",
+            WindowLayout::SlidingWindowCounter => "%3Acounter",
+        };
         for (suffix, per_client) in
-            [("%3Avalue", false), ("%3Avalue", true), ("%3Apermits", false), ("%3Apermits", true)]
+            [(encoded_value, false), ("%3Avalue", true), ("%3Apermits", false), ("%3Apermits", true)]
         {
             out.push(b'/');
             out.extend_from_slice(open.as_bytes());

@@ -60,6 +60,6 @@ def test_two_envoys_of_two_workers_hold_each_rate_and_the_counter_holds_one_smal
     assert worst_user <= USER_RATE, f"{worst_user} admitted in one sliding window of a {USER_RATE} per second limit"
     assert windows and min(windows) >= GLOBAL_RATE * 0.9, f"whole windows {windows} of {GLOBAL_RATE}"
     if layout == "sliding_window_counter":
-        assert keys == ["{erl:all}:value"], "one hash per limiter, nothing else"
+        assert keys == ["{erl:all}:counter"], "one hash per limiter, nothing else"
         assert memory <= 1024, f"{memory} B"
-        assert stack.redis.client.pttl("{erl:all}:value") <= INTERVAL_MS + INTERVAL_MS // 20
+        assert stack.redis.client.pttl("{erl:all}:counter") <= INTERVAL_MS + INTERVAL_MS // 20

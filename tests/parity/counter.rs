@@ -161,7 +161,7 @@ fn check(calls: &[CallSpec], cut: usize, alone: &RedisServer, batched: &RedisSer
             prop_assert!(delay >= 1 && delay <= (INTERVAL_MS + width) as i64, "delay {delay}");
         }
         // What Redis holds: the slices overlapping the last interval never hold more than the rate.
-        for name in ["{erl:swc:a}:value", "{erl:swc:b}:value"] {
+        for name in ["{erl:swc:a}:counter", "{erl:swc:b}:counter"] {
             prop_assert!(counted(alone, name, now_ms) <= RATE, "{name}: {} counted", counted(alone, name, now_ms));
         }
         commands.push(command(spec, index, now_ms, Invocation::BySha));
@@ -197,7 +197,7 @@ fn check(calls: &[CallSpec], cut: usize, alone: &RedisServer, batched: &RedisSer
     prop_assert_eq!(trimmed(&replies), trimmed(&together));
     let hash = |server: &RedisServer| -> Vec<(String, String)> {
         let mut fields: Vec<(String, String)> =
-            redis::cmd("HGETALL").arg("{erl:swc:a}:value").query(&mut server.inspector()).unwrap();
+            redis::cmd("HGETALL").arg("{erl:swc:a}:counter").query(&mut server.inspector()).unwrap();
         fields.sort();
         fields
     };
@@ -254,12 +254,34 @@ fn a_saturated_counter_uses_k_over_k_plus_1_of_its_rate_in_constant_memory() {
         assert!(used >= floor, "window {window}: {used} of {RATE} (at least {floor})");
     }
     let mut inspector = server.inspector();
-    let bytes: u64 = redis::cmd("MEMORY").arg("USAGE").arg("{erl:swc:a}:value").query(&mut inspector).unwrap();
+    let bytes: u64 = redis::cmd("MEMORY").arg("USAGE").arg("{erl:swc:a}:counter").query(&mut inspector).unwrap();
     assert!(bytes <= 1024, "{bytes} bytes");
-    let fields: u64 = redis::cmd("HLEN").arg("{erl:swc:a}:value").query(&mut inspector).unwrap();
+    let fields: u64 = redis::cmd("HLEN").arg("{erl:swc:a}:counter").query(&mut inspector).unwrap();
     assert!(fields <= COUNTER_SLICES + 2, "{fields} slices kept");
-    let ttl: i64 = redis::cmd("PTTL").arg("{erl:swc:a}:value").query(&mut inspector).unwrap();
+    let ttl: i64 = redis::cmd("PTTL").arg("{erl:swc:a}:counter").query(&mut inspector).unwrap();
     assert!(ttl > 0 && ttl <= (INTERVAL_MS + INTERVAL_MS / COUNTER_SLICES) as i64, "ttl {ttl}");
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut inspector).unwrap();
-    assert_eq!(keys, ["{erl:swc:a}:value"], "one key per limiter, nothing else");
+    assert_eq!(keys, ["{erl:swc:a}:counter"], "one key per limiter, nothing else");
+}
+
+/// A rule that changes its layout on the same limiter name: the sliding log's keys and the counter's hash
+/// (`{name}:counter`) stand apart, so neither meets the other's key (WRONGTYPE) and each decides from its own.
+#[test]
+fn a_limiter_that_changes_layout_meets_none_of_the_other_layouts_keys() {
+    let server = RedisServer::start();
+    let mut client = server.script_client();
+    let random = [7; MEMBER_RANDOM_LEN];
+    let run_with = |client: &mut ScriptClient, layout: WindowLayout, now_ms: u64| -> Vec<i64> {
+        let template = template(1, layout);
+        let command =
+            |invocation| template.encode(NAMES[0], Clock::Gateway(now_ms), &random, None, invocation, Encoding::Resp);
+        integers(&client.run_raw(&command(Invocation::BySha), || command(Invocation::BySource)))
+    };
+    let created = run_with(&mut client, WindowLayout::SlidingLog, T0);
+    assert_eq!(created[..3], [1, RATE as i64 - 1, RATE as i64 - 1], "created by the log: {created:?}");
+    assert_eq!(run_with(&mut client, WindowLayout::SlidingWindowCounter, T0 + 1), [RATE as i64 - 1], "a fresh counter");
+    assert_eq!(run_with(&mut client, WindowLayout::SlidingLog, T0 + 2), [RATE as i64 - 2], "the log kept its own");
+    let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut server.inspector()).unwrap();
+    keys.sort();
+    assert_eq!(keys, ["erl:swc:a", "{erl:swc:a}:counter", "{erl:swc:a}:permits", "{erl:swc:a}:value"]);
 }

@@ -25,7 +25,7 @@ if nowArg == '' then
 else
   now = tonumber(nowArg)
 end
--- Type '2': a sliding window counter (ARGV 7 its slices), in one hash, KEYS[2]; no config in Redis.
+-- Type '2': a sliding window counter (ARGV 7 its slices), in one hash, KEYS[2] ({name}:counter); no config in Redis.
 if ARGV[6] == '2' then
 --@function counterWindow
 --@function counterDelay

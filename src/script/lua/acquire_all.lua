@@ -8,7 +8,7 @@
 -- KEYS: five per limiter, as every script takes them (config hash, value, client value, permits, client
 -- permits). ARGV: 1 now (ms; empty = Redis TIME), 2 '1' = a limiter's error stops the others' charge (the
 -- request fails closed), then 13 per limiter: the member's random bytes, permits, rate, interval (ms),
--- type ('2': a sliding window counter, in one hash, its value key), keepAliveTime (ms; a counter's slices), '1' = apply as rate_source: config, the most permits to lease (0 = no lease),
+-- type ('2': a sliding window counter, in one hash, its second key, {name}:counter), keepAliveTime (ms; a counter's slices), '1' = apply as rate_source: config, the most permits to lease (0 = no lease),
 -- the lease's age (ms), and the previous lease to settle (random, granted, used, ms before its expiry of
 -- its last use; random empty = none).
 --
@@ -110,7 +110,7 @@ for i = 1, #KEYS / 5 do
                    limiterType = 0, change = 0, requested = tonumber(ARGV[a + 2])}
   local ok, err = pcall(function()
     if ARGV[a + 5] == '2' then
-      -- A sliding window counter (ARGV a+6 its slices), in one hash, keys[2]; no config in Redis.
+      -- A sliding window counter (ARGV a+6 its slices), in one hash, keys[2] ({name}:counter); no config in Redis.
       local rate, interval = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
       limiter.counter, limiter.rate, limiter.interval, limiter.valueName = true, rate, interval, keys[2]
       local requested, before = limiter.requested, asked[keys[2]] or 0
