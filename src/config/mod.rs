@@ -556,16 +556,16 @@ mod tests {
             (r#","type":"per_client""#, "rules[0].type: a sliding window counter is overall only"),
             (r#","rate_source":"redis""#, "rules[0].rate_source: a sliding window counter keeps no config in Redis"),
             (r#","lease":{"max_permits":2,"max_age":"100ms"}"#, "rules[0].lease: not with a sliding window counter"),
-            (
-                r#","cost":{"reserve":2,"settle":{"usage":"openai"}}"#,
-                "rules[0].cost: not with a sliding window counter",
-            ),
             (r#","keep_alive":"1h""#, "rules[0].keep_alive: a sliding window counter expires"),
         ];
         for (extra, expected) in refusals {
             let error = error_of(&counter(extra));
             assert!(error.starts_with(expected), "{extra}: {error}");
         }
+        let cost = counter(r#","cost":{"reserve":2,"settle":{"usage":"openai"}}"#);
+        assert!(parse(&cost).unwrap().rules[0].cost.is_some(), "reserve, then settle into the slice");
+        let error = error_of(&cost.replace("}]}", r#"}],"clock":"redis"}"#));
+        assert!(error.starts_with("clock: \"redis\" cannot settle a sliding window counter"), "{error}");
         assert!(error_of(&MINIMAL.replace(r#""interval":"1s""#, r#""interval":"1s","layout":"fixed""#))
             .starts_with("rules[0].layout: unknown variant `fixed`"));
     }

@@ -107,8 +107,7 @@ pub(super) fn read_rule(mut rule: Object<'_>, default_mode: Mode) -> Result<Vec<
         return Err(rule.error("cost", "cannot be combined with `lease` (a lease's permits are not one request's)"));
     }
     let explicit_keep_alive = rule.get("keep_alive").is_some();
-    let layout =
-        read_layout(&mut rule, limiter_type, rate_source, lease.is_some(), cost.is_some(), explicit_keep_alive)?;
+    let layout = read_layout(&mut rule, limiter_type, rate_source, lease.is_some(), explicit_keep_alive)?;
     rule.finish(RULE_FIELDS)?;
     let base = Rule {
         name,
@@ -401,13 +400,12 @@ pub(super) fn read_body_path(value: &Value) -> Result<Vec<String>, String> {
 
 /// `layout`: how the rule keeps its limiters in Redis. `"sliding_window_counter"` is refused with what it
 /// does not do yet, naming the field: `type: "per_client"`, `rate_source: "redis"` (its rate is always the
-/// rule's: no config in Redis), `lease`, `cost`, `keep_alive` (its hash expires by itself).
+/// rule's: no config in Redis), `lease`, `keep_alive` (its hash expires by itself).
 fn read_layout(
     rule: &mut Object<'_>,
     limiter_type: LimiterType,
     rate_source: RateSource,
     lease: bool,
-    cost: bool,
     keep_alive: bool,
 ) -> Result<WindowLayout, ConfigError> {
     let layout = rule
@@ -428,7 +426,6 @@ fn read_layout(
                 "a sliding window counter keeps no config in Redis: its rate is the rule's",
             ),
             (lease, "lease", "not with a sliding window counter (yet)"),
-            (cost, "cost", "not with a sliding window counter (yet)"),
             (
                 keep_alive,
                 "keep_alive",

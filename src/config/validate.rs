@@ -121,6 +121,15 @@ impl PluginConfig {
             return Err(top.error("cache_size", "must be at least 1"));
         }
         let clock = top.choice("clock", &[("gateway", ClockSource::Gateway), ("redis", ClockSource::Redis)])?;
+        if clock == Some(ClockSource::Redis)
+            && rules.iter().any(|r| r.cost.is_some() && r.layout == super::WindowLayout::SlidingWindowCounter)
+        {
+            // A settle goes into the slice of its acquire time, which the gateway knows only on its own clock.
+            return Err(top.error(
+                "clock",
+                "\"redis\" cannot settle a sliding window counter's `cost` (its slice is the gateway's time)",
+            ));
+        }
         let local_block_slots = top.number::<u32>("local_block_slots")?.unwrap_or(DEFAULT_LOCAL_BLOCK_SLOTS);
         if local_block_slots == 0 || local_block_slots > MAX_LOCAL_BLOCK_SLOTS {
             return Err(top.error("local_block_slots", format!("must be between 1 and {MAX_LOCAL_BLOCK_SLOTS}")));

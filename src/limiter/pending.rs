@@ -47,8 +47,9 @@ pub(super) enum Taken {
     /// back to that lease.
     Lease { random: [u8; MEMBER_RANDOM_LEN] },
     /// A member of their own in Redis (`granted` permits, in the permits key of `limiter_type`, as the
-    /// reply said it): given back or settled with [`crate::script::GIVE_BACK`].
-    Member { granted: u64, limiter_type: LimiterType },
+    /// reply said it), or permits in a sliding window counter's slice (`counter_slice_ms`: its slices'
+    /// width, ms): given back or settled with [`crate::script::GIVE_BACK`].
+    Member { granted: u64, limiter_type: LimiterType, counter_slice_ms: Option<u64> },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -407,8 +408,9 @@ impl PendingRequest {
     /// reservations.
     pub(super) fn own_members(&self) -> impl Iterator<Item = (&RuleCall, u64, Option<MemberAt>)> {
         self.calls.iter().filter_map(|call| match call.state {
-            CallState::Done(RuleResult::Acquired(quota, Taken::Member { granted, limiter_type })) => {
-                Some((call, granted, MemberAt::of(call.clock, quota.limit, limiter_type)))
+            CallState::Done(RuleResult::Acquired(quota, Taken::Member { granted, limiter_type, counter_slice_ms })) => {
+                let at = MemberAt::of(call.clock, quota.limit, limiter_type);
+                Some((call, granted, at.map(|at| MemberAt { counter_slice_ms, ..at })))
             }
             _ => None,
         })

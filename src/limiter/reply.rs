@@ -274,7 +274,9 @@ fn call_result(
                     return (RuleResult::Acquired(quota(left, effective.interval_ms), taken), Some(grant));
                 }
                 _ => {
-                    let taken = Taken::Member { granted, limiter_type: effective.limiter_type };
+                    let counter_slice_ms = (rule.layout == crate::config::WindowLayout::SlidingWindowCounter)
+                        .then(|| (rule.interval_ms / crate::config::COUNTER_SLICES).max(1));
+                    let taken = Taken::Member { granted, limiter_type: effective.limiter_type, counter_slice_ms };
                     RuleResult::Acquired(quota(remaining, effective.interval_ms), taken)
                 }
             }

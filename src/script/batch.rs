@@ -104,7 +104,9 @@ impl<'a> Segment<'a> {
     fn write_keys(&self, out: &mut Vec<u8>, encoding: Encoding) {
         match self.words {
             Words::Encoded { keys, .. } => out.extend_from_slice(keys),
-            Words::GiveBack { name, template, .. } => push_keys(out, encoding, name, template),
+            Words::GiveBack { name, template, settlement } => {
+                push_keys(out, encoding, name, template, settlement.value_suffix());
+            }
         }
     }
 
@@ -462,6 +464,7 @@ mod tests {
             score_ms: 1_700_000_000_123,
             rate: 5000,
             limiter_type: crate::config::LimiterType::PerClient,
+            counter_slice_ms: None,
         });
         let settlements = [
             ("erl:a", settlement(1, Some([b'-'; MEMBER_RANDOM_LEN]), None)),

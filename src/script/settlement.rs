@@ -54,6 +54,10 @@ pub struct MemberAt {
     pub rate: u64,
     /// The limiter's type when it was acquired: which value and permits keys hold the member.
     pub limiter_type: LimiterType,
+    /// A sliding window counter's slice width, ms (its interval / [`crate::config::COUNTER_SLICES`], at
+    /// least 1): the permits are in the slice of `score_ms` (no member), sent as type `2` and `ARGV[9]`.
+    /// `None`: a sliding log's member.
+    pub counter_slice_ms: Option<u64>,
 }
 
 impl MemberAt {
@@ -61,7 +65,7 @@ impl MemberAt {
     /// the gateway's clock.
     pub fn of(clock: Clock, rate: u64, limiter_type: LimiterType) -> Option<MemberAt> {
         match clock {
-            Clock::Gateway(score_ms) => Some(MemberAt { score_ms, rate, limiter_type }),
+            Clock::Gateway(score_ms) => Some(MemberAt { score_ms, rate, limiter_type, counter_slice_ms: None }),
             Clock::Redis => None,
         }
     }
@@ -78,10 +82,20 @@ impl Settlement {
         ]
     }
 
+    /// The suffix of its limiter's second key: a sliding window counter's `:counter` (the permits are in
+    /// its hash), else `:value`.
+    pub(super) fn value_suffix(&self) -> &'static str {
+        match self.at {
+            Some(MemberAt { counter_slice_ms: Some(_), .. }) => ":counter",
+            _ => ":value",
+        }
+    }
+
     /// How many arguments [`super::GIVE_BACK`] takes for it: [`Settlement::args`], `renamed` if any (empty
     /// when `at` follows without it), and `at`'s three.
     pub(super) fn give_back_arg_count(&self) -> usize {
         match self.at {
+            Some(MemberAt { counter_slice_ms: Some(_), .. }) => 9,
             Some(_) => 8,
             None => 4 + usize::from(self.renamed.is_some()),
         }
@@ -103,7 +117,13 @@ impl Settlement {
         if let Some(at) = self.at {
             push_arg(out, encoding, digits.format(at.score_ms).as_bytes());
             push_arg(out, encoding, digits.format(at.rate).as_bytes());
-            push_arg(out, encoding, digits.format(at.limiter_type.redisson_ordinal()).as_bytes());
+            match at.counter_slice_ms {
+                Some(slice_ms) => {
+                    push_arg(out, encoding, super::acquire::COUNTER_TYPE);
+                    push_arg(out, encoding, digits.format(slice_ms).as_bytes());
+                }
+                None => push_arg(out, encoding, digits.format(at.limiter_type.redisson_ordinal()).as_bytes()),
+            }
         }
     }
 
@@ -134,7 +154,7 @@ impl Settlement {
         let mut writer = ArgWriter::new(&mut out, encoding, 2 + 1 + 5 + arg_count);
         writer.script(&GIVE_BACK, invocation, 1);
         let keys_start = writer.position();
-        writer.keys(name, template);
+        super::wire::push_keys(writer.out(), encoding, name, template, self.value_suffix());
         let keys_end = writer.position();
         self.push_give_back_args(writer.out(), encoding);
         writer.finish();

@@ -57,7 +57,7 @@ impl<'a> ArgWriter<'a> {
     /// The five keys of limiter `name` ([`LimiterKeys`]) with `template`'s client id.
     pub(super) fn keys(&mut self, name: &str, template: &AcquireTemplate) {
         self.first = false;
-        push_keys(self.out, self.encoding, name, template);
+        push_keys(self.out, self.encoding, name, template, template.value_suffix());
     }
 
     /// The bytes written so far, to write more arguments in place (never the first word).
@@ -89,15 +89,15 @@ pub(super) fn push_arg(out: &mut Vec<u8>, encoding: Encoding, bytes: &[u8]) {
     }
 }
 
-/// The five keys of limiter `name` ([`LimiterKeys`]: the config hash, then `{name}:value` (a sliding window
-/// counter's `{name}:counter`, [`AcquireTemplate::value_suffix`]), `:value:<client>`,
+/// The five keys of limiter `name` ([`LimiterKeys`]: the config hash, then `{name}` and `value` (`:value`, or a
+/// sliding window counter's `:counter`: [`AcquireTemplate::value_suffix`]), `:value:<client>`,
 /// `:permits`, `:permits:<client>`) with `template`'s client id, each an argument in the wire form, written
 /// in place (no key is built on its own).
-pub(super) fn push_keys(out: &mut Vec<u8>, encoding: Encoding, name: &str, template: &AcquireTemplate) {
+pub(super) fn push_keys(out: &mut Vec<u8>, encoding: Encoding, name: &str, template: &AcquireTemplate, value: &str) {
     let (open, close): (&[u8], &[u8]) = if name.contains('{') { (b"", b"") } else { (b"{", b"}") };
     push_arg(out, encoding, name.as_bytes());
     let client = template.client_suffix.0.as_slice();
-    let value = template.value_suffix().as_bytes();
+    let value = value.as_bytes();
     for (suffix, per_client) in [(value, false), (b":value", true), (b":permits", false), (b":permits", true)] {
         let client: &[u8] = if per_client { client } else { b"" };
         push_arg_parts(out, encoding, &[open, name.as_bytes(), close, suffix, client]);

@@ -877,3 +877,28 @@ def test_a_request_the_upstream_never_answered_gives_its_reservation_back(start_
         raise AssertionError(f"the reservation was not given back: {_state(stack, name)}; "
                              f"{gateway.envoy.metrics()}; {gateway.access(1)}") from None
     assert gateway.envoy.metrics().get("settled_unanswered") == 1
+
+
+def test_a_token_budget_on_a_sliding_window_counter_settles_each_call_into_its_slice(start_gateway, stack):
+    """The docs' budget with `layout: "sliding_window_counter"` (one small hash per API key and model, issue
+    41): two `openai` SDK calls each reserve their 300 `max_tokens` in the slice of their acquire, and settle
+    to the usage their answer reported, so the hash holds exactly the two usages (nothing left reserved),
+    in one key."""
+    gateway = start_gateway(dict(DOCS_BUDGET, layout="sliding_window_counter"), hold_headers_for_body=True)
+    with gateway.openai() as client:
+        usages = [chat(client, f"say {n} tokens", max_tokens=300).usage for n in (20, 50)]
+    assert usages == [predicted("say 20 tokens", max_tokens=300), predicted("say 50 tokens", max_tokens=300)]
+    name = f"{key_limiter('tokens')}:{OPENAI_MODEL}"
+    counter = "{" + name + "}:counter"
+
+    def settled() -> dict | None:
+        slices = {int(k): int(v) for k, v in stack.redis.client.hgetall(counter).items()}
+        return slices if sum(slices.values()) == sum(usages) else None
+
+    try:
+        slices = h.wait_until(settled, 5.0, "the counter to hold the two usages")
+    except h.HarnessError:
+        raise AssertionError(f"{counter}: {stack.redis.client.hgetall(counter)}, wanted {sum(usages)}") from None
+    assert 1 <= len(slices) <= 2, slices
+    assert sorted(k.decode() for k in stack.redis.client.keys(f"*{name}*")) == [counter], "one key"
+    gateway.counters(2, 0)

@@ -285,3 +285,48 @@ fn a_limiter_that_changes_layout_meets_none_of_the_other_layouts_keys() {
     keys.sort();
     assert_eq!(keys, ["erl:swc:a", "{erl:swc:a}:counter", "{erl:swc:a}:permits", "{erl:swc:a}:value"]);
 }
+
+/// Reserve, then settle (a rule with `cost`): the reservation is permits in the slice of its acquire time,
+/// and GIVE_BACK with type `2` moves that slice by used - granted: unused permits go back, an excess is
+/// charged, never below zero; a slice that left the window (deleted) settles nothing.
+#[test]
+fn a_reservation_settles_into_the_slice_it_was_made_in() {
+    use edge_rate_limiter::script::{MemberAt, Settlement};
+    let server = RedisServer::start();
+    let mut client = server.script_client();
+    let width = INTERVAL_MS / COUNTER_SLICES;
+    let acquire = |client: &mut ScriptClient, permits: u64, now_ms: u64| -> Vec<i64> {
+        let template = template(permits, WindowLayout::SlidingWindowCounter);
+        let random = [1; MEMBER_RANDOM_LEN];
+        let command =
+            |invocation| template.encode(NAMES[0], Clock::Gateway(now_ms), &random, None, invocation, Encoding::Resp);
+        integers(&client.run_raw(&command(Invocation::BySha), || command(Invocation::BySource)))
+    };
+    let settle = |client: &mut ScriptClient, granted: u64, used: u64, at_ms: u64| -> Vec<i64> {
+        let at =
+            MemberAt { score_ms: at_ms, rate: RATE, limiter_type: LimiterType::Overall, counter_slice_ms: Some(width) };
+        let settlement =
+            Settlement { random: [1; MEMBER_RANDOM_LEN], granted, used, early_ms: 0, renamed: None, at: Some(at) };
+        let template = template(1, WindowLayout::SlidingWindowCounter);
+        let command = |invocation| settlement.encode(NAMES[0], &template, invocation, Encoding::Resp);
+        integers(&client.run_raw(&command(Invocation::BySha), || command(Invocation::BySource)))
+    };
+    let slice = |at_ms: u64| -> Option<u64> {
+        redis::cmd("HGET")
+            .arg("{erl:swc:a}:counter")
+            .arg((at_ms / width).to_string())
+            .query(&mut server.inspector())
+            .unwrap()
+    };
+    assert_eq!(acquire(&mut client, 30, T0), [10], "30 reserved of 40");
+    assert_eq!(acquire(&mut client, 20, T0 + 1), [-(INTERVAL_MS as i64 + width as i64 - 1)], "not 20 more");
+    assert_eq!(settle(&mut client, 30, 12, T0), [1]);
+    assert_eq!(slice(T0), Some(12), "18 unused permits back");
+    assert_eq!(acquire(&mut client, 20, T0 + 2 * width), [8], "they admit the next request");
+    assert_eq!(settle(&mut client, 20, 25, T0 + 2 * width), [1]);
+    assert_eq!(slice(T0 + 2 * width), Some(25), "an excess is charged in its own slice");
+    assert_eq!(settle(&mut client, 12, 0, T0), [1]);
+    assert_eq!(slice(T0), Some(0), "used 0: everything back");
+    assert_eq!(settle(&mut client, 5, 0, T0 + 5 * width), [0], "no such slice: nothing to settle");
+    assert_eq!(slice(T0 + 5 * width), None, "and none made");
+}

@@ -790,6 +790,7 @@ impl Run<'_> {
             score_ms: score as u64,
             rate: config.rate as u64,
             limiter_type: limiter_type(config.rate_type),
+            counter_slice_ms: None,
         });
         let used = match used {
             Used::Same => granted,

@@ -125,7 +125,12 @@ impl Limiter {
         if self.known {
             // A member never acquired here (unknown to Redis too) is settled at a score the gateway made up.
             let score_ms = self.scores.get(&settlement.random).copied().unwrap_or(T0);
-            settlement.at = Some(MemberAt { score_ms, rate: self.rate, limiter_type: LimiterType::Overall });
+            settlement.at = Some(MemberAt {
+                score_ms,
+                rate: self.rate,
+                limiter_type: LimiterType::Overall,
+                counter_slice_ms: None,
+            });
         }
         let encode = |invocation| settlement.encode(name, &self.template, invocation, Encoding::Resp);
         let raw = self.scripts.run_raw(&encode(Invocation::BySha), || encode(Invocation::BySource));
