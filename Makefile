@@ -88,12 +88,12 @@ test:
 # The hostcall-free core with the regex feature (the interleavings model of the request path,
 # src/filter/interleavings.rs, against a real redis-server) and the operator tool, natively; then the fuzz
 # smoke (tests/fuzz: the property tests of make fuzz, bounded) and the key-safety properties
-# (tests/key_safety.rs). The core without the regex feature is tested by test-wasm (the same tests but the
+# (tests/key_safety.rs), and the calendar periods against Python's zoneinfo (tests/calendar_zoneinfo.rs). The core without the regex feature is tested by test-wasm (the same tests but the
 # native-only ones, on wasm32): one native build of the tests less (make lint lints both).
 test-unit: setup
 	$(LINTED) $(CARGO) test -q --lib --no-default-features --features regex
 	$(LINTED) $(CARGO) test -q -p erl-admin
-	$(LINTED) $(CARGO) test -q --no-default-features --test fuzz --test key_safety
+	$(LINTED) $(CARGO) test -q --no-default-features --test fuzz --test key_safety --test calendar_zoneinfo
 
 # The same tests on wasm32-wasip1, the module's own target, under Node's WASI (scripts/wasi-run.mjs, cargo's
 # runner for that target): libtest runs them one after the other. Debug info off: the test module is

@@ -31,7 +31,7 @@ CRATE_GROUP = re.compile(r"\bcrate::\{([^}]*)\}")
 FLOORS: dict[str, list[str]] = {
     "src": [
         "prelude quote encoding id_map",                       # 0 base
-        "resp host key matching usage",                         # 1 protocol, the host seam, keys
+        "resp host key matching usage calendar",                         # 1 protocol, the host seam, keys
         "config",                                               # 2 the configuration
         "script cache block fallback lease transport response",  # 3 Redis commands and VM/process state
         "limiter",                                              # 4 the decision

@@ -12,7 +12,8 @@
 //! 1. Protocol and the host seam: [`resp`] (one [`resp::Command`] out, one bounded [`resp::Reply`] back),
 //!    [`host`] (the [`host::Host`] trait: everything the filter needs from a proxy-wasm host), [`key`] (a
 //!    request's key values, limiter names, Redisson's key layout), [`matching`] (exemptions, value
-//!    matches), [`usage`] (the tokens an LLM API's response reports, read from its body as it streams).
+//!    matches), [`usage`] (the tokens an LLM API's response reports, read from its body as it streams),
+//!    [`calendar`] (calendar periods in a time zone).
 //! 2. [`config`]: the plugin configuration, parsed and validated once into an immutable value, and its
 //!    route and domain overrides.
 //! 3. Redis and what a VM or process keeps: [`script`] (the Redisson operations as Lua scripts, their
@@ -42,6 +43,7 @@ extern crate alloc;
 
 pub mod block;
 pub mod cache;
+pub mod calendar;
 pub mod config;
 pub mod encoding;
 pub mod fallback;
