@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Writes src/calendar_zones.tsv: the IANA zones a rule's `calendar.time_zone` may name, each with the POSIX TZ
-rule its tzdata file ends with (the footer, RFC 8536 section 3.3), one `name<TAB>rule` a line.
+"""Writes src/calendar_zones.tsv: the IANA zones a rule's `calendar.time_zone` may name, by the POSIX TZ rule
+their tzdata file ends with (the footer, RFC 8536 section 3.3): one line a rule, `rule<TAB>` then its zones
+grouped by area, `Area/City,City;Area/City` (`/UTC` for a name without an area), to keep the module small.
 
     python3 scripts/zones.py [/usr/share/zoneinfo]
 
@@ -34,14 +35,19 @@ def main() -> None:
     for line in (root / "zone1970.tab").read_text().splitlines():
         if line and not line.startswith("#"):
             names.append(line.split("\t")[2])
-    lines = []
+    by_rule: dict[str, dict[str, list[str]]] = {}
     for name in sorted(set(names)):
         rule = footer((root / name).read_bytes())
         if rule and name not in NOT_BY_RULE:
-            lines.append(f"{name}\t{rule}")
+            area, _, city = name.rpartition("/")
+            by_rule.setdefault(rule, {}).setdefault(area, []).append(city)
+    # One line a rule: `rule<TAB>Area/City,City;Area/City` (a name without an area: `/UTC`).
+    lines = [rule + "\t" + ";".join(f"{area}/{','.join(cities)}" for area, cities in areas.items())
+             for rule, areas in sorted(by_rule.items())]
     out = Path(__file__).resolve().parent.parent / "src" / "calendar_zones.tsv"
     out.write_text("\n".join(lines) + "\n")
-    print(f"{out}: {len(lines)} zones", file=sys.stderr)
+    print(f"{out}: {sum(len(c) for a in by_rule.values() for c in a.values())} zones, {len(lines)} rules",
+          file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -10,12 +10,32 @@
 //! `zoneinfo` for 10 years.
 
 use crate::prelude::*;
+use crate::quote::quoted;
 
-/// IANA zone names and their POSIX TZ rules, one `name<TAB>rule` a line: the canonical zones of tzdata's
-/// `zone1970.tab` (and `UTC`), their rule the footer of `/usr/share/zoneinfo/<name>` (Debian tzdata),
-/// written by scripts/zones.py. Zones whose future the footer does not give (Morocco's, whose DST
+/// IANA zone names by their POSIX TZ rule, one rule a line, `rule<TAB>Area/City,City;Area/City` (`/UTC`):
+/// the canonical zones of tzdata's `zone1970.tab` (and `UTC`), each rule the footer of
+/// `/usr/share/zoneinfo/<name>` (Debian tzdata), written by scripts/zones.py ([`zone_names`] lists them). Zones whose future the footer does not give (Morocco's, whose DST
 /// follows Ramadan and is listed transition by transition) are left out.
 pub const ZONES: &str = include_str!("calendar_zones.tsv");
+
+/// The POSIX TZ rule of IANA zone `name` in [`ZONES`].
+fn rule_of(name: &str) -> Option<&'static str> {
+    let (area, city) = name.rsplit_once('/').unwrap_or(("", name));
+    ZONES.lines().find_map(|line| {
+        let (rule, groups) = line.split_once('\t')?;
+        let listed = groups.split(';').filter_map(|group| group.rsplit_once('/'));
+        listed.into_iter().any(|(a, cities)| a == area && cities.split(',').any(|c| c == city)).then_some(rule)
+    })
+}
+
+/// Every IANA name of [`ZONES`] (`Area/City`, or `UTC`).
+pub fn zone_names() -> impl Iterator<Item = String> {
+    ZONES.lines().filter_map(|line| line.split_once('\t')).flat_map(|(_, groups)| {
+        groups.split(';').filter_map(|group| group.rsplit_once('/')).flat_map(|(area, cities)| {
+            cities.split(',').map(move |city| if area.is_empty() { city.to_string() } else { format!("{area}/{city}") })
+        })
+    })
+}
 
 /// A calendar period of local time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +55,7 @@ pub enum Period {
 }
 
 /// A time zone as a POSIX TZ rule: its standard offset and, if it has one, its daylight saving time.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Zone {
     /// Standard time's offset from UTC, seconds east.
     std_offset_s: i64,
@@ -44,7 +64,7 @@ pub struct Zone {
 }
 
 /// A zone's daylight saving time: its offset and when it starts and ends each year.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Dst {
     /// Offset from UTC during DST, seconds east.
     offset_s: i64,
@@ -77,12 +97,12 @@ impl Zone {
     /// # Errors
     /// A sentence saying why: an unknown name, or a rule that does not parse.
     pub fn named(name: &str) -> Result<Zone, String> {
-        let rule = ZONES.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix('\t'));
-        match rule {
+        match rule_of(name) {
             Some(rule) => Zone::parse(rule),
-            None if name.contains('/') || !name.bytes().any(|b| b.is_ascii_digit()) => {
-                Err(format!("unknown time zone {name:?}: an IANA name of tzdata's zone1970.tab, or a POSIX TZ rule"))
-            }
+            None if name.contains('/') || !name.bytes().any(|b| b.is_ascii_digit()) => Err(format!(
+                "unknown time zone {}: an IANA name of tzdata's zone1970.tab, or a POSIX TZ rule",
+                quoted(name)
+            )),
             None => Zone::parse(name),
         }
     }
@@ -92,7 +112,7 @@ impl Zone {
     /// # Errors
     /// A sentence saying what does not parse.
     pub fn parse(rule: &str) -> Result<Zone, String> {
-        let bad = |why: &str| format!("POSIX TZ rule {rule:?}: {why}");
+        let bad = |why: &str| format!("POSIX TZ rule {}: {why}", quoted(rule));
         let mut rest = rule.as_bytes();
         designation(&mut rest).ok_or_else(|| bad("no standard time name"))?;
         let std_offset_s = -clock(&mut rest, 24, true).ok_or_else(|| bad("no standard offset"))?;
@@ -128,7 +148,7 @@ impl Zone {
 
     /// The UTC instant of local time `local_s` (seconds since the epoch of local time), as `zoneinfo` with
     /// `fold=0`: the first of two, or, in a gap, read with the offset before it.
-    fn to_utc(&self, local_s: i64) -> i64 {
+    fn utc_of(&self, local_s: i64) -> i64 {
         let Some(dst) = &self.dst else { return local_s - self.std_offset_s };
         let valid = |offset: i64| self.offset_at(local_s - offset) == offset;
         let (a, b) = (local_s - self.std_offset_s, local_s - dst.offset_s);
@@ -147,7 +167,7 @@ impl Zone {
     pub fn period(&self, period: Period, now_ms: u64) -> (u64, u64) {
         let utc_s = i64::try_from(now_ms / 1000).unwrap_or(i64::MAX / 2);
         let (start, next) = bounds(period, utc_s + self.offset_at(utc_s));
-        let ms = |local: i64| u64::try_from(self.to_utc(local)).unwrap_or(0).saturating_mul(1000);
+        let ms = |local: i64| u64::try_from(self.utc_of(local)).unwrap_or(0).saturating_mul(1000);
         let start_ms = ms(start);
         if start_ms > now_ms {
             return (ms(bounds(period, start - 1).0), start_ms);
@@ -175,6 +195,21 @@ fn bounds(period: Period, local_s: i64) -> (i64, i64) {
                 _ => ((year, 1), (year + 1, 1)),
             };
             (days_from_civil(first.0, first.1, 1) * 86_400, days_from_civil(after.0, after.1, 1) * 86_400)
+        }
+    }
+}
+
+impl Period {
+    /// Its nominal length, ms (a month 30 days, a year 365): what stands for it where a rule needs one
+    /// interval (the degraded mode's local windows, `RateLimit-Policy`'s `w`).
+    pub fn nominal_ms(self) -> u64 {
+        match self {
+            Period::Minute => 60_000,
+            Period::Hour => 3_600_000,
+            Period::Day => 86_400_000,
+            Period::Week => 7 * 86_400_000,
+            Period::Month => 30 * 86_400_000,
+            Period::Year => 365 * 86_400_000,
         }
     }
 }

@@ -19,6 +19,7 @@ use crate::matching::{Exemption, ValueMatch};
 mod cost;
 mod duration;
 mod inflight;
+mod layout;
 mod match_rules;
 mod reader;
 mod rules;
@@ -331,6 +332,22 @@ pub enum WindowLayout {
     /// fits the rate: no sliding window ever holds more than the rate, and under saturation at least
     /// k/(k+1) of it is used. O(1) memory per limiter; not shared with Java.
     SlidingWindowCounter,
+    /// A calendar quota (`calendar`: docs/configuration.md, "Calendar quotas"): the rate per period of the
+    /// zone's local time, one counter per limiter and period in the hash `{name}:counter` (field: the
+    /// period's start, ms), expiring at the period's end.
+    Calendar {
+        /// The period.
+        period: crate::calendar::Period,
+        /// The zone whose local time the periods follow.
+        zone: crate::calendar::Zone,
+    },
+}
+
+impl WindowLayout {
+    /// Whether it is a calendar quota (its acquires carry their period: built per call).
+    pub fn is_calendar(&self) -> bool {
+        matches!(self, WindowLayout::Calendar { .. })
+    }
 }
 
 /// The slices of an interval in a sliding window counter (k): at most k + 1 fields stay in its hash, well
@@ -555,8 +572,11 @@ mod tests {
         let refusals = [
             (r#","type":"per_client""#, "rules[0].type: a sliding window counter is overall only"),
             (r#","rate_source":"redis""#, "rules[0].rate_source: a sliding window counter keeps no config in Redis"),
-            (r#","lease":{"max_permits":2,"max_age":"100ms"}"#, "rules[0].lease: not with a sliding window counter"),
-            (r#","keep_alive":"1h""#, "rules[0].keep_alive: a sliding window counter expires"),
+            (
+                r#","lease":{"max_permits":2,"max_age":"100ms"}"#,
+                "rules[0].lease: a sliding window counter takes no lease",
+            ),
+            (r#","keep_alive":"1h""#, "rules[0].keep_alive: a sliding window counter expires by itself"),
         ];
         for (extra, expected) in refusals {
             let error = error_of(&counter(extra));
@@ -565,9 +585,49 @@ mod tests {
         let cost = counter(r#","cost":{"reserve":2,"settle":{"usage":"openai"}}"#);
         assert!(parse(&cost).unwrap().rules[0].cost.is_some(), "reserve, then settle into the slice");
         let error = error_of(&cost.replace("}]}", r#"}],"clock":"redis"}"#));
-        assert!(error.starts_with("clock: \"redis\" cannot settle a sliding window counter"), "{error}");
+        assert!(error.starts_with("clock: \"redis\" cannot settle a counter's `cost`"), "{error}");
         assert!(error_of(&MINIMAL.replace(r#""interval":"1s""#, r#""interval":"1s","layout":"fixed""#))
             .starts_with("rules[0].layout: unknown variant `fixed`"));
+    }
+
+    #[test]
+    fn a_calendar_quota_names_its_period_and_zone_instead_of_an_interval() {
+        let calendar = |json: &str| MINIMAL.replace(r#""interval":"1s""#, json);
+        let rule = &parse(&calendar(r#""calendar":{"period":"month","time_zone":"Europe/Berlin"}"#)).unwrap().rules[0];
+        let berlin = crate::calendar::Zone::named("Europe/Berlin").unwrap();
+        assert_eq!(rule.layout, WindowLayout::Calendar { period: crate::calendar::Period::Month, zone: berlin });
+        assert_eq!(
+            rule.interval_ms,
+            30 * 86_400_000,
+            "nominal: a month stands for 30 days where one interval is needed"
+        );
+        let utc = &parse(&calendar(r#""calendar":{"period":"day"}"#)).unwrap().rules[0];
+        assert!(
+            matches!(utc.layout, WindowLayout::Calendar { zone, .. } if zone == crate::calendar::Zone::named("UTC").unwrap())
+        );
+        let refusals = [
+            (r#""calendar":{"period":"fortnight"}"#, "rules[0].calendar.period: unknown variant `fortnight`"),
+            (r#""calendar":{"time_zone":"UTC"}"#, "rules[0].calendar.period: required"),
+            (
+                r#""calendar":{"period":"day","time_zone":"Mars/Olympus"}"#,
+                "rules[0].calendar.time_zone: unknown time zone",
+            ),
+            (r#""calendar":{"period":"day","time_zone":"CET-1CEST,M3"}"#, "rules[0].calendar.time_zone: POSIX TZ rule"),
+            (
+                r#""calendar":{"period":"day"},"interval":"1s""#,
+                "rules[0].interval: a rule with `calendar` has its period",
+            ),
+            (r#""calendar":{"period":"day"},"layout":"sliding_log""#, "rules[0].layout: a rule with `calendar`"),
+            (
+                r#""calendar":{"period":"day"},"lease":{"max_permits":2,"max_age":"1s"}"#,
+                "rules[0].lease: a calendar quota takes no lease",
+            ),
+            (r#""calendar":{"period":"day"},"type":"per_client""#, "rules[0].type: a calendar quota is overall only"),
+        ];
+        for (json, expected) in refusals {
+            let error = error_of(&calendar(json));
+            assert!(error.starts_with(expected), "{json}: {error}");
+        }
     }
 
     #[test]

@@ -36,6 +36,7 @@ const RULE_FIELDS: &[&str] = &[
     "rates_by",
     "cost",
     "layout",
+    "calendar",
 ];
 
 const LEASE_FIELDS: &[&str] = &["max_permits", "max_age"];
@@ -64,7 +65,8 @@ pub(super) fn read_rule(mut rule: Object<'_>, default_mode: Mode) -> Result<Vec<
     }
     let limit_by = rule.required("limit_by", |rule, name| Ok(rule.get(name)))?;
     let source = read_key_source(limit_by).map_err(|why| rule.error("limit_by", why))?;
-    let (rate, interval_ms) = read_rate(&mut rule)?;
+    let calendar = super::layout::read_calendar(&mut rule)?;
+    let (rate, interval_ms) = read_rate(&mut rule, calendar.as_ref())?;
     let limiter_type = rule
         .choice("type", &[("overall", LimiterType::Overall), ("per_client", LimiterType::PerClient)])?
         .unwrap_or_default();
@@ -85,14 +87,8 @@ pub(super) fn read_rule(mut rule: Object<'_>, default_mode: Mode) -> Result<Vec<
     let rate_source = rule
         .choice("rate_source", &[("redis", RateSource::Redis), ("config", RateSource::Config)])?
         .unwrap_or_default();
-    let local_block_max_ms = rule.duration("local_block_max")?.map_or(DEFAULT_LOCAL_BLOCK_MAX_MS, |DurationMs(ms)| ms);
-    if local_block_max_ms > MAX_INTERVAL_MS {
-        return Err(rule.error("local_block_max", format!("must be at most {MAX_INTERVAL_MS} ms")));
-    }
-    let lease = match rule.object("lease")? {
-        Some(lease) => Some(read_lease(lease, rate, interval_ms, permits)?),
-        None => None,
-    };
+    let local_block_max_ms = read_local_block_max(&mut rule)?;
+    let lease = rule.object("lease")?.map(|lease| read_lease(lease, rate, interval_ms, permits)).transpose()?;
     let mode = rule.choice("mode", &[("enforce", Mode::Enforce), ("shadow", Mode::Shadow)])?.unwrap_or(default_mode);
     let exempt = rule.object("exempt")?.map(read_exemption).transpose()?;
     let by_value = rule.array("rates_by_value")?;
@@ -107,7 +103,14 @@ pub(super) fn read_rule(mut rule: Object<'_>, default_mode: Mode) -> Result<Vec<
         return Err(rule.error("cost", "cannot be combined with `lease` (a lease's permits are not one request's)"));
     }
     let explicit_keep_alive = rule.get("keep_alive").is_some();
-    let layout = read_layout(&mut rule, limiter_type, rate_source, lease.is_some(), explicit_keep_alive)?;
+    let layout = super::layout::read_layout(
+        &mut rule,
+        calendar,
+        limiter_type,
+        rate_source,
+        lease.is_some(),
+        explicit_keep_alive,
+    )?;
     rule.finish(RULE_FIELDS)?;
     let base = Rule {
         name,
@@ -135,15 +138,31 @@ pub(super) fn read_rule(mut rule: Object<'_>, default_mode: Mode) -> Result<Vec<
     }
 }
 
-/// A rule's `rate` (1 to [`MAX_RATE`]) and `interval` (1 ms to [`MAX_INTERVAL_MS`]).
+/// A rule's `local_block_max`, ms (default [`DEFAULT_LOCAL_BLOCK_MAX_MS`], at most [`MAX_INTERVAL_MS`]).
+fn read_local_block_max(rule: &mut Object<'_>) -> Result<u64, ConfigError> {
+    let local_block_max_ms = rule.duration("local_block_max")?.map_or(DEFAULT_LOCAL_BLOCK_MAX_MS, |DurationMs(ms)| ms);
+    if local_block_max_ms > MAX_INTERVAL_MS {
+        return Err(rule.error("local_block_max", format!("must be at most {MAX_INTERVAL_MS} ms")));
+    }
+    Ok(local_block_max_ms)
+}
+
+/// A rule's `rate` (1 to [`MAX_RATE`]) and `interval` (1 ms to [`MAX_INTERVAL_MS`]; with `calendar`, none:
+/// its period's nominal length).
 #[inline]
-fn read_rate(rule: &mut Object<'_>) -> Result<(u64, u64), ConfigError> {
+fn read_rate(rule: &mut Object<'_>, calendar: Option<&WindowLayout>) -> Result<(u64, u64), ConfigError> {
     let rate = rule.required("rate", Object::u64)?;
     if rate == 0 {
         return Err(rule.error("rate", "must be at least 1"));
     }
     if rate > MAX_RATE {
         return Err(rule.error("rate", format!("must be at most {MAX_RATE}")));
+    }
+    if let Some(WindowLayout::Calendar { period, .. }) = calendar {
+        if rule.get("interval").is_some() {
+            return Err(rule.error("interval", "a rule with `calendar` has its period instead"));
+        }
+        return Ok((rate, period.nominal_ms()));
     }
     let DurationMs(interval_ms) = rule.required("interval", Object::duration)?;
     if interval_ms == 0 {
@@ -396,45 +415,4 @@ pub(super) fn read_body_path(value: &Value) -> Result<Vec<String>, String> {
         return Err("`body` must be a dotted path of non-empty names, such as \"model\"".into());
     }
     Ok(text.split('.').map(str::to_string).collect())
-}
-
-/// `layout`: how the rule keeps its limiters in Redis. `"sliding_window_counter"` is refused with what it
-/// does not do yet, naming the field: `type: "per_client"`, `rate_source: "redis"` (its rate is always the
-/// rule's: no config in Redis), `lease`, `keep_alive` (its hash expires by itself).
-fn read_layout(
-    rule: &mut Object<'_>,
-    limiter_type: LimiterType,
-    rate_source: RateSource,
-    lease: bool,
-    keep_alive: bool,
-) -> Result<WindowLayout, ConfigError> {
-    let layout = rule
-        .choice(
-            "layout",
-            &[
-                ("sliding_log", WindowLayout::SlidingLog),
-                ("sliding_window_counter", WindowLayout::SlidingWindowCounter),
-            ],
-        )?
-        .unwrap_or_default();
-    if layout == WindowLayout::SlidingWindowCounter {
-        let refused = [
-            (limiter_type == LimiterType::PerClient, "type", "a sliding window counter is overall only"),
-            (
-                rate_source == RateSource::Redis && rule.get("rate_source").is_some(),
-                "rate_source",
-                "a sliding window counter keeps no config in Redis: its rate is the rule's",
-            ),
-            (lease, "lease", "not with a sliding window counter (yet)"),
-            (
-                keep_alive,
-                "keep_alive",
-                "a sliding window counter expires one interval and one slice after its last write",
-            ),
-        ];
-        if let Some((_, field, why)) = refused.into_iter().find(|(refused, _, _)| *refused) {
-            return Err(rule.error(field, why));
-        }
-    }
-    Ok(layout)
 }

@@ -122,12 +122,12 @@ impl PluginConfig {
         }
         let clock = top.choice("clock", &[("gateway", ClockSource::Gateway), ("redis", ClockSource::Redis)])?;
         if clock == Some(ClockSource::Redis)
-            && rules.iter().any(|r| r.cost.is_some() && r.layout == super::WindowLayout::SlidingWindowCounter)
+            && rules.iter().any(|r| r.cost.is_some() && r.layout != super::WindowLayout::SlidingLog)
         {
             // A settle goes into the slice of its acquire time, which the gateway knows only on its own clock.
             return Err(top.error(
                 "clock",
-                "\"redis\" cannot settle a sliding window counter's `cost` (its slice is the gateway's time)",
+                "\"redis\" cannot settle a counter's `cost` (a sliding window counter or a calendar quota: its slice is the gateway's time)",
             ));
         }
         let local_block_slots = top.number::<u32>("local_block_slots")?.unwrap_or(DEFAULT_LOCAL_BLOCK_SLOTS);

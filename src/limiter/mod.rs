@@ -27,6 +27,7 @@ use crate::fallback::Local;
 use crate::script::Settlement;
 
 mod decision;
+mod encode;
 mod pending;
 mod plan;
 mod reply;

@@ -1,7 +1,8 @@
 //! A request waiting for Redis: its rules' acquires ([`RuleCall`]), the Redis calls that carry them
 //! ([`Send`]: one for all the request's limiters, all or nothing, or with Redis Cluster one per hash slot;
 //! shadow rules in calls of their own), leases taken and asked for, and the steps: [`start`], the replies
-//! ([`PendingRequest::on_reply`], in `reply`), [`PendingRequest::unpark`], [`PendingRequest::expire`].
+//! ([`PendingRequest::on_reply`], in `reply`), [`PendingRequest::unpark`], [`PendingRequest::expire`]; the
+//! calls' bytes are in `encode`.
 
 use smallvec::SmallVec;
 
@@ -11,16 +12,13 @@ use crate::block::Block;
 use crate::config::{ClockSource, LimiterType, Mode, PluginConfig};
 use crate::key::{hash_slot, RequestView};
 use crate::response::RuleQuota;
-use crate::script::{
-    encode_acquire_all_laid_out, AcquirePart, AcquireTemplate, Clock, Encoding, Invocation, Layout, LeaseRequest,
-    MemberAt, MEMBER_RANDOM_LEN,
-};
+use crate::script::{Clock, LeaseRequest, MemberAt, MEMBER_RANDOM_LEN};
 
 use super::decision::{block_quota, blocked, decide, exempt};
 use super::resolve::{group_end, resolve, Resolved};
 use super::sends::group;
 use super::Decision;
-use super::{Context, LeaseAsk, LeaseTicket, Leases, Plan};
+use super::{Context, LeaseAsk, LeaseTicket, Leases};
 
 /// How one rule ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,9 +45,10 @@ pub(super) enum Taken {
     /// back to that lease.
     Lease { random: [u8; MEMBER_RANDOM_LEN] },
     /// A member of their own in Redis (`granted` permits, in the permits key of `limiter_type`, as the
-    /// reply said it), or permits in a sliding window counter's slice (`counter_slice_ms`: its slices'
-    /// width, ms): given back or settled with [`crate::script::GIVE_BACK`].
-    Member { granted: u64, limiter_type: LimiterType, counter_slice_ms: Option<u64> },
+    /// reply said it), or permits in a counter's slice (`counter_slice_ms`: a sliding window counter's
+    /// slice width, the acquire's time its slice; a calendar quota's `Some(1)` with its period's start):
+    /// given back or settled with [`crate::script::GIVE_BACK`].
+    Member { granted: u64, limiter_type: LimiterType, counter_slice_ms: Option<u64>, period_start_ms: Option<u64> },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -319,64 +318,6 @@ pub(super) fn lease_tickets(calls: &[RuleCall], config: &PluginConfig) -> Vec<Le
 }
 
 impl PendingRequest {
-    /// The bytes of send `send`, by sha or by source, in the transport's wire form; `None` for an unknown
-    /// send.
-    pub fn encode(&self, send: usize, invocation: Invocation, encoding: Encoding, plan: &Plan) -> Option<Vec<u8>> {
-        self.encode_laid_out(send, invocation, encoding, plan).map(|(bytes, _)| bytes)
-    }
-
-    /// [`PendingRequest::encode`], and where the command's keys and arguments are (for a batch).
-    pub fn encode_laid_out(
-        &self,
-        send: usize,
-        invocation: Invocation,
-        encoding: Encoding,
-        plan: &Plan,
-    ) -> Option<(Vec<u8>, Layout)> {
-        let send = self.sends.get(send)?;
-        // A reservation sized by its request acquires with a template of its own size, built for it; every
-        // other call uses its rule's (no template is built, nothing is allocated).
-        let sized: Vec<(usize, AcquireTemplate)> = send
-            .calls
-            .iter()
-            .enumerate()
-            .filter_map(|(at, &index)| {
-                let call = self.calls.get(index)?;
-                let template = &plan.rules.get(call.rule)?.template;
-                (call.permits != template.config().permits).then(|| (at, plan.sized(template, call.permits)))
-            })
-            .collect();
-        let template_of = |at: usize, call: &RuleCall| match sized.iter().find(|(i, _)| *i == at) {
-            Some((_, template)) => Some(template),
-            None => plan.rules.get(call.rule).map(|rule| &rule.template),
-        };
-        if let [only] = send.calls.as_slice() {
-            let call = self.calls.get(*only)?;
-            let template = template_of(0, call)?;
-            return Some(template.encode_laid_out(
-                &call.name,
-                call.clock,
-                &call.member_random,
-                call.lease.as_ref(),
-                invocation,
-                encoding,
-            ));
-        }
-        let mut parts: SmallVec<[AcquirePart<'_>; 2]> = SmallVec::new();
-        let mut clock = Clock::Redis;
-        for (at, &index) in send.calls.iter().enumerate() {
-            let call = self.calls.get(index)?;
-            clock = call.clock;
-            parts.push(AcquirePart {
-                template: template_of(at, call)?,
-                name: &call.name,
-                random: &call.member_random,
-                lease: call.lease.as_ref(),
-            });
-        }
-        Some(encode_acquire_all_laid_out(&parts, clock, plan.errors_stop_charge, invocation, encoding))
-    }
-
     /// Stamps send `send`'s acquires at `now_ms`, as a call sent now is stamped (it waited for a batch): the
     /// gateway clock its script reads, and the base of its lease's age and its local block. A call that
     /// waited keeping its arrival time could reach Redis after calls stamped later by other VMs, and the
@@ -408,9 +349,14 @@ impl PendingRequest {
     /// reservations.
     pub(super) fn own_members(&self) -> impl Iterator<Item = (&RuleCall, u64, Option<MemberAt>)> {
         self.calls.iter().filter_map(|call| match call.state {
-            CallState::Done(RuleResult::Acquired(quota, Taken::Member { granted, limiter_type, counter_slice_ms })) => {
+            CallState::Done(RuleResult::Acquired(
+                quota,
+                Taken::Member { granted, limiter_type, counter_slice_ms, period_start_ms },
+            )) => {
                 let at = MemberAt::of(call.clock, quota.limit, limiter_type);
-                Some((call, granted, at.map(|at| MemberAt { counter_slice_ms, ..at })))
+                let at =
+                    at.map(|at| MemberAt { counter_slice_ms, score_ms: period_start_ms.unwrap_or(at.score_ms), ..at });
+                Some((call, granted, at))
             }
             _ => None,
         })

@@ -5,7 +5,7 @@ use alloc::rc::Rc;
 
 use crate::prelude::*;
 
-use crate::config::{FailureMode, PluginConfig, RateSource};
+use crate::config::{FailureMode, PluginConfig, RateSource, WindowLayout};
 use crate::response::{RuleHeaders, RulePolicy};
 use crate::script::{AcquireConfig, AcquireTemplate};
 
@@ -75,9 +75,16 @@ impl Plan {
     }
 
     /// `template` acquiring `permits` instead (a reservation sized by its request, `cost.reserve` from a
-    /// header): built for the call, once per send.
-    pub fn sized(&self, template: &AcquireTemplate, permits: u64) -> AcquireTemplate {
-        AcquireTemplate::new(AcquireConfig { permits, ..*template.config() }, &self.client_id)
+    /// header), and for a calendar quota in the period of `now_ms`: built for the call, once per send.
+    pub fn sized(&self, template: &AcquireTemplate, permits: u64, now_ms: u64) -> AcquireTemplate {
+        let config = AcquireConfig { permits, ..*template.config() };
+        match config.layout {
+            WindowLayout::Calendar { period, zone } => {
+                let (start_ms, end_ms) = zone.period(period, now_ms);
+                AcquireTemplate::in_period(config, &self.client_id, start_ms, end_ms)
+            }
+            _ => AcquireTemplate::new(config, &self.client_id),
+        }
     }
 
     /// Rule `rule`'s name, if the configuration has such a rule.

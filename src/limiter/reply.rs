@@ -8,7 +8,7 @@ use crate::prelude::*;
 
 use crate::block::Block;
 use crate::cache::{LimiterCache, Observation};
-use crate::config::Rule;
+use crate::config::{Rule, WindowLayout};
 use crate::response::RuleQuota;
 use crate::script::{
     decode_acquire_all_reply, decode_acquire_reply, AcquireOutcome, AcquireReply, ConfigChange, EffectiveConfig,
@@ -230,6 +230,32 @@ fn notice(
     }
 }
 
+/// A calendar quota's period of a call made at `sent_ms` (its window, whole again at its end) and the ms
+/// until its quota is whole again; any other rule's window: `effective`'s interval.
+fn calendar_window(
+    rule: &Rule,
+    sent_ms: u64,
+    now_ms: u64,
+    effective: &mut EffectiveConfig,
+) -> (Option<(u64, u64)>, u64) {
+    let WindowLayout::Calendar { period, zone } = rule.layout else { return (None, effective.interval_ms) };
+    let (start_ms, end_ms) = zone.period(period, sent_ms);
+    effective.interval_ms = end_ms.saturating_sub(start_ms);
+    (Some((start_ms, end_ms)), end_ms.saturating_sub(now_ms))
+}
+
+/// Where a counter's permits are ([`Taken::Member`]): a sliding window counter's slice width (the acquire's
+/// time is its slice), or a calendar period's field (width 1, its start); `(None, None)` for a sliding log.
+fn counter_slot(rule: &Rule, period: Option<(u64, u64)>) -> (Option<u64>, Option<u64>) {
+    match (rule.layout, period) {
+        (WindowLayout::SlidingWindowCounter, _) => {
+            (Some((rule.interval_ms / crate::config::COUNTER_SLICES).max(1)), None)
+        }
+        (WindowLayout::Calendar { .. }, Some((start_ms, _))) => (Some(1), Some(start_ms)),
+        _ => (None, None),
+    }
+}
+
 /// One rule's result from its part of a reply, and the lease Redis granted it; the notice and block it
 /// teaches go to `effects`.
 fn call_result(
@@ -242,7 +268,8 @@ fn call_result(
 ) -> (RuleResult, Option<LeaseGrant>) {
     let configured =
         EffectiveConfig { rate: rule.rate, interval_ms: rule.interval_ms, limiter_type: rule.limiter_type };
-    let effective = reply.effective.unwrap_or(configured);
+    let mut effective = reply.effective.unwrap_or(configured);
+    let (period, whole_again_ms) = calendar_window(rule, call.sent_ms, now_ms, &mut effective);
     if let Some(held) = reply.effective {
         effects.notices.extend(notice(call, rule, reply, held, configured, cache));
     }
@@ -271,17 +298,17 @@ fn call_result(
                     };
                     let left = remaining.saturating_add(granted - rule.permits);
                     let taken = Taken::Lease { random: call.member_random };
-                    return (RuleResult::Acquired(quota(left, effective.interval_ms), taken), Some(grant));
+                    return (RuleResult::Acquired(quota(left, whole_again_ms), taken), Some(grant));
                 }
                 _ => {
-                    let counter_slice_ms = (rule.layout == crate::config::WindowLayout::SlidingWindowCounter)
-                        .then(|| (rule.interval_ms / crate::config::COUNTER_SLICES).max(1));
-                    let taken = Taken::Member { granted, limiter_type: effective.limiter_type, counter_slice_ms };
-                    RuleResult::Acquired(quota(remaining, effective.interval_ms), taken)
+                    let (counter_slice_ms, period_start_ms) = counter_slot(rule, period);
+                    let limiter_type = effective.limiter_type;
+                    let taken = Taken::Member { granted, limiter_type, counter_slice_ms, period_start_ms };
+                    RuleResult::Acquired(quota(remaining, whole_again_ms), taken)
                 }
             }
         }
-        AcquireOutcome::Untaken { available } => RuleResult::Untaken(quota(available, effective.interval_ms)),
+        AcquireOutcome::Untaken { available } => RuleResult::Untaken(quota(available, whole_again_ms)),
         AcquireOutcome::Rejected { delay_ms } => {
             // The oldest permit leaves 3 ms before Redisson's delay ends (DESIGN.md, tryAcquire).
             let leaves = call.sent_ms.saturating_add(delay_ms).saturating_sub(3);

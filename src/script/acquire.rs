@@ -28,6 +28,9 @@ pub const RULE_CONFIG_FIELD: &str = "erlRuleConfig";
 /// (docs/configuration.md, "Which window to choose").
 pub const COUNTER_TYPE: &[u8] = b"2";
 
+/// ARGV 6 (the limiter type) of a calendar quota: one counter per period in the hash `{name}:counter`.
+pub const CALENDAR_TYPE: &[u8] = b"3";
+
 /// Length of the random part of a permit member, bytes (Redisson 4.x; 3.17-3.20 wrote 8).
 pub const MEMBER_RANDOM_LEN: usize = 16;
 
@@ -89,20 +92,36 @@ pub struct AcquireTemplate {
 }
 
 impl AcquireTemplate {
-    /// The template of a rule's acquire for this gateway's Redisson client id.
+    /// The template of a rule's acquire for this gateway's Redisson client id. (A calendar quota's acquire
+    /// needs its period: [`AcquireTemplate::in_period`].)
     pub fn new(config: AcquireConfig, client_id: &str) -> Self {
+        Self::build(config, client_id, (0, 0))
+    }
+
+    /// A calendar quota's acquire in the period from `start_ms` to `end_ms` (ms since the epoch): type `3`,
+    /// ARGV 5 the period's end, ARGV 7 its start (the counter's field).
+    pub fn in_period(config: AcquireConfig, client_id: &str, start_ms: u64, end_ms: u64) -> Self {
+        Self::build(config, client_id, (start_ms, end_ms))
+    }
+
+    fn build(config: AcquireConfig, client_id: &str, (start_ms, end_ms): (u64, u64)) -> Self {
+        let (interval, kind, keep_alive) = match config.layout {
+            WindowLayout::SlidingLog => (
+                config.interval_ms,
+                config.limiter_type.redisson_ordinal().to_string().into_bytes(),
+                config.keep_alive_ms,
+            ),
+            WindowLayout::SlidingWindowCounter => {
+                (config.interval_ms, COUNTER_TYPE.to_vec(), crate::config::COUNTER_SLICES)
+            }
+            WindowLayout::Calendar { .. } => (end_ms, CALENDAR_TYPE.to_vec(), start_ms),
+        };
         let tail = [
             config.permits.to_string().into_bytes(),
             config.rate.to_string().into_bytes(),
-            config.interval_ms.to_string().into_bytes(),
-            match config.layout {
-                WindowLayout::SlidingLog => config.limiter_type.redisson_ordinal().to_string().into_bytes(),
-                WindowLayout::SlidingWindowCounter => COUNTER_TYPE.to_vec(),
-            },
-            match config.layout {
-                WindowLayout::SlidingLog => config.keep_alive_ms.to_string().into_bytes(),
-                WindowLayout::SlidingWindowCounter => crate::config::COUNTER_SLICES.to_string().into_bytes(),
-            },
+            interval.to_string().into_bytes(),
+            kind,
+            keep_alive.to_string().into_bytes(),
             if config.apply_config { b"1".to_vec() } else { b"0".to_vec() },
         ];
         let mut resp_tail = Vec::new();
@@ -124,7 +143,7 @@ impl AcquireTemplate {
     pub fn value_suffix(&self) -> &'static str {
         match self.config.layout {
             WindowLayout::SlidingLog => ":value",
-            WindowLayout::SlidingWindowCounter => ":counter",
+            WindowLayout::SlidingWindowCounter | WindowLayout::Calendar { .. } => ":counter",
         }
     }
 
@@ -255,7 +274,7 @@ impl AcquireTemplate {
         let client = &self.client_suffix.1;
         let encoded_value = match self.config.layout {
             WindowLayout::SlidingLog => "%3Avalue",
-            WindowLayout::SlidingWindowCounter => "%3Acounter",
+            WindowLayout::SlidingWindowCounter | WindowLayout::Calendar { .. } => "%3Acounter",
         };
         for (suffix, per_client) in
             [(encoded_value, false), ("%3Avalue", true), ("%3Apermits", false), ("%3Apermits", true)]

@@ -6,6 +6,7 @@ The binary is built outside the tests (`cargo build -p erl-admin`; `make test` d
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -296,3 +297,58 @@ def test_show_lists_the_reservations_in_flight_and_the_settled_costs_of_rules_wi
     assert envoy.stats().get(METRIC_PREFIX + "settled_without_usage") == 2
     text = admin(stack.redis, "show", "erl:settled:alice").stdout
     assert "settled" in text, text
+
+
+def test_show_and_explain_count_a_sliding_window_counter_as_the_filter_does(stack):
+    config = plugin_config(rule(rate=3, interval="4s", layout="sliding_window_counter", local_block_max=0))
+    path = stack.workdir / "counter-plugin.json"
+    path.write_text(json.dumps(config))
+    envoy = stack.envoy(config)
+    assert [envoy.send(headers=user("alice")).status for _ in range(3)] == [200, 200, 200]
+    rejected = envoy.send(headers=user("alice"))
+    assert rejected.status == 429
+    counter = "{" + ALICE + "}:counter"
+    assert stack.redis.client.keys("*") == [counter.encode()], "one hash, no config hash"
+
+    shown = admin(stack.redis, "show", ALICE, "--config", str(path), "--json").json()
+    window = shown["window"]
+    assert (window["layout"], window["key"], window["slices"]) == ("sliding_window_counter", counter, 20)
+    assert (window["interval_ms"], window["width_ms"], window["interval_from"]) == (4000, 200, "rule")
+    assert window["permits"] == sum(s["permits"] for s in window["counted"]) == 3
+    fields = {int(k): int(v) for k, v in stack.redis.client.hgetall(counter).items()}
+    assert {s["index"]: s["permits"] for s in window["counted"]} == fields, "every field, as Redis holds it"
+    assert all(s["start_ms"] == s["index"] * 200 and 0 < s["leaves_in_ms"] <= 4200 for s in window["counted"])
+    assert (shown["rule"], shown["left"]) == ({"name": "per-user", "rate": 3, "interval_ms": 4000}, 0)
+    assert shown["next_permit_ms"] == window["counted"][0]["leaves_in_ms"], "when the oldest slice leaves"
+    assert 0 < window["ttl_ms"] <= 4200
+
+    inferred = admin(stack.redis, "show", ALICE, "--json").json()
+    assert (inferred["window"]["interval_from"], inferred["window"]["width_ms"]) == ("inferred", 200)
+    assert (inferred["window"]["permits"], inferred["rule"], inferred["left"]) == (3, None, None)
+    text = admin(stack.redis, "show", ALICE, "--config", str(path)).stdout
+    assert "layout       sliding window counter, 20 slices of 200ms\n" in text, text
+    assert "rate         3 per 4s (rule per-user)\nleft         0 of 3\nnext permit  in " in text, text
+    assert re.search(r"in window    3 permits in [123] slices? \(last 4s", text), text
+
+    report = admin(stack.redis, "explain", str(path), "-H", "x-user-id:alice", "--json").json()
+    assert (report["verdict"], report["rejected_by"], report["status"]) == ("rejected", "per-user", 429)
+    [per_user] = report["rules"]
+    assert (per_user["counter"]["permits"], per_user["windows"], per_user["effective"]) == (3, [], None)
+    assert 0 < report["wait_ms"] <= shown["next_permit_ms"], "the same slices, read later"
+    assert 1 <= report["retry_after_s"] <= int(rejected.headers["retry-after"])
+    text = admin(stack.redis, "explain", str(path), "-H", "x-user-id:alice").stdout
+    assert "  layout       sliding window counter, 20 slices of 200ms (no config in Redis: the rule's)\n" in text
+    assert "  verdict      rejected: allowed in " in text, text
+
+    time.sleep((report["wait_ms"] + 100) / 1000)
+    again = admin(stack.redis, "explain", str(path), "-H", "x-user-id:alice", "--json").json()
+    assert again["verdict"] == "allowed" and again["remaining"] == 2 - again["rules"][0]["counter"]["permits"]
+    assert envoy.send(headers=user("alice")).status == 200, "Envoy agrees"
+
+    assert "enforce, sliding window counter, 20 slices" in admin(stack.redis, "validate", str(path)).stdout
+    assert [(e["name"], e["layout"]) for e in admin(stack.redis, "list", "--json").json()] == \
+        [(ALICE, "sliding_window_counter")]
+    refused = failing(stack.redis, "set-rate", ALICE, "--rate", "9", "--interval", "4s")
+    assert "is a sliding window counter" in refused.stderr and "change the rule" in refused.stderr
+    assert admin(stack.redis, "delete", ALICE, "--json").json() == {"name": ALICE, "keys_removed": 1}
+    assert stack.redis.client.keys("*") == []

@@ -11,10 +11,12 @@ limiter, under 1 KB, where the sliding log keeps one member per admission in the
 from __future__ import annotations
 
 import collections
+import math
+import time
 
 import pytest
 
-from harness import epoch_ms, plugin_config, rule, worst_window
+from harness import epoch_ms, http_request, plugin_config, rule, worst_window
 from test_coalescing import GLOBAL_RATE, INTERVAL_MS, USER_RATE, run_load
 from test_exactness import admitted, whole_windows
 
@@ -63,3 +65,43 @@ def test_two_envoys_of_two_workers_hold_each_rate_and_the_counter_holds_one_smal
         assert keys == ["{erl:all}:counter"], "one hash per limiter, nothing else"
         assert memory <= 1024, f"{memory} B"
         assert stack.redis.client.pttl("{erl:all}:counter") <= INTERVAL_MS + INTERVAL_MS // 20
+
+
+QUOTA = 40
+
+
+def test_a_calendar_quota_holds_each_minute_to_its_quota_across_the_boundary(stack):
+    """`calendar: {"period": "minute"}` (a global quota of 40 a minute), 2 Envoys x 2 workers far beyond it
+    for 6 s across a minute boundary. The zone is a POSIX TZ rule whose offset (in seconds) puts the local
+    minute's end 2.5 s after the load starts, so the test waits for no clock. Each minute admits at most its
+    quota (by the requests' own times and by the counter Redis holds, one field per minute), the new minute
+    admits again at once, and a 429 says when its minute ends (`Retry-After`, `RateLimit` `t=`)."""
+    boundary_s = time.time() + 8.0  # the load starts 2.5 s before it, once both Envoys are up
+    offset_s = (60 - int(boundary_s) % 60) % 60
+    zone = f"<T>-0:00:{offset_s:02d}"  # POSIX: local = UTC + offset_s
+    boundary_ms = int(boundary_s) * 1000  # UTC when the local minute ends: (utc + offset) % 60 == 0
+    quota = rule("quota", limit_by="global", rate=QUOTA, calendar={"period": "minute", "time_zone": zone})
+    del quota["interval"]  # the period instead
+    config = plugin_config(quota)
+    envoys = [stack.envoy(config, concurrency=2) for _ in range(2)]
+    time.sleep(max(0.0, boundary_ms / 1000 - 2.5 - time.time()))
+    results = run_load(envoys, clients_per_envoy=6, seconds=6.0)
+    spans = [span for _, run in results for span in run]
+    ok = admitted(spans)
+    before = [s for s in ok if s[1] < boundary_ms]
+    after = [s for s in ok if s[0] >= boundary_ms]
+    fields = {int(k): int(v) for k, v in stack.redis.client.hgetall("{erl:quota}:counter").items()}
+    print(f"\ncalendar minute: {len(spans)} requests, {len(ok)} admitted: {len(before)} before the boundary, "
+          f"{len(after)} after; the counter's fields {fields}")
+    assert len(spans) > 3 * len(ok), "far beyond the quota"
+    assert len(before) <= QUOTA and len(after) <= QUOTA, (len(before), len(after))
+    assert len(fields) == 2 and all(count <= QUOTA for count in fields.values()), fields
+    assert max(fields) - min(fields) == 60_000 and max(fields) == boundary_ms, (fields, boundary_ms)
+    assert sum(fields.values()) == len(ok), "every admitted request counted once, in its minute"
+    assert len(after) >= QUOTA * 0.9, "the new minute admits again at once"
+    response = http_request(envoys[0].port, headers={})
+    assert response.status == 429
+    left_s = (boundary_ms + 60_000 - epoch_ms()) / 1000
+    assert abs(int(response.headers["retry-after"]) - left_s) <= 1.5, (response.headers, left_s)
+    assert f"t={math.ceil(left_s)}" in response.headers["ratelimit"] or \
+        f"t={math.floor(left_s)}" in response.headers["ratelimit"], (response.headers["ratelimit"], left_s)

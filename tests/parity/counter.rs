@@ -330,3 +330,68 @@ fn a_reservation_settles_into_the_slice_it_was_made_in() {
     assert_eq!(settle(&mut client, 5, 0, T0 + 5 * width), [0], "no such slice: nothing to settle");
     assert_eq!(slice(T0 + 5 * width), None, "and none made");
 }
+
+/// A calendar quota (type `3`): one field per period (its start) in `{name}:counter`, expiring at the
+/// period's end (and 1 s more); a request that does not fit waits until the period ends; the next period
+/// starts from zero; in ACQUIRE_ALL beside a sliding window counter, all or nothing; a reservation settles
+/// into its period's field. On Redis's real clock: the key expires at an absolute time.
+#[test]
+fn a_calendar_quota_counts_each_period_apart_and_expires_at_its_end() {
+    use edge_rate_limiter::calendar::{Period, Zone};
+    use edge_rate_limiter::script::{MemberAt, Settlement};
+    let server = RedisServer::start();
+    let mut client = server.script_client();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let zone = Zone::named("Europe/Berlin").unwrap();
+    let layout = WindowLayout::Calendar { period: Period::Day, zone };
+    let (start, end) = zone.period(Period::Day, now);
+    let config = |permits| AcquireConfig {
+        permits,
+        rate: 5,
+        interval_ms: Period::Day.nominal_ms(),
+        limiter_type: LimiterType::Overall,
+        keep_alive_ms: 0,
+        apply_config: false,
+        layout,
+    };
+    let random = [3; MEMBER_RANDOM_LEN];
+    let acquire = |client: &mut ScriptClient, permits: u64, at: u64, (start, end): (u64, u64)| -> Vec<i64> {
+        let template = AcquireTemplate::in_period(config(permits), CLIENT, start, end);
+        let command =
+            |invocation| template.encode(NAMES[0], Clock::Gateway(at), &random, None, invocation, Encoding::Resp);
+        integers(&client.run_raw(&command(Invocation::BySha), || command(Invocation::BySource)))
+    };
+    assert_eq!(acquire(&mut client, 2, now, (start, end)), [3]);
+    assert_eq!(acquire(&mut client, 2, now, (start, end)), [1]);
+    assert_eq!(acquire(&mut client, 2, now, (start, end)), [-((end - now) as i64)], "until the day ends");
+    let mut inspector = server.inspector();
+    let field: u64 =
+        redis::cmd("HGET").arg("{erl:swc:a}:counter").arg(start.to_string()).query(&mut inspector).unwrap();
+    assert_eq!(field, 4);
+    let expires: i64 = redis::cmd("PEXPIRETIME").arg("{erl:swc:a}:counter").query(&mut inspector).unwrap();
+    assert_eq!(expires, (end + 1000) as i64, "at the period's end, and 1 s more");
+    // The next day counts from zero (its own field).
+    let next = zone.period(Period::Day, end);
+    assert_eq!(acquire(&mut client, 2, end, next), [3]);
+    // Settled: a reservation of 2 in today's field that cost 1.
+    let at = MemberAt { score_ms: start, rate: 5, limiter_type: LimiterType::Overall, counter_slice_ms: Some(1) };
+    let settlement = Settlement { random, granted: 2, used: 1, early_ms: 0, renamed: None, at: Some(at) };
+    let quota = AcquireTemplate::in_period(config(1), CLIENT, start, end);
+    let command = |invocation| settlement.encode(NAMES[0], &quota, invocation, Encoding::Resp);
+    assert_eq!(integers(&client.run_raw(&command(Invocation::BySha), || command(Invocation::BySource))), [1]);
+    let field: u64 =
+        redis::cmd("HGET").arg("{erl:swc:a}:counter").arg(start.to_string()).query(&mut inspector).unwrap();
+    assert_eq!(field, 3, "one permit back");
+    // All or nothing beside a sliding window counter: the quota's 2 left admit 2, not 3.
+    let counter = template(3, WindowLayout::SlidingWindowCounter);
+    let calendar = AcquireTemplate::in_period(config(3), CLIENT, start, end);
+    let parts = [
+        AcquirePart { template: &counter, name: NAMES[1], random: &random, lease: None },
+        AcquirePart { template: &calendar, name: NAMES[0], random: &random, lease: None },
+    ];
+    let command = |invocation| encode_acquire_all(&parts, Clock::Gateway(now), false, invocation, Encoding::Resp);
+    let reply = integers(&client.run_raw(&command(Invocation::BySha), || command(Invocation::BySource)));
+    assert_eq!((reply[0], reply[8]), (3, 0), "the counter admitted, the quota rejected: nothing taken {reply:?}");
+    let counted: Option<u64> = redis::cmd("HLEN").arg("{erl:swc:b}:counter").query(&mut inspector).unwrap();
+    assert_eq!(counted, Some(0), "the counter took nothing");
+}

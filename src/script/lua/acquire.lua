@@ -9,7 +9,8 @@
 -- the one sent: the permits left (acquired) or minus the delay (rejected; the delay is always >= 4).
 --
 -- ARGV: 1 now (ms; empty = Redis TIME), 2 the member's random bytes, 3 permits, 4 rate, 5 interval (ms),
--- 6 type ('2': a sliding window counter), 7 keepAliveTime (ms; a counter's slices), 8 '1' = apply 4-7 as rate_source: config; for a lease (rules with
+-- 6 type ('2': a sliding window counter; '3': a calendar quota, 5 then its period's end), 7 keepAliveTime (ms; a
+-- counter's slices; a calendar period's start), 8 '1' = apply 4-7 as rate_source: config; for a lease (rules with
 -- `lease` only): 9 the most permits to lease, 10 the lease's age (ms), 11-14 the previous lease to settle
 -- first (random, granted, used, ms its last use came before its expiry; 11 empty = none).
 --
@@ -40,6 +41,21 @@ if ARGV[6] == '2' then
   redis.call('hincrby', KEYS[2], string.format('%d', current), requested)
   redis.call('pexpire', KEYS[2], interval + width)
   return rate - sum - requested
+end
+-- Type '3': a calendar quota, in the hash KEYS[2] ({name}:counter): one field per period, its start (ms,
+-- ARGV 7), expiring at the period's end (ms, ARGV 5) and 1 s more (clocks that differ a little).
+if ARGV[6] == '3' then
+  local rate, requested, finish = tonumber(ARGV[4]), tonumber(ARGV[3]), tonumber(ARGV[5])
+  if requested > rate then
+    return {2, 0, 0, rate, finish - tonumber(ARGV[7]), 0, 0, 0}
+  end
+  local used = tonumber(redis.call('hget', KEYS[2], ARGV[7]) or '0')
+  if used + requested > rate then
+    return -math.max(1, finish - now)
+  end
+  redis.call('hincrby', KEYS[2], ARGV[7], requested)
+  redis.call('pexpireat', KEYS[2], finish + 1000)
+  return rate - used - requested
 end
 local config = redis.call('hmget', KEYS[1], 'rate', 'interval', 'type', 'keepAliveTime')
 local change = 0

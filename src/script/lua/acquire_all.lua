@@ -8,7 +8,7 @@
 -- KEYS: five per limiter, as every script takes them (config hash, value, client value, permits, client
 -- permits). ARGV: 1 now (ms; empty = Redis TIME), 2 '1' = a limiter's error stops the others' charge (the
 -- request fails closed), then 13 per limiter: the member's random bytes, permits, rate, interval (ms),
--- type ('2': a sliding window counter, in one hash, its second key, {name}:counter), keepAliveTime (ms; a counter's slices), '1' = apply as rate_source: config, the most permits to lease (0 = no lease),
+-- type ('2': a sliding window counter, '3': a calendar quota, in one hash, its second key, {name}:counter), keepAliveTime (ms; a counter's slices; a calendar quota's period start, its interval then the period's end), '1' = apply as rate_source: config, the most permits to lease (0 = no lease),
 -- the lease's age (ms), and the previous lease to settle (random, granted, used, ms before its expiry of
 -- its last use; random empty = none).
 --
@@ -109,6 +109,27 @@ for i = 1, #KEYS / 5 do
   local limiter = {keys = keys, a = a, code = 1, amount = 0, value = 0, taken = 0, rate = 0, interval = 0,
                    limiterType = 0, change = 0, requested = tonumber(ARGV[a + 2])}
   local ok, err = pcall(function()
+    if ARGV[a + 5] == '3' then
+      -- A calendar quota: the field of its period (start ARGV a+6, end ARGV a+4), in keys[2] ({name}:counter).
+      local rate, finish = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+      limiter.counter, limiter.rate, limiter.valueName = true, rate, keys[2]
+      limiter.interval, limiter.field, limiter.expireAt = finish - tonumber(ARGV[a + 6]), ARGV[a + 6], finish + 1000
+      local requested, before = limiter.requested, asked[keys[2]] or 0
+      if requested + before > rate then
+        limiter.code = 2
+        everyOneAdmits = false
+        return
+      end
+      local used = tonumber(redis.call('hget', keys[2], ARGV[a + 6]) or '0')
+      limiter.value = rate - used
+      if used + before + requested > rate then
+        limiter.code, limiter.amount = 0, math.max(1, finish - now)
+        everyOneAdmits = false
+      else
+        asked[keys[2]] = before + requested
+      end
+      return
+    end
     if ARGV[a + 5] == '2' then
       -- A sliding window counter (ARGV a+6 its slices), in one hash, keys[2] ({name}:counter); no config in Redis.
       local rate, interval = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
@@ -174,8 +195,13 @@ for _, limiter in ipairs(limiters) do
   if limiter.code == 1 and everyOneAdmits and limiter.counter then
     local ok, err = pcall(function()
       charged[limiter.valueName] = (charged[limiter.valueName] or 0) + limiter.requested
-      redis.call('hincrby', limiter.valueName, string.format('%d', limiter.current), limiter.requested)
-      redis.call('pexpire', limiter.valueName, limiter.interval + limiter.width)
+      if limiter.field then
+        redis.call('hincrby', limiter.valueName, limiter.field, limiter.requested)
+        redis.call('pexpireat', limiter.valueName, limiter.expireAt)
+      else
+        redis.call('hincrby', limiter.valueName, string.format('%d', limiter.current), limiter.requested)
+        redis.call('pexpire', limiter.valueName, limiter.interval + limiter.width)
+      end
       limiter.value = limiter.value - charged[limiter.valueName]
       limiter.amount, limiter.taken = limiter.value, limiter.requested
     end)

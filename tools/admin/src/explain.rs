@@ -11,11 +11,12 @@
 //! What it cannot see: a gateway's local block and leases (in the gateway's memory; both agree with Redis
 //! on the answer, docs/configuration.md, "Local block"), and traffic between the read and the request.
 
-use edge_rate_limiter::config::{LimiterType, Mode, Plugin, PluginConfig, RateSource, Reserve, Rule};
+use edge_rate_limiter::config::{LimiterType, Mode, Plugin, PluginConfig, RateSource, Reserve, Rule, WindowLayout};
 use edge_rate_limiter::key::{extract, KeyValue, LimiterKeys};
 use edge_rate_limiter::limiter::{applications, Applies as Applied};
 use edge_rate_limiter::response::seconds_ceil;
 
+use crate::counter::CounterWindow;
 use crate::error::{AdminError, Result};
 use crate::model::{next_config, parse_value, permits_of, summarize, Config, ConfigStep, Outlook, Stored};
 use crate::ops::{client_ids, peek_config, peek_window, Peeked};
@@ -105,6 +106,7 @@ fn not_acquiring(
         effective: None,
         config_ttl_ms: None,
         windows: Vec::new(),
+        counter: None,
         verdict,
         remaining: None,
         wait_ms: None,
@@ -152,6 +154,9 @@ fn read_limiter(
     now_ms: u64,
     explained: &mut RuleExplain,
 ) -> Result<()> {
+    if rule.layout == WindowLayout::SlidingWindowCounter {
+        return read_counter(redis, rule, name, now_ms, explained);
+    }
     let wanted = rule_config(rule);
     let (held, record) = match peek_config(redis, name)? {
         None => (None, None),
@@ -217,6 +222,16 @@ fn read_limiter(
     Ok(())
 }
 
+/// A rule with `layout: "sliding_window_counter"`: its limiter's hash (none yet: an empty window) counted
+/// with the rule's rate and interval, as the acquire script counts it.
+fn read_counter(redis: &mut Redis, rule: &Rule, name: &str, now_ms: u64, explained: &mut RuleExplain) -> Result<()> {
+    let window = CounterWindow::count(name, &crate::counter_ops::read(redis, name)?, Some(rule.interval_ms), now_ms);
+    (explained.verdict, explained.remaining, explained.wait_ms, explained.delay_ms) =
+        answer(window.outlook(rule.rate, explained.permits));
+    explained.counter = Some(window);
+    Ok(())
+}
+
 /// Whose windows of limiter `name` to read: the one window of an overall limiter; of a per-client one,
 /// `client_id`'s, or every gateway's that has one (none yet: one fresh window).
 fn windows_to_read(
@@ -247,12 +262,17 @@ fn in_window(members: &[(Vec<u8>, f64)], interval_ms: u64, now_ms: u64) -> Vec<(
 }
 
 fn window_explain(state: State, outlook: Outlook) -> WindowExplain {
-    let (verdict, remaining, wait_ms, delay_ms) = match outlook {
+    let (verdict, remaining, wait_ms, delay_ms) = answer(outlook);
+    WindowExplain { state, verdict, remaining, wait_ms, delay_ms }
+}
+
+/// An outlook as a window's answer: verdict, remaining, wait and delay.
+fn answer(outlook: Outlook) -> (RuleVerdict, Option<u64>, Option<u64>, Option<u64>) {
+    match outlook {
         Outlook::Allowed { remaining } => (RuleVerdict::Allowed, Some(remaining), None, None),
         Outlook::Rejected { wait_ms, delay_ms } => (RuleVerdict::Rejected, None, wait_ms, Some(delay_ms)),
         Outlook::Never => (RuleVerdict::Never, None, None, None),
-    };
-    WindowExplain { state, verdict, remaining, wait_ms, delay_ms }
+    }
 }
 
 /// A rule's answer from its windows: the worst one (never, then rejected with the longest wait, then

@@ -10,19 +10,26 @@
 //! - [`units`]: durations and times in ms, parsed from the options and written for humans.
 //! - [`model`]: the limiter's Redisson layout without I/O: config fields, permit members, window summary,
 //!   and what an acquire would meet in a window (as the acquire script counts it).
+//! - [`counter`]: the sliding window counter layout (a rule's `layout: "sliding_window_counter"`) without
+//!   I/O: its one hash counted as the acquire script counts it, the rule of a limiter name, `show`'s report.
 //! - [`request`]: the request `explain` asks about, from its options, as the filter's key code sees it.
 //! - [`report`]: what each operation returns (`serde` for `--json`).
 //! - [`redis_io`]: one synchronous connection, to a Redis or a Redis Cluster (`--cluster`, see its docs);
 //!   scripts by `EVALSHA`, `EVAL` on `NOSCRIPT`; reply decoding.
 //! - [`plugin`]: plugin configurations loaded by the filter's own code (`validate`, `explain`).
+//! - [`counter_ops`]: a sliding window counter's hash found, read and listed without writing.
 //! - [`ops`]: the operations (show, set-rate, update-rate, try-set-rate, delete, list), on the filter's own
 //!   scripts and key layout (the `edge_rate_limiter` crate), and the read-only reads `explain` makes.
 //! - [`explain`]: a request's rules, limiters and verdict.
+//! - [`counter_text`]: a sliding window counter's window as text (`show`, `explain`).
 //! - [`output`]: the reports as text.
 //! - `main` (this file): the command line (`clap`), dispatch, exit codes (0 ok, 1 error or an invalid
 //!   configuration, 2 usage).
 
 pub mod cost_text;
+pub mod counter;
+pub mod counter_ops;
+pub mod counter_text;
 pub mod error;
 pub mod explain;
 pub mod model;
@@ -143,10 +150,18 @@ enum Command {
     /// Config, available permits, permits in the window (reservations in flight and settled costs listed
     /// apart), TTLs (per-client limiters: every client found); of an in-flight rule's semaphore: the
     /// permits free and held, each one's lease and holder (a gateway's permits share the start of its
-    /// client id)
+    /// client id); of a sliding window counter (a hash `{NAME}:counter` and no config hash): its slices in
+    /// the window, and with --config its rule's rate, what is left and when the next permit frees
     Show {
         /// Limiter or semaphore name
         name: String,
+        /// A sliding window counter's plugin configuration (JSON; - reads stdin): its rate and interval are
+        /// its rule's (the rule whose `limiter` starts the name)
+        #[arg(long, value_name = "PLUGIN_JSON")]
+        config: Option<String>,
+        /// With --config: the rule, when several rules' limiters could have the name
+        #[arg(long, requires = "config")]
+        rule: Option<String>,
     },
     /// Write the config and reset the state (Redisson setRate)
     SetRate {
@@ -310,10 +325,8 @@ fn run(cli: &Cli) -> Result<Printed> {
     match &cli.command {
         Command::Validate { config, build } => validate(cli.json, config, (*build).into()),
         Command::Explain { config, request } => {
-            // Refused before connecting: an invalid configuration needs no Redis. Either transport: which
-            // rules apply does not depend on the build.
-            let plugin = plugin::load(&read_document(config)?, Build::Higress)
-                .map_err(|reason| AdminError::InvalidPlugin(refusal_line(&reason)))?;
+            // Refused before connecting: an invalid configuration needs no Redis.
+            let plugin = load_plugin(config)?;
             let mut session = Session::open(cli)?;
             let client_id = session.client_id.as_deref();
             let report = explain::explain(&mut session.redis, &plugin, request.request(), client_id, session.now_ms)?;
@@ -352,11 +365,19 @@ fn on_limiters(cli: &Cli, command: &Command, session: Session) -> Result<String>
     match command {
         // Answered by `run`.
         Command::Validate { .. } | Command::Explain { .. } => Ok(String::new()),
-        Command::Show { name } if semaphore::is_semaphore(&mut redis, name)? => {
+        Command::Show { name, .. } if semaphore::is_semaphore(&mut redis, name)? => {
             let report = semaphore::show(&mut redis, name, now_ms)?;
             render(cli.json, &report, semaphore::text_of)
         }
-        Command::Show { name } => {
+        Command::Show { name, config, rule } if counter_ops::is_counter(&mut redis, name)? => {
+            let rule = match config {
+                Some(config) => Some(counter::rule_for(&load_plugin(config)?, name, rule.as_deref())?),
+                None => None,
+            };
+            let report = counter_ops::show(&mut redis, name, rule, now_ms)?;
+            render(cli.json, &report, counter_text::show)
+        }
+        Command::Show { name, .. } => {
             let report = ops::show(&mut redis, name, client_id, now_ms)?;
             render(cli.json, &report, output::show)
         }
@@ -392,6 +413,13 @@ fn on_limiters(cli: &Cli, command: &Command, session: Session) -> Result<String>
             render(cli.json, &entries, |entries| output::list(entries))
         }
     }
+}
+
+/// The plugin configuration at `path` as the filter loads it (either transport: which rules apply does not
+/// depend on the build).
+fn load_plugin(path: &str) -> Result<edge_rate_limiter::config::Plugin> {
+    plugin::load(&read_document(path)?, Build::Higress)
+        .map_err(|reason| AdminError::InvalidPlugin(refusal_line(&reason)))
 }
 
 /// `validate`: loads the configuration as `build` does; exit 1 when it refuses it.
@@ -508,6 +536,15 @@ mod tests {
         let cli = Cli::try_parse_from(["erl-admin", "--url", "redis://a:1", "--url", "redis://b:2", "list"]).unwrap();
         let Err(AdminError::Usage(message)) = connect(&cli) else { panic!("a usage error") };
         assert!(message.contains("add --cluster"), "{message}");
+    }
+
+    #[test]
+    fn show_takes_a_counters_configuration_and_rule() {
+        let cli = Cli::try_parse_from(["erl-admin", "show", "erl:u:a", "--config", "p.json", "--rule", "u"]).unwrap();
+        let Command::Show { name, config, rule } = cli.command else { panic!("show") };
+        assert_eq!((name.as_str(), config.as_deref(), rule.as_deref()), ("erl:u:a", Some("p.json"), Some("u")));
+        let error = Cli::try_parse_from(["erl-admin", "show", "erl:u:a", "--rule", "u"]).unwrap_err();
+        assert_eq!(error.exit_code(), 2, "--rule needs --config");
     }
 
     #[test]

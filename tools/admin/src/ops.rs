@@ -17,10 +17,15 @@ use edge_rate_limiter::script::{
 };
 use redis::Value;
 
+use crate::counter::counter_key;
+use crate::counter_ops::is_counter;
 use crate::error::{AdminError, Result};
 use crate::model::{check_keep_alive, parse_config, summarize, Config, Update};
 use crate::redis_io::{bytes, count, integer, scored_members, unexpected_reply, Redis};
 use crate::report::{ChangeReport, DeleteReport, KeyTtl, ListEntry, ShowReport, State};
+
+/// [`crate::report::ListEntry::layout`] of a Redisson limiter.
+const SLIDING_LOG: &str = "sliding_log";
 
 /// The client id used for the scripts' client keys when none is selected: the nil UUID, which no
 /// Redisson instance or gateway ever has, so the scripts touch no real client's state through it.
@@ -245,12 +250,24 @@ fn run_config_script(
     redis.run_script(script, &keys_for(name, client_id), &arg_bytes(&args))
 }
 
+/// Refuses a command that writes a config on a sliding window counter (its rate is its rule's).
+///
+/// # Errors
+/// [`AdminError::CounterLimiter`], Redis errors.
+fn refuse_counter(redis: &mut Redis, name: &str) -> Result<()> {
+    if is_counter(redis, name)? {
+        return Err(AdminError::CounterLimiter(name.to_string()));
+    }
+    Ok(())
+}
+
 /// `set-rate`: writes the config and resets the state (Redisson `setRate`), of every client too.
 /// A keep-alive of 0 means "never expires": a TTL left on the hash by an earlier keep-alive is removed.
 ///
 /// # Errors
-/// [`AdminError::WrongType`], Redis errors.
+/// [`AdminError::CounterLimiter`], [`AdminError::WrongType`], Redis errors.
 pub fn set_rate(redis: &mut Redis, name: &str, config: Config, client_id: Option<&str>) -> Result<ChangeReport> {
+    refuse_counter(redis, name)?;
     run_config_script(redis, &SET_RATE, name, &config, client_id)?;
     persist_without_keep_alive(redis, name, &config)?;
     let client_keys_removed = delete_client_state(redis, name)?;
@@ -268,8 +285,9 @@ pub fn set_rate(redis: &mut Redis, name: &str, config: Config, client_id: Option
 /// `try-set-rate`: creates the limiter unless it exists (Redisson `trySetRate`).
 ///
 /// # Errors
-/// [`AdminError::WrongType`], Redis errors.
+/// [`AdminError::CounterLimiter`], [`AdminError::WrongType`], Redis errors.
 pub fn try_set_rate(redis: &mut Redis, name: &str, config: Config, client_id: Option<&str>) -> Result<ChangeReport> {
+    refuse_counter(redis, name)?;
     let created = integer(&run_config_script(redis, &TRY_SET_RATE, name, &config, client_id)?) == Some(1);
     let config = read_config(redis, name)?;
     Ok(ChangeReport {
@@ -287,8 +305,8 @@ pub fn try_set_rate(redis: &mut Redis, name: &str, config: Config, client_id: Op
 /// available permits are recomputed; a type change resets the state (of every client too).
 ///
 /// # Errors
-/// [`AdminError::NoLimiter`] and the other errors of [`read_config`], keep-alive shorter than the
-/// interval ([`AdminError::Usage`]), Redis errors.
+/// [`AdminError::CounterLimiter`], [`AdminError::NoLimiter`] and the other errors of [`read_config`],
+/// keep-alive shorter than the interval ([`AdminError::Usage`]), Redis errors.
 pub fn update_rate(
     redis: &mut Redis,
     name: &str,
@@ -296,6 +314,7 @@ pub fn update_rate(
     client_id: Option<&str>,
     now_ms: u64,
 ) -> Result<ChangeReport> {
+    refuse_counter(redis, name)?;
     let current = read_config(redis, name)?;
     let config = update.apply(&current);
     check_keep_alive(&config)?;
@@ -354,7 +373,8 @@ fn arg_bytes(args: &[String]) -> Vec<&[u8]> {
     args.iter().map(String::as_bytes).collect()
 }
 
-/// `delete`: removes every key of the limiter (Redisson `delete`), every client's state too.
+/// `delete`: removes every key of the limiter (Redisson `delete`), every client's state too, and its
+/// sliding window counter's hash (`{name}:counter`: a rule with `layout: "sliding_window_counter"`).
 ///
 /// # Errors
 /// [`AdminError::NoLimiter`] when there was nothing to delete, [`AdminError::WrongType`] when the name is
@@ -362,7 +382,8 @@ fn arg_bytes(args: &[String]) -> Vec<&[u8]> {
 pub fn delete(redis: &mut Redis, name: &str, client_id: Option<&str>) -> Result<DeleteReport> {
     hash_exists(redis, name)?;
     let removed = count(&redis.run_script(&DELETE, &keys_for(name, client_id), &[])?).unwrap_or(0);
-    let keys_removed = removed + delete_client_state(redis, name)?;
+    let counter = count(&redis.query(redis::cmd("DEL").arg(counter_key(name)), &format!("deleting {name}'s counter"))?);
+    let keys_removed = removed + delete_client_state(redis, name)? + counter.unwrap_or(0);
     if keys_removed == 0 {
         return Err(AdminError::NoLimiter(name.to_string()));
     }
@@ -370,7 +391,8 @@ pub fn delete(redis: &mut Redis, name: &str, client_id: Option<&str>) -> Result<
 }
 
 /// `list`: every hash whose name starts with `prefix` and has the fields `rate` and `interval`, with its
-/// config (or why it is invalid) and, for overall limiters, the permits available at `now_ms`.
+/// config (or why it is invalid) and, for overall limiters, the permits available at `now_ms`; and every
+/// sliding window counter whose name starts with `prefix` (its hash `{name}:counter`); by name.
 ///
 /// # Errors
 /// Redis errors.
@@ -395,11 +417,21 @@ pub fn list(redis: &mut Redis, prefix: &str, now_ms: u64) -> Result<Vec<ListEntr
                     LimiterType::Overall => Some(state_of(redis, &name, &config, None, now_ms)?.available),
                     LimiterType::PerClient => None,
                 };
-                ListEntry { name, config: Some(config), problem: None, available }
+                ListEntry { name, layout: SLIDING_LOG, config: Some(config), problem: None, available }
             }
-            Some(Err(problem)) => ListEntry { name, config: None, problem: Some(problem.to_string()), available: None },
+            Some(Err(problem)) => ListEntry {
+                name,
+                layout: SLIDING_LOG,
+                config: None,
+                problem: Some(problem.to_string()),
+                available: None,
+            },
         };
         entries.push(entry);
     }
+    for name in crate::counter_ops::names_under(redis, prefix)? {
+        entries.push(ListEntry { name, layout: crate::counter::LAYOUT, config: None, problem: None, available: None });
+    }
+    entries.sort_by(|a, b| (&a.name, a.layout).cmp(&(&b.name, b.layout)));
     Ok(entries)
 }

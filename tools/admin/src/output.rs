@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use edge_rate_limiter::config::LimiterType;
 
 use crate::cost_text::cost_lines;
+use crate::counter_text::{layout_text, window_lines};
 use crate::explain::retry_after_s;
 use crate::model::{type_name, Config, ConfigStep, HeldTotal};
 use crate::plugin::{key_text, key_text_with};
@@ -14,15 +15,7 @@ use crate::report::{
     Applies, ChangeReport, DeleteReport, ExplainReport, KeyTtl, ListEntry, PermitsFrom, ReserveSource, RuleExplain,
     RuleVerdict, ShowReport, State, ValidateReport, Verdict,
 };
-use crate::units::{human_ms, timestamp};
-
-fn ttl_text(ttl_ms: i64) -> String {
-    match ttl_ms {
-        -2 => "no such key".to_string(),
-        -1 => "no expiry".to_string(),
-        ms => format!("{} ({ms} ms)", human_ms(u64::try_from(ms).unwrap_or(0))),
-    }
-}
+use crate::units::{human_ms, timestamp, ttl_text};
 
 fn keep_alive_text(ms: u64) -> String {
     if ms == 0 {
@@ -172,6 +165,13 @@ pub fn list(entries: &[ListEntry]) -> String {
     let rows: Vec<[String; 5]> = entries
         .iter()
         .map(|entry| match &entry.config {
+            None if entry.layout == crate::counter::LAYOUT => [
+                entry.name.clone(),
+                "the rule's".to_string(),
+                "sliding window counter".to_string(),
+                "-".to_string(),
+                "- (see show)".to_string(),
+            ],
             Some(config) => [
                 entry.name.clone(),
                 format!("{}/{}", config.rate, human_ms(config.interval_ms)),
@@ -233,6 +233,9 @@ pub fn validate(report: &ValidateReport) -> String {
                 }
                 if rule.limiter_type != "overall" {
                     extras.push(rule.limiter_type.to_string());
+                }
+                if let Some(slices) = rule.slices {
+                    extras.push(format!("sliding window counter, {slices} slices"));
                 }
                 if rule.limiter != format!("erl:{}", rule.name) {
                     extras.push(format!("limiter {}", rule.limiter));
@@ -387,6 +390,37 @@ fn rule_lines(out: &mut String, rule: &RuleExplain) {
         let _ = writeln!(out, "  problem      {problem}");
         return;
     }
+    if let Some(window) = &rule.counter {
+        let _ = writeln!(out, "  layout       {} (no config in Redis: the rule's)", layout_text(window));
+        window_lines(out, "  ", window);
+        let _ =
+            writeln!(out, "  verdict      {}", verdict_text(rule.verdict, rule.remaining, rule.wait_ms, rule.delay_ms));
+        return;
+    }
+    config_step_line(out, rule);
+    if let Some(ttl) = rule.config_ttl_ms.filter(|&ttl| ttl != -2) {
+        let _ = writeln!(out, "  ttl  {}  {}", rule.limiter.as_deref().unwrap_or("?"), ttl_text(ttl));
+    }
+    let Some(effective) = &rule.effective else { return };
+    for window in &rule.windows {
+        if effective.limiter_type == LimiterType::PerClient {
+            let client = window.state.client_id.as_deref().unwrap_or("any (no gateway has a window yet)");
+            let _ = writeln!(out, "  client       {client}");
+        }
+        state_lines(out, "  ", &window.state, effective);
+        if rule.windows.len() > 1 {
+            let _ = writeln!(
+                out,
+                "  answer       {}",
+                verdict_text(window.verdict, window.remaining, window.wait_ms, window.delay_ms)
+            );
+        }
+    }
+    let _ = writeln!(out, "  verdict      {}", verdict_text(rule.verdict, rule.remaining, rule.wait_ms, rule.delay_ms));
+}
+
+/// What the next acquire does to the limiter's config in Redis, when it is not simply the rule's.
+fn config_step_line(out: &mut String, rule: &RuleExplain) {
     let brief = |config: &Config| {
         let (rate, interval, kind) = (config.rate, human_ms(config.interval_ms), type_name(config.limiter_type));
         format!("{rate} per {interval} ({kind}, keepAlive {})", keep_alive_brief(config.keep_alive_ms))
@@ -414,25 +448,6 @@ fn rule_lines(out: &mut String, rule: &RuleExplain) {
         }
         _ => {}
     }
-    if let Some(ttl) = rule.config_ttl_ms.filter(|&ttl| ttl != -2) {
-        let _ = writeln!(out, "  ttl  {}  {}", rule.limiter.as_deref().unwrap_or("?"), ttl_text(ttl));
-    }
-    let Some(effective) = &rule.effective else { return };
-    for window in &rule.windows {
-        if effective.limiter_type == LimiterType::PerClient {
-            let client = window.state.client_id.as_deref().unwrap_or("any (no gateway has a window yet)");
-            let _ = writeln!(out, "  client       {client}");
-        }
-        state_lines(out, "  ", &window.state, effective);
-        if rule.windows.len() > 1 {
-            let _ = writeln!(
-                out,
-                "  answer       {}",
-                verdict_text(window.verdict, window.remaining, window.wait_ms, window.delay_ms)
-            );
-        }
-    }
-    let _ = writeln!(out, "  verdict      {}", verdict_text(rule.verdict, rule.remaining, rule.wait_ms, rule.delay_ms));
 }
 
 /// Where a rule's key parts, `rates_by` and reservation are read from, and the reservation of this request.
@@ -620,6 +635,7 @@ _rules_[0]: routes login; domains *.example.com; redis cluster webdis (http); fa
             config_step: Some(ConfigStep::Obey),
             effective: Some(config),
             config_ttl_ms: Some(-1),
+            counter: None,
             windows: vec![WindowExplain {
                 state,
                 verdict: RuleVerdict::Rejected,
@@ -800,5 +816,81 @@ rule calls (enforce): 500 per 1m, 250 permits a request
             "{text}"
         );
         assert!(text.contains("  limiter      erl:tokens:sk-a:!missing\n"), "no plan: the default entry, {text}");
+    }
+
+    /// A counter rule beside a sliding log one.
+    const COUNTER: &str = r#"{"redis":{"cluster":"webdis"},"rules":[
+        {"name":"per-user","limit_by":{"header":"x-user-id"},"rate":5,"interval":"2s","layout":"sliding_window_counter"},
+        {"name":"everyone","limit_by":"global","rate":100,"interval":"2s"}]}"#;
+
+    #[test]
+    fn validate_and_list_name_the_sliding_window_counter() {
+        let report = validated(COUNTER);
+        assert_eq!(
+            validate(&report),
+            "valid: 1 configuration (envoy build)
+global: redis cluster webdis (http); failure_mode allow
+  per-user  header x-user-id  5 per 2s    enforce, sliding window counter, 20 slices
+  everyone  global            100 per 2s  enforce
+"
+        );
+        let json = serde_json::to_value(&report).unwrap();
+        let rules = &json["configurations"][0]["rules"];
+        assert_eq!((&rules[0]["layout"], &rules[0]["slices"]), (&"sliding_window_counter".into(), &20.into()));
+        assert_eq!((&rules[1]["layout"], &rules[1]["slices"]), (&"sliding_log".into(), &serde_json::Value::Null));
+        let config = Config { rate: 3, interval_ms: 2_000, limiter_type: LimiterType::Overall, keep_alive_ms: 0 };
+        let entries = [
+            ListEntry {
+                name: "erl:a".into(),
+                layout: "sliding_log",
+                config: Some(config),
+                problem: None,
+                available: Some(2),
+            },
+            ListEntry {
+                name: "erl:b:x".into(),
+                layout: "sliding_window_counter",
+                config: None,
+                problem: None,
+                available: None,
+            },
+        ];
+        assert_eq!(
+            list(&entries),
+            "NAME     RATE        TYPE                    KEEPALIVE  AVAILABLE
+erl:a    3/2s        overall                 none       2
+erl:b:x  the rule's  sliding window counter  -          - (see show)
+"
+        );
+    }
+
+    #[test]
+    fn explain_counts_a_counter_rules_slices_instead_of_a_config() {
+        let config = edge_rate_limiter::config::PluginConfig::from_json(COUNTER.as_bytes()).unwrap();
+        let headers = [crate::request::parse_header("x-user-id:alice").unwrap()];
+        let mut report =
+            crate::explain::without_redis(&config, crate::request::Request::new(&headers, None, None, None, None));
+        report.rules.truncate(1);
+        let hash = crate::counter::Hash { fields: vec![(981, 4), (1_000, 1)], unreadable: 0, ttl_ms: 2_090 };
+        let rule = &mut report.rules[0];
+        let window = crate::counter::CounterWindow::count("erl:per-user:alice", &hash, Some(2_000), 100_050);
+        (rule.verdict, rule.wait_ms, rule.delay_ms) = (RuleVerdict::Rejected, Some(150), Some(150));
+        rule.counter = Some(window);
+        assert!(
+            explain(&report).ends_with(
+                "rule per-user (enforce): 5 per 2s
+  key          header x-user-id
+  limiter      erl:per-user:alice
+  layout       sliding window counter, 20 slices of 100ms (no config in Redis: the rule's)
+  in window    5 permits in 2 slices (last 2s: slices from 980 on, 1970-01-01T00:01:38.000Z)
+    slice 981   1970-01-01T00:01:38.100Z  4 permits, leaves in 150ms
+    slice 1000  1970-01-01T00:01:40.000Z  1 permit, leaves in 2s 50ms
+  ttl  {erl:per-user:alice}:counter  2s 90ms (2090 ms)
+  verdict      rejected: allowed in 150ms (Retry-After: 1)
+"
+            ),
+            "{}",
+            explain(&report)
+        );
     }
 }

@@ -9,6 +9,7 @@ use std::path::Path;
 
 use edge_rate_limiter::config::{
     Cost, FailureMode, InflightRule, OnMissing, Plugin, PluginConfig, Reserve, Rule, Settle, TransportKind,
+    WindowLayout, COUNTER_SLICES,
 };
 use edge_rate_limiter::filter;
 use edge_rate_limiter::key::{KeySource, UNREAD_BODY_PART};
@@ -132,6 +133,8 @@ fn rule_summary(rule: &Rule) -> RuleSummary {
         permits: rule.permits,
         cost: rule.cost.as_ref().map(cost_summary),
         limiter_type: type_name(rule.limiter_type),
+        layout: Some(layout_name(rule.layout)),
+        slices: (rule.layout == WindowLayout::SlidingWindowCounter).then_some(COUNTER_SLICES),
         mode: rule.mode.name(),
         limiter: rule.limiter.clone(),
         exempt: rule.exempt.as_ref().map(exemption_text),
@@ -153,6 +156,8 @@ fn inflight_summary(rule: &InflightRule) -> RuleSummary {
         permits: 1,
         cost: None,
         limiter_type: "overall",
+        layout: None,
+        slices: None,
         mode: rule.mode.name(),
         limiter: rule.limiter.clone(),
         exempt: rule.exempt.as_ref().map(exemption_text),
@@ -213,6 +218,15 @@ pub fn key_text_with(parts: &[KeyPart], note: &str) -> String {
         })
         .collect();
     texts.join(", ")
+}
+
+/// `layout` as the configuration writes it.
+pub fn layout_name(layout: WindowLayout) -> &'static str {
+    match layout {
+        WindowLayout::SlidingLog => "sliding_log",
+        WindowLayout::SlidingWindowCounter => crate::counter::LAYOUT,
+        WindowLayout::Calendar { .. } => "calendar",
+    }
 }
 
 /// `on_missing` as the configuration writes it.

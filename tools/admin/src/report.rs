@@ -78,6 +78,9 @@ pub struct DeleteReport {
 pub struct ListEntry {
     /// The limiter name.
     pub name: String,
+    /// How it is kept in Redis: `sliding_log` (Redisson's layout: a config hash) or `sliding_window_counter`
+    /// (one hash `{name}:counter`, no config: `config`, `problem` and `available` are `None`, see `show`).
+    pub layout: &'static str,
     /// Its config, if valid.
     pub config: Option<Config>,
     /// Why the config is not valid.
@@ -147,6 +150,11 @@ pub struct RuleSummary {
     /// `overall` or `per-client`.
     #[serde(rename = "type")]
     pub limiter_type: &'static str,
+    /// How its limiters are kept in Redis (`layout`): `sliding_log` or `sliding_window_counter` (none for an
+    /// in-flight rule).
+    pub layout: Option<&'static str>,
+    /// A sliding window counter's slices of an interval (20).
+    pub slices: Option<u64>,
     /// `enforce` or `shadow`.
     pub mode: &'static str,
     /// The base of its limiter names.
@@ -428,8 +436,12 @@ pub struct RuleExplain {
     /// TTL of the limiter's config hash, ms (`PTTL`: `-1` no expiry, `-2` no such key).
     pub config_ttl_ms: Option<i64>,
     /// The limiter's window (per-client limiters: each client's, or the one `--client-id` selects), as
-    /// `show` reports it, with its answer.
+    /// `show` reports it, with its answer (none for a sliding window counter: see `counter`).
     pub windows: Vec<WindowExplain>,
+    /// A rule with `layout: "sliding_window_counter"`: its limiter's hash counted with the rule's interval, as
+    /// the acquire script counts it (there is no config in Redis: `redis_config`, `config_step`,
+    /// `effective` and `config_ttl_ms` are `None`).
+    pub counter: Option<crate::counter::CounterWindow>,
     /// The rule's answer (per-client limiters: the worst of its windows).
     pub verdict: RuleVerdict,
     /// Allowed: requests like this one admitted after it.

@@ -57,6 +57,15 @@ pub fn timestamp(ms: u64) -> String {
     humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
 }
 
+/// A `PTTL` for humans: `no such key` (-2), `no expiry` (-1), else `2s 100ms (2100 ms)`.
+pub fn ttl_text(ttl_ms: i64) -> String {
+    match ttl_ms {
+        -2 => "no such key".to_string(),
+        -1 => "no expiry".to_string(),
+        ms => format!("{} ({ms} ms)", human_ms(u64::try_from(ms).unwrap_or(0))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
