@@ -61,6 +61,12 @@ def test_two_envoys_of_two_workers_hold_each_rate_and_the_counter_holds_one_smal
     assert worst <= GLOBAL_RATE, f"{worst} admitted in one sliding window of a {GLOBAL_RATE} per second limit"
     assert worst_user <= USER_RATE, f"{worst_user} admitted in one sliding window of a {USER_RATE} per second limit"
     assert windows and min(windows) >= GLOBAL_RATE * 0.9, f"whole windows {windows} of {GLOBAL_RATE}"
+    # Once the window has passed, an allowed response says what is left of each limit, as the sliding log's.
+    time.sleep(1.2)
+    response = http_request(envoys[0].port, headers={"x-user-id": "newcomer"})
+    assert response.status == 200, response
+    assert response.headers["ratelimit"] == f'"all";r={GLOBAL_RATE - 1};t=1, "per-user";r={USER_RATE - 1};t=1', \
+        response.headers
     if layout == "sliding_window_counter":
         assert keys == ["{erl:all}:counter"], "one hash per limiter, nothing else"
         assert memory <= 1024, f"{memory} B"
