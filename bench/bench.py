@@ -61,6 +61,12 @@
    fuel per request of each body format in the host emulator.
 12. In-flight rules (bench/inflight_bench.py): CPU per request of a per-user in-flight rule (`max_in_flight`)
    against a per-user rate rule and Envoy without the filter, at wrk -c8 and -c32, in the same run.
+13. Redis state per key (bench/state_bench.py): (a) MEMORY USAGE of one limiter's keys after N = 100, 10,000
+   and 1,000,000 admissions in one window of 1 day, for the sliding log (a rule's default `layout`), the
+   sliding window counter (`layout: "sliding_window_counter"`) and envoyproxy/ratelimit's layout (INCRBY +
+   EXPIRE of one key per descriptor and window), the keys checked against the stock build in Envoy; (b)
+   SLOWLOG at 1,000 us while a 1-day window fills with 1,000,000 permits, as the window moves past them, and
+   when a burst is released at once, for both layouts.
 
 Every process (redis-server, webdis, Envoys, wrk) is started by tests/e2e/harness.py on 127.0.0.1 with
 free ports and stopped by its PID, also on Ctrl-C or SIGTERM. Figures vary from run to run (the machine,
@@ -73,7 +79,7 @@ values [64], BENCH_N script calls per script and case [20000], BENCH_LEASE_RATE 
 permits per second in 6 [1000], BENCH_LEASE_SECONDS its load [7], BENCH_CLUSTER_USERS the users of 7 [10000],
 BENCH_FAULT_SECONDS each fault of 8 and the load after it [3], BENCH_COALESCING_CONNECTIONS wrk connections
 per gateway in 10 [32], BENCH_PEER_CONNECTIONS the wrk connections of each load of 9 [8,32], BENCH_COST_CLIENTS, BENCH_COST_SECONDS and BENCH_COST_BUDGET of 11 (a) [16, 8, 10000],
-BENCH_ONLY sections to run, e.g. "2,4" [1,2,3,4,5,6,7,8,9,10,11,12; 3 needs 1], BENCH_INFLIGHT_CONNECTIONS the wrk loads of 12 [8,32].
+BENCH_ONLY sections to run, e.g. "2,4" [1,2,3,4,5,6,7,8,9,10,11,12,13; 3 needs 1], BENCH_INFLIGHT_CONNECTIONS the wrk loads of 12 [8,32].
 """
 
 from __future__ import annotations
@@ -128,7 +134,7 @@ THREADS = min(_env_int("BENCH_THREADS", 2), CONNECTIONS)
 CONCURRENCY = _env_int("BENCH_CONCURRENCY", 2)
 USERS = _env_int("BENCH_USERS", 64)
 N_CALLS = _env_int("BENCH_N", 20_000)
-ONLY = {part.strip() for part in os.environ.get("BENCH_ONLY", "1,2,3,4,5,6,7,8,9,10,11,12").split(",")
+ONLY = {part.strip() for part in os.environ.get("BENCH_ONLY", "1,2,3,4,5,6,7,8,9,10,11,12,13").split(",")
         if part.strip()}
 
 WRK = os.environ.get("WRK_BIN", "wrk")
@@ -1602,10 +1608,10 @@ def saturate(stack: h.Stack, envoys: list[h.Envoy], logs: list[Path], label: str
              permits_key: str, connections: int = CONNECTIONS, slack: int = 0) -> SaturationRun:
     """Loads every gateway at once with its own wrk (1 thread, `connections`, default BENCH_CONNECTIONS) for
     `seconds`; meanwhile reads the filter's counters at every edge of the fixed windows and the limiter's
-    permit members (`permits_key`) every MEMBER_POLL_S. The access logs must hold as many requests as the
-    filter counted allowed, give or take `slack` (requests in flight when wrk stops: counted allowed after the
-    counters are read, or allowed and never answered because wrk closed the connection; the caller reports
-    the difference)."""
+    permit members (`permits_key`; empty: none, a sliding window counter keeps no member) every MEMBER_POLL_S.
+    The access logs must hold as many requests as the filter counted allowed, give or take `slack` (requests
+    in flight when wrk stops: counted allowed after the counters are read, or allowed and never answered
+    because wrk closed the connection; the caller reports the difference)."""
     redis = stack.redis
     before = [envoy.stats(filter=ENVOY_STATS) for envoy in envoys]
     vms_before = [envoy.worker_connections() for envoy in envoys]
@@ -1626,7 +1632,7 @@ def saturate(stack: h.Stack, envoys: list[h.Envoy], logs: list[Path], label: str
                                     sum(m.get("redis_calls", 0) for m in metrics)))
                 edge = (int(time.time() * 1000) // interval + 1) * interval
             with contextlib.suppress(redis_py.RedisError, ValueError):
-                for member, score in poller.zrange(permits_key, 0, -1, withscores=True):
+                for member, score in poller.zrange(permits_key, 0, -1, withscores=True) if permits_key else []:
                     permit = h.decode_permit(member, score)
                     members[permit.random] = (int(score), permit.permits)  # a settled lease replaces its grant
             done.wait(max(0.0, min(MEMBER_POLL_S, edge / 1000 - time.time())))
@@ -1910,6 +1916,9 @@ def main() -> int:
         if "12" in ONLY:
             import inflight_bench  # bench/inflight_bench.py (it imports this file as `bench`)
             inflight_bench.run_inflight()
+        if "13" in ONLY:
+            import state_bench  # bench/state_bench.py (it imports this file as `bench`)
+            state_bench.run_state()
     except KeyboardInterrupt:
         print("\nbench: interrupted; every process it started is stopped", file=sys.stderr)
         return 130

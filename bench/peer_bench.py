@@ -14,7 +14,10 @@ on the same redis-server as our filter:
   every request) and its cached Redis storage (`redis_cached`: decided from a local cache, Redis updated in
   batches every second).
 Envoy's in-process local_ratelimit (not shared between gateways) is the floor, and Envoy without a limit the
-baseline.
+baseline. Our stock build runs in three rows: the rules' default layout (the sliding log, Redisson's), in (b)
+again with `clock: "redis"`, and the same rules with `layout: "sliding_window_counter"` (issue 41: one small hash
+per limiter), whose Redis CPU per decision and CPU per request each load prints beside the sliding log's and
+envoyproxy/ratelimit's.
 
 (a) Allowed: one Envoy at a time (--concurrency BENCH_CONCURRENCY) under wrk -t BENCH_THREADS -c (the load),
     x-user-id over BENCH_USERS users, Envoy answering 200 itself after the limiter, a per-user limit of
@@ -97,6 +100,18 @@ OURS_SATURATED = h.plugin_config(h.rule("peer-global", limit_by="global", rate=R
                                  timeout=TIMEOUT)
 # (b) again with acquires stamped by Redis's clock (`clock: "redis"`): no skew between the gateways' stamps.
 OURS_SATURATED_REDIS_CLOCK = {**OURS_SATURATED, "clock": "redis"}
+# The same rules with the sliding window counter (issue 41: `layout`, one hash `{name}:counter` per limiter,
+# apart from the sliding log's keys of the same name).
+COUNTER_LAYOUT = "sliding_window_counter"
+
+
+def with_layout(plugin: dict, layout: str) -> dict:
+    """`plugin` with `layout` in every rule."""
+    return {**plugin, "rules": [{**rule, "layout": layout} for rule in plugin["rules"]]}
+
+
+OURS_COUNTER_ALLOWED = with_layout(OURS_ALLOWED, COUNTER_LAYOUT)
+OURS_COUNTER_SATURATED = with_layout(OURS_SATURATED, COUNTER_LAYOUT)
 OURS_PERMITS_KEY = h.limiter_key(h.limiter_name("erl:peer-global"), "permits")
 
 # Envoy's ratelimit filter asks its service only on a route to a cluster (a direct_response route has no
@@ -180,13 +195,14 @@ NONE = Peer("none", "Envoy, no limit (baseline)", "none")
 LOCAL = Peer("local", "Envoy local_ratelimit (in-process)", "local")
 OURS = Peer("ours", "our filter, stock build (webdis -> Redis)", "ours")
 OURS_REDIS_CLOCK = Peer("ours-redis-clock", "our filter, stock build, clock: \"redis\"", "ours")
+OURS_COUNTER = Peer("ours-counter", "our filter, stock build, layout: sliding_window_counter", "ours")
 RLS = Peer("rls", "Envoy ratelimit -> limitador, redis storage", "rls", "limitador", "redis")
 RLS_CACHED = Peer("rls-cached", "Envoy ratelimit -> limitador, redis_cached", "rls", "limitador", "redis_cached")
 RL_DEFAULTS = Peer("ratelimit-defaults", "Envoy ratelimit -> envoyproxy/ratelimit, defaults", "rls", "ratelimit")
 RL = Peer("ratelimit", "Envoy ratelimit -> envoyproxy/ratelimit, recommended", "rls", "ratelimit",
           settings=RATELIMIT_RECOMMENDED)
-PEERS_A = [NONE, LOCAL, OURS, RLS, RLS_CACHED, RL_DEFAULTS, RL]
-PEERS_B = [OURS, OURS_REDIS_CLOCK, RLS, RLS_CACHED, RL_DEFAULTS, RL, LOCAL]
+PEERS_A = [NONE, LOCAL, OURS, OURS_COUNTER, RLS, RLS_CACHED, RL_DEFAULTS, RL]
+PEERS_B = [OURS, OURS_REDIS_CLOCK, OURS_COUNTER, RLS, RLS_CACHED, RL_DEFAULTS, RL, LOCAL]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -317,6 +333,8 @@ def gateway(stack: h.Stack, name: str, peer: Peer, *, saturated: bool, concurren
     plugin = (OURS_SATURATED if saturated else OURS_ALLOWED) if ours else h.plugin_config(h.rule())
     if peer is OURS_REDIS_CLOCK:
         plugin = OURS_SATURATED_REDIS_CLOCK
+    elif peer is OURS_COUNTER:
+        plugin = OURS_COUNTER_SATURATED if saturated else OURS_COUNTER_ALLOWED
     envoy = h.Envoy(stack.workdir, plugin, webdis_port=stack.webdis.port, upstream_port=stack.upstream.port,
                     concurrency=concurrency, name=name)
     text = b.bench_envoy_yaml(envoy.yaml_path.read_text(), "wasm" if ours else "none")
@@ -523,6 +541,17 @@ def print_allowed(rows: list[AllowedRow], connections: int) -> None:
     out(table(["gateway"] + [f"{name} us" for name in CPU_NAMES]
               + ["total us", "total vs ours", "Redis calls/req", "commands/req", "Redis CPU/decision (1 core)"],
               rows_out))
+    counter = cost.get("ours-counter", {})
+    if ours and counter:
+        def gateway_us(c: dict[str, float]) -> str:
+            return f"{c['total'] - c['wrk']:.0f} us ({c['total']:.0f} with wrk)"
+        out(f"Layout (issue 41), allowed at -c{connections}: Redis CPU per decision, sliding window counter "
+            f"{counter['Redis']:.1f} us ({counter['commands']:.2f} commands/req) vs sliding log {ours['Redis']:.1f} us "
+            f"({ours['commands']:.2f})"
+            + (f" vs envoyproxy/ratelimit recommended {rl_cost['Redis']:.1f} us ({rl_cost['commands']:.2f})"
+               if (rl_cost := cost.get("ratelimit", {})) else "")
+            + f"; CPU per request without wrk: counter {gateway_us(counter)}, sliding log {gateway_us(ours)}"
+            + (f", envoyproxy/ratelimit recommended {gateway_us(rl_cost)}" if rl_cost else "") + ".")
     for row in rows:  # a service that decides in Redis on every request, and did not, measured nothing
         c = cost[row.peer.key]
         if row.peer.kind == "rls" and row.peer.storage != "redis_cached" and c and c["calls"] < 0.5:
@@ -614,7 +643,12 @@ def run_saturated(stack: h.Stack, setup: Setup, peers: list[Peer], connections: 
             redis_before = b.cpu_seconds(pid)
             label = f"sat-{peer.key}-c{connections}"
             if peer.kind == "ours":
-                run = b.saturate(stack, envoys, logs, label, SATURATED_S, OURS_PERMITS_KEY, connections)
+                # The sampler reads the sliding log's permit members; a counter keeps none. Requests in flight
+                # when wrk stops make the allowed counter and the logs differ by a few (as in section 10 (c);
+                # print_saturated reports the difference).
+                permits_key = "" if peer is OURS_COUNTER else OURS_PERMITS_KEY
+                run = b.saturate(stack, envoys, logs, label, SATURATED_S, permits_key, connections,
+                                 slack=GATEWAYS * connections)
                 commands = stack.redis.client.info("commandstats")
                 failed = run.stat("failure_allowed")
             else:
@@ -703,13 +737,25 @@ def print_saturated(rows: list[SaturatedRow], connections: int) -> None:
         margin = b.margin_needed(ours_row.run.admitted, RATE, INTERVAL_MS)
         worst_share = max(by_admission, by_stamp) / RATE
         verdict = "met" if worst_share <= EXACTNESS_TARGET else f"not met, by {worst_share / EXACTNESS_TARGET - 1:.1%}"
+        by_stamps = (f"{num(by_stamp)} ({100 * by_stamp / RATE:.1f}%) by the acquires' own stamps (the scores of the "
+                     f"{num(len(stamped))} permit members the sampler saw in Redis)" if ours_row.peer is not OURS_COUNTER
+                     else "no stamps (a counter keeps no member per admission)")
         out(f"Target (b), {ours_row.peer.title}: our worst sliding 1-s window at most {EXACTNESS_TARGET}x the rate, "
             f"judged by when requests were admitted: {num(by_admission)} ({100 * by_admission / RATE:.1f}%) by the "
-            f"access logs' admission times, {num(by_stamp)} ({100 * by_stamp / RATE:.1f}%) by the acquires' own "
-            f"stamps (the scores of the {num(len(stamped))} permit members the sampler saw in Redis): {verdict}. By "
+            f"access logs' admission times, {by_stamps}: {verdict}. By "
             f"start times (a request admitted after it waited counts at its arrival): {num(by_log)} "
             f"({100 * by_log / RATE:.1f}%); the rate holds in every window "
-            f"{'> 50 ms' if margin is None else f'{margin} ms'} narrower.")
+            f"{'> 50 ms' if margin is None else f'{margin} ms'} narrower."
+            + (f" The access logs hold {num(len(ours_row.run.admitted))} admitted requests, the filter counted "
+               f"{num(ours_row.run.stat('allowed'))} allowed (requests in flight when wrk stopped)."
+               if len(ours_row.run.admitted) != ours_row.run.stat("allowed") else ""))
+    counter = next((row for row in rows if row.peer is OURS_COUNTER), None)
+    if ours and counter:
+        cpu = {row.peer.key: 1e6 * per(row.redis_cpu, answered(row.run)) for row in rows}
+        out(f"Layout (issue 41), saturated: Redis CPU per decision, sliding window counter {cpu['ours-counter']:.1f} us "
+            f"vs sliding log {cpu['ours']:.1f} us"
+            + (f" vs envoyproxy/ratelimit recommended {cpu['ratelimit']:.1f} us" if "ratelimit" in cpu else "")
+            + f"; the counter admitted {worst('ours-counter')}.")
     out(f"Reading: beyond the rate on {GATEWAYS} gateways, our filter admitted {worst('ours')} (a sliding window: "
         f"at most the rate but for acquires stamped a few ms apart, see section 6); envoyproxy/ratelimit "
         f"{worst('ratelimit')} (its defaults: {worst('ratelimit-defaults')}): fixed windows of the clock, one atomic "
