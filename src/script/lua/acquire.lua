@@ -51,7 +51,7 @@ if ARGV[6] == '3' then
   end
   local used = tonumber(redis.call('hget', KEYS[2], ARGV[7]) or '0')
   if used + requested > rate then
-    return -math.max(1, finish - now)
+    return -(3 + math.max(0, finish - now))
   end
   redis.call('hincrby', KEYS[2], ARGV[7], requested)
   redis.call('pexpireat', KEYS[2], finish + 1000)

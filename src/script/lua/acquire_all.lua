@@ -123,7 +123,7 @@ for i = 1, #KEYS / 5 do
       local used = tonumber(redis.call('hget', keys[2], ARGV[a + 6]) or '0')
       limiter.value = rate - used
       if used + before + requested > rate then
-        limiter.code, limiter.amount = 0, math.max(1, finish - now)
+        limiter.code, limiter.amount = 0, 3 + math.max(0, finish - now)
         everyOneAdmits = false
       else
         asked[keys[2]] = before + requested

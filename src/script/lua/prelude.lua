@@ -42,7 +42,8 @@
 --   width and the counts by slice; slices before the first are deleted. Counting every overlapping slice
 --   whole, a sliding window never holds more than the rate.
 -- counterDelay(counts, first, current, width, interval, now, need): ms until `need` permits of the counted
---   slices leave the window (a slice stops being counted once its end is an interval old).
+--   slices leave the window (a slice stops being counted once its end is an interval old), plus 3 as
+--   Redisson's delay has them (the gateway's local block ends 3 ms before a delay does).
 -- (Full-line comments are stripped by build.rs: they are not sent to Redis.)
 local function nowMs(arg)
   if arg ~= nil and arg ~= '' then return tonumber(arg) end
@@ -173,8 +174,8 @@ local function counterDelay(counts, first, current, width, interval, now, need)
   for slice = first, last do
     freed = freed + (counts[slice] or 0)
     if freed >= need then
-      return (slice + 1) * width + interval - now
+      return 3 + (slice + 1) * width + interval - now
     end
   end
-  return (last + 1) * width + interval - now
+  return 3 + (last + 1) * width + interval - now
 end
