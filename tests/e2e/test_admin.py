@@ -352,3 +352,69 @@ def test_show_and_explain_count_a_sliding_window_counter_as_the_filter_does(stac
     assert "is a sliding window counter" in refused.stderr and "change the rule" in refused.stderr
     assert admin(stack.redis, "delete", ALICE, "--json").json() == {"name": ALICE, "keys_removed": 1}
     assert stack.redis.client.keys("*") == []
+
+
+def test_show_and_explain_count_a_calendar_quota_as_the_filter_does(stack):
+    # A zone whose offset (in seconds: a POSIX TZ rule) ends the local minute 12 s after the start: the
+    # requests, show and explain all fall in one minute, and the next one comes without waiting for a clock.
+    boundary_s = int(time.time()) + 12
+    zone = f"<T>-0:00:{(60 - boundary_s % 60) % 60:02d}"
+    per_minute = rule(rate=3, local_block_max=0, calendar={"period": "minute", "time_zone": zone})
+    del per_minute["interval"]
+    config = plugin_config(per_minute)
+    path = stack.workdir / "calendar-plugin.json"
+    path.write_text(json.dumps(config))
+    envoy = stack.envoy(config)
+    minute_ms = boundary_s * 1000 - 60_000
+    assert epoch_ms() < boundary_s * 1000 - 6_000, "Envoy took too long to start"
+    assert [envoy.send(headers=user("alice")).status for _ in range(3)] == [200, 200, 200]
+    rejected = envoy.send(headers=user("alice"))
+    assert rejected.status == 429 and 1 <= int(rejected.headers["retry-after"]) <= 12
+    counter = "{" + ALICE + "}:counter"
+    assert stack.redis.client.keys("*") == [counter.encode()], "one hash, no config hash"
+    assert stack.redis.client.hgetall(counter) == {str(minute_ms).encode(): b"3"}, "the minute's start: 3 permits"
+
+    shown = admin(stack.redis, "show", ALICE, "--config", str(path), "--json").json()
+    window, current = shown["window"], shown["window"]["current"]
+    assert (window["layout"], window["key"], window["period"], window["time_zone"]) == \
+        ("calendar", counter, "minute", zone)
+    assert (current["start_ms"], current["end_ms"], current["used"]) == (minute_ms, minute_ms + 60_000, 3)
+    assert current["label"].startswith("minute ") and current["label"].endswith(f" in {zone}")
+    assert shown["rule"] == {"name": "per-user", "rate": 3, "period": "minute", "time_zone": zone}
+    assert (shown["left"], shown["next_permit_ms"]) == (0, current["ends_in_ms"])
+    assert window["fields"] == [{"start_ms": minute_ms, "start": current["start"], "permits": 3, "role": "current"}]
+    assert current["ends_in_ms"] < window["ttl_ms"] <= current["ends_in_ms"] + 1_000, "expires 1 s after its end"
+    text = admin(stack.redis, "show", ALICE, "--config", str(path)).stdout
+    assert f"layout       calendar quota, per minute in {zone}\n" in text, text
+    assert "rate         3 per minute (rule per-user)\nleft         0 of 3\nnext permit  in " in text, text
+    assert f"used         3 permits in this period (field {minute_ms})\n" in text, text
+    bare = admin(stack.redis, "show", ALICE, "--json").json()
+    assert (bare["rule"], bare["window"]["current"], bare["window"]["fields"][0]["role"]) == (None, None, "unknown")
+    assert "each field is the start of a period" in admin(stack.redis, "show", ALICE).stdout
+
+    report = admin(stack.redis, "explain", str(path), "-H", "x-user-id:alice", "--json").json()
+    assert (report["verdict"], report["rejected_by"], report["status"]) == ("rejected", "per-user", 429)
+    [per_user] = report["rules"]
+    assert (per_user["calendar"]["current"]["used"], per_user["windows"], per_user["effective"]) == (3, [], None)
+    assert 0 < report["wait_ms"] <= shown["next_permit_ms"], "the same period's end, read later"
+    assert int(rejected.headers["retry-after"]) - 2 <= report["retry_after_s"] <= int(rejected.headers["retry-after"])
+    text = admin(stack.redis, "explain", str(path), "-H", "x-user-id:alice").stdout
+    assert f"rule per-user (enforce): 3 per minute ({zone})\n" in text, text
+    assert f"  layout       calendar quota, per minute in {zone} (no config in Redis: the rule's)\n" in text
+    assert "  verdict      rejected: allowed in " in text, text
+    assert f"3 per minute ({zone})" in admin(stack.redis, "validate", str(path)).stdout
+    refused = failing(stack.redis, "set-rate", ALICE, "--rate", "9", "--interval", "1m")
+    assert "a calendar quota" in refused.stderr and "change the rule" in refused.stderr
+
+    # The next minute (within the second the hash outlives it): the quota is whole again; the previous
+    # minute's field stays, no longer counted, as the new write moves the expiry to the new minute's end.
+    time.sleep(max(0, minute_ms + 60_150 - epoch_ms()) / 1000)
+    assert envoy.send(headers=user("alice")).status == 200, "the explained wait was the minute's end"
+    again = admin(stack.redis, "explain", str(path), "-H", "x-user-id:alice", "--json").json()
+    assert (again["verdict"], again["remaining"]) == ("allowed", 1)
+    after = admin(stack.redis, "show", ALICE, "--config", str(path), "--json").json()
+    assert [(f["start_ms"], f["permits"], f["role"]) for f in after["window"]["fields"]] == \
+        [(minute_ms, 3, "earlier"), (minute_ms + 60_000, 1, "current")]
+    assert (after["left"], after["next_permit_ms"]) == (2, 0)
+    assert "an earlier period: no longer counted" in admin(stack.redis, "show", ALICE, "--config", str(path)).stdout
+    assert admin(stack.redis, "delete", ALICE, "--json").json() == {"name": ALICE, "keys_removed": 1}

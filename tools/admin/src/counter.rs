@@ -201,6 +201,12 @@ pub struct CounterRule {
     pub interval_ms: u64,
 }
 
+/// Whether limiter `name` is one of a rule whose `limiter` is `base`: the name itself (a global rule) or its
+/// start before a `:`.
+pub fn names_limiter(base: &str, name: &str) -> bool {
+    name == base || name.strip_prefix(base).is_some_and(|rest| rest.starts_with(':'))
+}
+
 /// The counter rule whose limiters limiter `name` is one of: a rule with `layout: "sliding_window_counter"`
 /// whose `limiter` is the name (a global rule) or its start before a `:`, named `rule` if given.
 ///
@@ -210,10 +216,8 @@ pub fn rule_for(plugin: &Plugin, name: &str, rule: Option<&str>) -> Result<Count
     let mut found: Vec<CounterRule> = Vec::new();
     for (_, config) in plugin.configs() {
         for candidate in &config.rules {
-            let names_it = name == candidate.limiter
-                || name.strip_prefix(candidate.limiter.as_str()).is_some_and(|rest| rest.starts_with(':'));
             if candidate.layout != WindowLayout::SlidingWindowCounter
-                || !names_it
+                || !names_limiter(&candidate.limiter, name)
                 || rule.is_some_and(|wanted| wanted != candidate.name)
             {
                 continue;
@@ -228,7 +232,7 @@ pub fn rule_for(plugin: &Plugin, name: &str, rule: Option<&str>) -> Result<Count
     match found.as_slice() {
         [one] => Ok(one.clone()),
         [] => Err(AdminError::Usage(format!(
-            "no rule of the configuration with layout \"{LAYOUT}\"{} has limiters named like {name}",
+            "no rule of the configuration with layout \"{LAYOUT}\" or a calendar{} has limiters named like {name}",
             rule.map(|rule| format!(" named {rule}")).unwrap_or_default()
         ))),
         several => {
@@ -357,7 +361,8 @@ mod tests {
         let Err(AdminError::Usage(none)) = rule("erl:log:bob", None) else { panic!("a sliding log") };
         assert_eq!(
             none,
-            "no rule of the configuration with layout \"sliding_window_counter\" has limiters named like erl:log:bob"
+            "no rule of the configuration with layout \"sliding_window_counter\" or a calendar has limiters named like \
+             erl:log:bob"
         );
         assert!(matches!(rule("erl:allx", None), Err(AdminError::Usage(_))), "a base ends at a `:`");
     }

@@ -1,9 +1,10 @@
 //! The sliding window counter's hash in Redis (`counter`): found, read and listed without writing
-//! (`TYPE`, `HGETALL`, `PTTL`, `SCAN`), for `show`, `explain`, `list` and the commands that refuse it.
+//! (`TYPE`, `HGETALL`, `PTTL`, `SCAN`), for `show` (`calendar_ops`), `explain`, `list` and the commands that
+//! refuse it. A calendar quota keeps the same hash.
 
 use redis::Value;
 
-use crate::counter::{counter_key, report, CounterRule, CounterShowReport, Hash};
+use crate::counter::{counter_key, Hash};
 use crate::error::{AdminError, Result};
 use crate::redis_io::{integer, Redis};
 
@@ -78,18 +79,6 @@ fn parse_fields(reply: &Value) -> Hash {
         }
     }
     hash
-}
-
-/// `show` of counter limiter `name` at `now_ms`, with its rule if known.
-///
-/// # Errors
-/// [`AdminError::NoLimiter`] when there is no such hash, those of [`read`].
-pub fn show(redis: &mut Redis, name: &str, rule: Option<CounterRule>, now_ms: u64) -> Result<CounterShowReport> {
-    let hash = read(redis, name)?;
-    if hash.ttl_ms == -2 {
-        return Err(AdminError::NoLimiter(name.to_string()));
-    }
-    Ok(report(name, &hash, rule, now_ms))
 }
 
 #[cfg(test)]

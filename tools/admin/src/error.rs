@@ -49,9 +49,9 @@ pub enum AdminError {
     /// No key named like the limiter: it was never created, was deleted, or expired (keepAliveTime).
     #[error("no limiter named {0} (no config hash)")]
     NoLimiter(String),
-    /// A command that writes a config (`set-rate`, `try-set-rate`, `update-rate`) on a sliding window counter,
-    /// which keeps no config in Redis.
-    #[error("{0} is a sliding window counter (layout \"sliding_window_counter\"): its rate and interval are its rule's, not in Redis; change the rule in the plugin configuration")]
+    /// A command that writes a config (`set-rate`, `try-set-rate`, `update-rate`) on a sliding window counter
+    /// or a calendar quota, which keep no config in Redis.
+    #[error("{0} is a sliding window counter or a calendar quota (a hash {{{0}}}:counter, no config hash): its rate and window are its rule's, not in Redis; change the rule in the plugin configuration")]
     CounterLimiter(String),
     /// The config hash exists but lacks a field Redisson requires (`rate`, `interval`, `type`).
     #[error("limiter {name} is not initialized (its hash has no {field} field)")]

@@ -16,6 +16,7 @@ use edge_rate_limiter::key::{extract, KeyValue, LimiterKeys};
 use edge_rate_limiter::limiter::{applications, Applies as Applied};
 use edge_rate_limiter::response::seconds_ceil;
 
+use crate::calendar::{period_name, CalendarRule, CalendarWindow, ZoneNames};
 use crate::counter::CounterWindow;
 use crate::error::{AdminError, Result};
 use crate::model::{next_config, parse_value, permits_of, summarize, Config, ConfigStep, Outlook, Stored};
@@ -27,13 +28,15 @@ use crate::report::{Applies, ExplainReport, PermitsFrom, RuleExplain, RuleVerdic
 use crate::request::Request;
 
 /// `explain`: the request's configuration, each of its rules' limiter and state, and the verdict at
-/// `now_ms`; for per-client limiters the window of `client_id`, or of every client found.
+/// `now_ms`; for per-client limiters the window of `client_id`, or of every client found. `zones`: the zone
+/// names of the configuration's calendar rules, as its document writes them.
 ///
 /// # Errors
 /// Redis unreachable or refusing the credentials; a limiter that cannot be read is a rule's `problem`.
 pub fn explain(
     redis: &mut Redis,
     plugin: &Plugin,
+    zones: &ZoneNames,
     request: Request,
     client_id: Option<&str>,
     now_ms: u64,
@@ -51,12 +54,20 @@ pub fn explain(
         let Some(rule) = config.rules.get(application.entry) else { continue };
         let permits = reserved(rule, &report.request);
         let entry = application.entry;
-        let explained = match application.applies {
+        let calendar = CalendarRule::of(rule, index, zones);
+        let mut explained = match application.applies {
             Applied::Exempt => not_acquiring(rule, entry, permits, Applies::Exempt, RuleVerdict::Skipped),
             Applied::NoKey => not_acquiring(rule, entry, permits, Applies::NoKey, RuleVerdict::Skipped),
             Applied::Denied => not_acquiring(rule, entry, permits, Applies::Denied, RuleVerdict::Denied),
-            Applied::Limiter { name } => limiter_rule(redis, rule, entry, permits, name, client_id, now_ms)?,
+            Applied::Limiter { name } => {
+                let mut explained = limiter_rule(redis, rule, entry, permits, &name, client_id, now_ms)?;
+                if let Some(calendar) = &calendar {
+                    read_calendar(redis, calendar, &name, now_ms, &mut explained)?;
+                }
+                explained
+            }
         };
+        explained.time_zone = calendar.and_then(|calendar| calendar.time_zone);
         report.rules.push(explained);
     }
     report.inflight = crate::semaphore::explain(redis, config, &report.request, now_ms)?;
@@ -94,6 +105,11 @@ fn not_acquiring(
         value_match: rule.value_match.as_ref().map(value_match_text),
         rate: rule.rate,
         interval_ms: rule.interval_ms,
+        period: match rule.layout {
+            WindowLayout::Calendar { period, .. } => Some(period_name(period)),
+            _ => None,
+        },
+        time_zone: None,
         permits,
         permits_from,
         key: key_parts(&rule.source),
@@ -107,6 +123,7 @@ fn not_acquiring(
         config_ttl_ms: None,
         windows: Vec::new(),
         counter: None,
+        calendar: None,
         verdict,
         remaining: None,
         wait_ms: None,
@@ -132,13 +149,17 @@ fn limiter_rule(
     rule: &Rule,
     entry: usize,
     permits: (u64, PermitsFrom),
-    name: String,
+    name: &str,
     client_id: Option<&str>,
     now_ms: u64,
 ) -> Result<RuleExplain> {
     let mut explained = not_acquiring(rule, entry, permits, Applies::Limiter, RuleVerdict::Unknown);
-    explained.limiter = Some(name.clone());
-    match read_limiter(redis, rule, &name, client_id, now_ms, &mut explained) {
+    explained.limiter = Some(name.to_string());
+    if rule.layout.is_calendar() {
+        // Read by `read_calendar`, which needs the zone's name.
+        return Ok(explained);
+    }
+    match read_limiter(redis, rule, name, client_id, now_ms, &mut explained) {
         Ok(()) => {}
         Err(error @ (AdminError::Unreachable { .. } | AdminError::AuthFailed { .. })) => return Err(error),
         Err(error) => explained.problem = Some(error.to_string()),
@@ -229,6 +250,30 @@ fn read_counter(redis: &mut Redis, rule: &Rule, name: &str, now_ms: u64, explain
     (explained.verdict, explained.remaining, explained.wait_ms, explained.delay_ms) =
         answer(window.outlook(rule.rate, explained.permits));
     explained.counter = Some(window);
+    Ok(())
+}
+
+/// A rule with `calendar`: its limiter's hash (none yet: nothing taken) counted with the rule's period and
+/// zone, as the acquire script counts it. Only an unreachable Redis fails; any other error is the `problem`.
+fn read_calendar(
+    redis: &mut Redis,
+    rule: &CalendarRule,
+    name: &str,
+    now_ms: u64,
+    explained: &mut RuleExplain,
+) -> Result<()> {
+    let hash = match crate::counter_ops::read(redis, name) {
+        Ok(hash) => hash,
+        Err(error @ (AdminError::Unreachable { .. } | AdminError::AuthFailed { .. })) => return Err(error),
+        Err(error) => {
+            explained.problem = Some(error.to_string());
+            return Ok(());
+        }
+    };
+    let window = CalendarWindow::count(name, &hash, Some(rule), now_ms);
+    (explained.verdict, explained.remaining, explained.wait_ms, explained.delay_ms) =
+        answer(window.outlook(rule.rate, explained.permits));
+    explained.calendar = Some(window);
     Ok(())
 }
 

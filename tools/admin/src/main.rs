@@ -12,20 +12,27 @@
 //!   and what an acquire would meet in a window (as the acquire script counts it).
 //! - [`counter`]: the sliding window counter layout (a rule's `layout: "sliding_window_counter"`) without
 //!   I/O: its one hash counted as the acquire script counts it, the rule of a limiter name, `show`'s report.
+//! - [`calendar`]: calendar quotas (a rule's `calendar`) without I/O: the same hash, one field per period,
+//!   counted as the acquire script counts it; the zone names a configuration writes; `show`'s report.
 //! - [`request`]: the request `explain` asks about, from its options, as the filter's key code sees it.
 //! - [`report`]: what each operation returns (`serde` for `--json`).
 //! - [`redis_io`]: one synchronous connection, to a Redis or a Redis Cluster (`--cluster`, see its docs);
 //!   scripts by `EVALSHA`, `EVAL` on `NOSCRIPT`; reply decoding.
 //! - [`plugin`]: plugin configurations loaded by the filter's own code (`validate`, `explain`).
 //! - [`counter_ops`]: a sliding window counter's hash found, read and listed without writing.
+//! - [`calendar_ops`]: `show` of a hash `{name}:counter`, a counter's or a calendar quota's.
 //! - [`ops`]: the operations (show, set-rate, update-rate, try-set-rate, delete, list), on the filter's own
 //!   scripts and key layout (the `edge_rate_limiter` crate), and the read-only reads `explain` makes.
 //! - [`explain`]: a request's rules, limiters and verdict.
 //! - [`counter_text`]: a sliding window counter's window as text (`show`, `explain`).
+//! - [`calendar_text`]: a calendar quota's hash as text (`show`, `explain`), a rate per period.
 //! - [`output`]: the reports as text.
 //! - `main` (this file): the command line (`clap`), dispatch, exit codes (0 ok, 1 error or an invalid
 //!   configuration, 2 usage).
 
+pub mod calendar;
+pub mod calendar_ops;
+pub mod calendar_text;
 pub mod cost_text;
 pub mod counter;
 pub mod counter_ops;
@@ -51,6 +58,7 @@ use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use edge_rate_limiter::config::LimiterType;
 use serde::Serialize;
 
+use crate::calendar::ZoneNames;
 use crate::error::{AdminError, Result};
 use crate::model::{check_keep_alive, Config, Update};
 use crate::plugin::{read_document, refusal_line, summarize, Build};
@@ -150,12 +158,12 @@ enum Command {
     /// Config, available permits, permits in the window (reservations in flight and settled costs listed
     /// apart), TTLs (per-client limiters: every client found); of an in-flight rule's semaphore: the
     /// permits free and held, each one's lease and holder (a gateway's permits share the start of its
-    /// client id); of a sliding window counter (a hash `{NAME}:counter` and no config hash): its slices in
-    /// the window, and with --config its rule's rate, what is left and when the next permit frees
+    /// client id); of a sliding window counter or a calendar quota (a hash `{NAME}:counter`, no config hash):
+    /// its slices or periods, and with --config its rule's rate, what is left and when permits free again
     Show {
         /// Limiter or semaphore name
         name: String,
-        /// A sliding window counter's plugin configuration (JSON; - reads stdin): its rate and interval are
+        /// A counter's or calendar quota's plugin configuration (JSON; - reads stdin): its rate and window are
         /// its rule's (the rule whose `limiter` starts the name)
         #[arg(long, value_name = "PLUGIN_JSON")]
         config: Option<String>,
@@ -326,10 +334,11 @@ fn run(cli: &Cli) -> Result<Printed> {
         Command::Validate { config, build } => validate(cli.json, config, (*build).into()),
         Command::Explain { config, request } => {
             // Refused before connecting: an invalid configuration needs no Redis.
-            let plugin = load_plugin(config)?;
+            let (plugin, zones) = load_plugin(config)?;
             let mut session = Session::open(cli)?;
             let client_id = session.client_id.as_deref();
-            let report = explain::explain(&mut session.redis, &plugin, request.request(), client_id, session.now_ms)?;
+            let now_ms = session.now_ms;
+            let report = explain::explain(&mut session.redis, &plugin, &zones, request.request(), client_id, now_ms)?;
             render(cli.json, &report, output::explain).map(Printed::from)
         }
         command => on_limiters(cli, command, Session::open(cli)?).map(Printed::from),
@@ -370,12 +379,10 @@ fn on_limiters(cli: &Cli, command: &Command, session: Session) -> Result<String>
             render(cli.json, &report, semaphore::text_of)
         }
         Command::Show { name, config, rule } if counter_ops::is_counter(&mut redis, name)? => {
-            let rule = match config {
-                Some(config) => Some(counter::rule_for(&load_plugin(config)?, name, rule.as_deref())?),
-                None => None,
-            };
-            let report = counter_ops::show(&mut redis, name, rule, now_ms)?;
-            render(cli.json, &report, counter_text::show)
+            let loaded = config.as_deref().map(load_plugin).transpose()?;
+            let config = loaded.as_ref().map(|(plugin, zones)| (plugin, zones));
+            let report = calendar_ops::show(&mut redis, name, config, rule.as_deref(), now_ms)?;
+            render(cli.json, &report, calendar_text::show_hash)
         }
         Command::Show { name, .. } => {
             let report = ops::show(&mut redis, name, client_id, now_ms)?;
@@ -416,10 +423,12 @@ fn on_limiters(cli: &Cli, command: &Command, session: Session) -> Result<String>
 }
 
 /// The plugin configuration at `path` as the filter loads it (either transport: which rules apply does not
-/// depend on the build).
-fn load_plugin(path: &str) -> Result<edge_rate_limiter::config::Plugin> {
-    plugin::load(&read_document(path)?, Build::Higress)
-        .map_err(|reason| AdminError::InvalidPlugin(refusal_line(&reason)))
+/// depend on the build), and the zone names its calendar rules write.
+fn load_plugin(path: &str) -> Result<(edge_rate_limiter::config::Plugin, ZoneNames)> {
+    let bytes = read_document(path)?;
+    let plugin =
+        plugin::load(&bytes, Build::Higress).map_err(|reason| AdminError::InvalidPlugin(refusal_line(&reason)))?;
+    Ok((plugin, ZoneNames::read(&bytes)))
 }
 
 /// `validate`: loads the configuration as `build` does; exit 1 when it refuses it.
@@ -428,7 +437,8 @@ fn validate(json: bool, path: &str, build: Build) -> Result<Printed> {
     let build_name = build.name();
     let report = match plugin::load(&bytes, build) {
         Ok(plugin) => {
-            ValidateReport { valid: true, build: build_name, error: None, configurations: summarize(&plugin) }
+            let configurations = summarize(&plugin, &ZoneNames::read(&bytes));
+            ValidateReport { valid: true, build: build_name, error: None, configurations }
         }
         Err(reason) => ValidateReport {
             valid: false,

@@ -392,7 +392,8 @@ pub fn delete(redis: &mut Redis, name: &str, client_id: Option<&str>) -> Result<
 
 /// `list`: every hash whose name starts with `prefix` and has the fields `rate` and `interval`, with its
 /// config (or why it is invalid) and, for overall limiters, the permits available at `now_ms`; and every
-/// sliding window counter whose name starts with `prefix` (its hash `{name}:counter`); by name.
+/// sliding window counter or calendar quota whose name starts with `prefix` (its hash `{name}:counter`); by
+/// name.
 ///
 /// # Errors
 /// Redis errors.
@@ -430,7 +431,10 @@ pub fn list(redis: &mut Redis, prefix: &str, now_ms: u64) -> Result<Vec<ListEntr
         entries.push(entry);
     }
     for name in crate::counter_ops::names_under(redis, prefix)? {
-        entries.push(ListEntry { name, layout: crate::counter::LAYOUT, config: None, problem: None, available: None });
+        // The same hash: a calendar quota's fields are period starts (ms since the epoch).
+        let periods = crate::calendar::looks_like_periods(&crate::counter_ops::read(redis, &name)?);
+        let layout = if periods { crate::calendar::LAYOUT } else { crate::counter::LAYOUT };
+        entries.push(ListEntry { name, layout, config: None, problem: None, available: None });
     }
     entries.sort_by(|a, b| (&a.name, a.layout).cmp(&(&b.name, b.layout)));
     Ok(entries)

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 
 use edge_rate_limiter::config::LimiterType;
 
+use crate::calendar_text::{self, rate_text};
 use crate::cost_text::cost_lines;
 use crate::counter_text::{layout_text, window_lines};
 use crate::explain::retry_after_s;
@@ -165,10 +166,10 @@ pub fn list(entries: &[ListEntry]) -> String {
     let rows: Vec<[String; 5]> = entries
         .iter()
         .map(|entry| match &entry.config {
-            None if entry.layout == crate::counter::LAYOUT => [
+            None if entry.layout != "sliding_log" => [
                 entry.name.clone(),
                 "the rule's".to_string(),
-                "sliding window counter".to_string(),
+                entry.layout.replace('_', " "),
                 "-".to_string(),
                 "- (see show)".to_string(),
             ],
@@ -249,7 +250,7 @@ pub fn validate(report: &ValidateReport) -> String {
                     key_text(&rule.key),
                     match (rule.max_in_flight, rule.lease_ms) {
                         (Some(n), Some(lease)) => format!("{n} in flight, lease {}", human_ms(lease)),
-                        _ => format!("{} per {}", rule.rate, human_ms(rule.interval_ms)),
+                        _ => rate_text(rule.rate, rule.interval_ms, rule.period, rule.time_zone.as_deref()),
                     },
                     mode,
                 ]
@@ -361,14 +362,8 @@ pub fn explain(report: &ExplainReport) -> String {
 fn rule_lines(out: &mut String, rule: &RuleExplain) {
     let permits = if rule.permits == 1 { String::new() } else { format!(", {} permits a request", rule.permits) };
     let entry = rule.value_match.as_ref().map(|m| format!(", rates_by_value {m}")).unwrap_or_default();
-    let _ = write!(
-        out,
-        "rule {} ({}{entry}): {} per {}{permits}",
-        rule.rule,
-        rule.mode,
-        rule.rate,
-        human_ms(rule.interval_ms)
-    );
+    let rate = rate_text(rule.rate, rule.interval_ms, rule.period, rule.time_zone.as_deref());
+    let _ = write!(out, "rule {} ({}{entry}): {rate}{permits}", rule.rule, rule.mode);
     match rule.applies {
         Applies::Exempt => {
             let _ = writeln!(out, ": skipped: the rule's exempt matches");
@@ -390,9 +385,16 @@ fn rule_lines(out: &mut String, rule: &RuleExplain) {
         let _ = writeln!(out, "  problem      {problem}");
         return;
     }
-    if let Some(window) = &rule.counter {
-        let _ = writeln!(out, "  layout       {} (no config in Redis: the rule's)", layout_text(window));
-        window_lines(out, "  ", window);
+    if rule.counter.is_some() || rule.calendar.is_some() {
+        if let Some(window) = &rule.counter {
+            let _ = writeln!(out, "  layout       {} (no config in Redis: the rule's)", layout_text(window));
+            window_lines(out, "  ", window);
+        }
+        if let Some(window) = &rule.calendar {
+            let _ =
+                writeln!(out, "  layout       {} (no config in Redis: the rule's)", calendar_text::layout_text(window));
+            calendar_text::window_lines(out, "  ", window);
+        }
         let _ =
             writeln!(out, "  verdict      {}", verdict_text(rule.verdict, rule.remaining, rule.wait_ms, rule.delay_ms));
         return;
@@ -586,7 +588,7 @@ ttl  {erl:llm}:value  no expiry
             valid: true,
             build: "envoy",
             error: None,
-            configurations: crate::plugin::summarize(&plugin),
+            configurations: crate::plugin::summarize(&plugin, &crate::calendar::ZoneNames::read(json.as_bytes())),
         };
         assert_eq!(
             validate(&report),
@@ -624,6 +626,8 @@ _rules_[0]: routes login; domains *.example.com; redis cluster webdis (http); fa
             value_match: None,
             rate: 5,
             interval_ms: 4_000,
+            period: None,
+            time_zone: None,
             permits: 1,
             permits_from: PermitsFrom::Rule,
             key: crate::plugin::key_parts(&edge_rate_limiter::key::KeySource::header("x-user-id")),
@@ -636,6 +640,7 @@ _rules_[0]: routes login; domains *.example.com; redis cluster webdis (http); fa
             effective: Some(config),
             config_ttl_ms: Some(-1),
             counter: None,
+            calendar: None,
             windows: vec![WindowExplain {
                 state,
                 verdict: RuleVerdict::Rejected,
@@ -702,7 +707,12 @@ rule ip (shadow): 5 per 4s: skipped: the request has no key value
 
     fn validated(json: &str) -> ValidateReport {
         let plugin = crate::plugin::load(json.as_bytes(), crate::plugin::Build::Envoy).unwrap();
-        ValidateReport { valid: true, build: "envoy", error: None, configurations: crate::plugin::summarize(&plugin) }
+        ValidateReport {
+            valid: true,
+            build: "envoy",
+            error: None,
+            configurations: crate::plugin::summarize(&plugin, &crate::calendar::ZoneNames::read(json.as_bytes())),
+        }
     }
 
     #[test]
@@ -891,6 +901,58 @@ erl:b:x  the rule's  sliding window counter  -          - (see show)
             ),
             "{}",
             explain(&report)
+        );
+    }
+
+    /// docs/configuration.md's monthly token budget, and a daily quota in UTC.
+    const CALENDAR: &str = r#"{"redis":{"cluster":"webdis"},"rules":[
+        {"name":"monthly","limit_by":{"header":"authorization"},"rate":50000000,
+         "calendar":{"period":"month","time_zone":"Europe/Berlin"}},
+        {"name":"daily","limit_by":"global","rate":3,"calendar":{"period":"day"}}]}"#;
+
+    #[test]
+    fn validate_and_explain_name_a_calendar_quotas_period_and_zone() {
+        let report = validated(CALENDAR);
+        assert!(validate(&report).contains(
+            "  monthly  header authorization  50000000 per month (Europe/Berlin)  enforce
+  daily    global                3 per day (UTC)                     enforce
+"
+        ));
+        let json = serde_json::to_value(&report).unwrap();
+        let monthly = &json["configurations"][0]["rules"][0];
+        assert_eq!((&monthly["layout"], &monthly["period"]), (&"calendar".into(), &"month".into()));
+        assert_eq!(
+            (&monthly["time_zone"], &monthly["interval_ms"]),
+            (&"Europe/Berlin".into(), &2_592_000_000_u64.into())
+        );
+        let plugin = crate::plugin::load(CALENDAR.as_bytes(), crate::plugin::Build::Envoy).unwrap();
+        let config = plugin.global.unwrap();
+        let mut report =
+            crate::explain::without_redis(&config, crate::request::Request::new(&[], None, None, None, None));
+        let zones = crate::calendar::ZoneNames::read(CALENDAR.as_bytes());
+        let daily = crate::calendar::CalendarRule::of(&config.rules[1], 0, &zones).unwrap();
+        // 1970-01-02T00:00:59.500Z: day 2 of 1970 holds 3 permits (its field 86400000), day 1 still 1.
+        let hash = crate::counter::Hash { fields: vec![(86_400_000, 3), (0, 1)], unreadable: 0, ttl_ms: 86_341_500 };
+        let rule = report.rules.iter_mut().find(|rule| rule.rule == "daily").unwrap();
+        rule.calendar = Some(crate::calendar::CalendarWindow::count("erl:daily", &hash, Some(&daily), 86_459_500));
+        rule.time_zone = Some("UTC".into());
+        (rule.verdict, rule.wait_ms, rule.delay_ms) = (RuleVerdict::Rejected, Some(86_340_500), Some(86_340_500));
+        assert_eq!(
+            explain(&report).split_once("rule daily").map(|(_, rule)| rule),
+            Some(
+                " (enforce): 3 per day (UTC)
+  key          global
+  limiter      erl:daily
+  layout       calendar quota, per day in UTC (no config in Redis: the rule's)
+  period       day 1970-01-02 in UTC: 1970-01-02T00:00:00.000Z to 1970-01-03T00:00:00.000Z
+  used         3 permits in this period (field 86400000)
+  period ends  in 23h 59m 500ms (1970-01-03T00:00:00.000Z): the quota is whole again
+  other fields 1 period
+    period from 1970-01-01T00:00:00.000Z (0)  1 permit, an earlier period: no longer counted (goes when the hash expires)
+  ttl  {erl:daily}:counter  23h 59m 1s 500ms (86341500 ms)
+  verdict      rejected: allowed in 23h 59m 500ms (Retry-After: 86341)
+"
+            )
         );
     }
 }

@@ -16,6 +16,7 @@ use edge_rate_limiter::key::{KeySource, UNREAD_BODY_PART};
 use edge_rate_limiter::matching::{Exemption, ValueMatch};
 use edge_rate_limiter::usage::{UsageFormat, Weights};
 
+use crate::calendar::{period_name, ZoneNames};
 use crate::error::{AdminError, Result};
 use crate::model::type_name;
 use crate::report::{
@@ -84,8 +85,9 @@ pub fn config_name(index: usize) -> String {
     }
 }
 
-/// Each configuration of `plugin` as `validate` lists it.
-pub fn summarize(plugin: &Plugin) -> Vec<ConfigSummary> {
+/// Each configuration of `plugin` as `validate` lists it; `zones`: the zone names of its calendar rules, as
+/// its document writes them.
+pub fn summarize(plugin: &Plugin, zones: &ZoneNames) -> Vec<ConfigSummary> {
     plugin
         .configs()
         .map(|(index, config)| {
@@ -112,7 +114,7 @@ pub fn summarize(plugin: &Plugin) -> Vec<ConfigSummary> {
                 rules: config
                     .rules
                     .iter()
-                    .map(rule_summary)
+                    .map(|rule| rule_summary(rule, zones.get(index, &rule.name)))
                     .chain(config.inflight.iter().map(inflight_summary))
                     .collect(),
             }
@@ -120,7 +122,7 @@ pub fn summarize(plugin: &Plugin) -> Vec<ConfigSummary> {
         .collect()
 }
 
-fn rule_summary(rule: &Rule) -> RuleSummary {
+fn rule_summary(rule: &Rule, time_zone: Option<&str>) -> RuleSummary {
     RuleSummary {
         name: rule.name.clone(),
         limit_by: key_source(&rule.source),
@@ -135,6 +137,11 @@ fn rule_summary(rule: &Rule) -> RuleSummary {
         limiter_type: type_name(rule.limiter_type),
         layout: Some(layout_name(rule.layout)),
         slices: (rule.layout == WindowLayout::SlidingWindowCounter).then_some(COUNTER_SLICES),
+        period: match rule.layout {
+            WindowLayout::Calendar { period, .. } => Some(period_name(period)),
+            _ => None,
+        },
+        time_zone: time_zone.filter(|_| rule.layout.is_calendar()).map(str::to_string),
         mode: rule.mode.name(),
         limiter: rule.limiter.clone(),
         exempt: rule.exempt.as_ref().map(exemption_text),
@@ -158,6 +165,8 @@ fn inflight_summary(rule: &InflightRule) -> RuleSummary {
         limiter_type: "overall",
         layout: None,
         slices: None,
+        period: None,
+        time_zone: None,
         mode: rule.mode.name(),
         limiter: rule.limiter.clone(),
         exempt: rule.exempt.as_ref().map(exemption_text),
@@ -225,7 +234,7 @@ pub fn layout_name(layout: WindowLayout) -> &'static str {
     match layout {
         WindowLayout::SlidingLog => "sliding_log",
         WindowLayout::SlidingWindowCounter => crate::counter::LAYOUT,
-        WindowLayout::Calendar { .. } => "calendar",
+        WindowLayout::Calendar { .. } => crate::calendar::LAYOUT,
     }
 }
 

@@ -78,8 +78,9 @@ pub struct DeleteReport {
 pub struct ListEntry {
     /// The limiter name.
     pub name: String,
-    /// How it is kept in Redis: `sliding_log` (Redisson's layout: a config hash) or `sliding_window_counter`
-    /// (one hash `{name}:counter`, no config: `config`, `problem` and `available` are `None`, see `show`).
+    /// How it is kept in Redis: `sliding_log` (Redisson's layout: a config hash), `sliding_window_counter` or
+    /// `calendar` (one hash `{name}:counter`, no config: `config`, `problem` and `available` are `None`, see
+    /// `show`).
     pub layout: &'static str,
     /// Its config, if valid.
     pub config: Option<Config>,
@@ -150,11 +151,16 @@ pub struct RuleSummary {
     /// `overall` or `per-client`.
     #[serde(rename = "type")]
     pub limiter_type: &'static str,
-    /// How its limiters are kept in Redis (`layout`): `sliding_log` or `sliding_window_counter` (none for an
-    /// in-flight rule).
+    /// How its limiters are kept in Redis (`layout`): `sliding_log`, `sliding_window_counter` or `calendar`
+    /// (none for an in-flight rule).
     pub layout: Option<&'static str>,
     /// A sliding window counter's slices of an interval (20).
     pub slices: Option<u64>,
+    /// A calendar quota's period (`minute`, `hour`, `day`, `week`, `month`, `year`; `interval_ms` is its
+    /// nominal length, a month 30 days).
+    pub period: Option<&'static str>,
+    /// A calendar quota's zone, as the configuration writes it (`calendar.time_zone`, default `UTC`).
+    pub time_zone: Option<String>,
     /// `enforce` or `shadow`.
     pub mode: &'static str,
     /// The base of its limiter names.
@@ -411,8 +417,12 @@ pub struct RuleExplain {
     pub value_match: Option<String>,
     /// The effective entry's rate, permits per interval.
     pub rate: u64,
-    /// Its interval, ms.
+    /// Its interval, ms (a calendar quota: its period's nominal length, a month 30 days).
     pub interval_ms: u64,
+    /// A calendar quota: its period (`minute` ... `year`).
+    pub period: Option<&'static str>,
+    /// A calendar quota: its zone, as the configuration writes it.
+    pub time_zone: Option<String>,
     /// Permits the request takes.
     pub permits: u64,
     /// Where `permits` comes from.
@@ -442,6 +452,9 @@ pub struct RuleExplain {
     /// the acquire script counts it (there is no config in Redis: `redis_config`, `config_step`,
     /// `effective` and `config_ttl_ms` are `None`).
     pub counter: Option<crate::counter::CounterWindow>,
+    /// A rule with `calendar`: its limiter's hash counted with the rule's period and zone, as the acquire
+    /// script counts it (no config in Redis either).
+    pub calendar: Option<crate::calendar::CalendarWindow>,
     /// The rule's answer (per-client limiters: the worst of its windows).
     pub verdict: RuleVerdict,
     /// Allowed: requests like this one admitted after it.
