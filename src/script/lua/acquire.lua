@@ -38,8 +38,10 @@ if ARGV[6] == '2' then
   if sum + requested > rate then
     return -counterDelay(counts, first, current, width, interval, now, sum + requested - rate)
   end
-  redis.call('hincrby', KEYS[2], string.format('%d', current), requested)
-  redis.call('pexpire', KEYS[2], interval + width)
+  -- The expiry moves with a slice's first permits only: the hash then outlives its newest slice's window.
+  if redis.call('hincrby', KEYS[2], string.format('%d', current), requested) == requested then
+    redis.call('pexpire', KEYS[2], interval + width)
+  end
   return rate - sum - requested
 end
 -- Type '3': a calendar quota, in the hash KEYS[2] ({name}:counter): one field per period, its start (ms,
@@ -53,8 +55,9 @@ if ARGV[6] == '3' then
   if used + requested > rate then
     return -(3 + math.max(0, finish - now))
   end
-  redis.call('hincrby', KEYS[2], ARGV[7], requested)
-  redis.call('pexpireat', KEYS[2], finish + 1000)
+  if redis.call('hincrby', KEYS[2], ARGV[7], requested) == requested then
+    redis.call('pexpireat', KEYS[2], finish + 1000)
+  end
   return rate - used - requested
 end
 local config = redis.call('hmget', KEYS[1], 'rate', 'interval', 'type', 'keepAliveTime')

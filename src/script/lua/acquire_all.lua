@@ -195,12 +195,14 @@ for _, limiter in ipairs(limiters) do
   if limiter.code == 1 and everyOneAdmits and limiter.counter then
     local ok, err = pcall(function()
       charged[limiter.valueName] = (charged[limiter.valueName] or 0) + limiter.requested
-      if limiter.field then
-        redis.call('hincrby', limiter.valueName, limiter.field, limiter.requested)
-        redis.call('pexpireat', limiter.valueName, limiter.expireAt)
-      else
-        redis.call('hincrby', limiter.valueName, string.format('%d', limiter.current), limiter.requested)
-        redis.call('pexpire', limiter.valueName, limiter.interval + limiter.width)
+      -- The expiry moves with a slice's (a period's) first permits only, as ACQUIRE's.
+      local field = limiter.field or string.format('%d', limiter.current)
+      if redis.call('hincrby', limiter.valueName, field, limiter.requested) == limiter.requested then
+        if limiter.field then
+          redis.call('pexpireat', limiter.valueName, limiter.expireAt)
+        else
+          redis.call('pexpire', limiter.valueName, limiter.interval + limiter.width)
+        end
       end
       limiter.value = limiter.value - charged[limiter.valueName]
       limiter.amount, limiter.taken = limiter.value, limiter.requested
