@@ -270,7 +270,8 @@ fn call_result(
         EffectiveConfig { rate: rule.rate, interval_ms: rule.interval_ms, limiter_type: rule.limiter_type };
     let mut effective = reply.effective.unwrap_or(configured);
     let (period, whole_again_ms) = calendar_window(rule, call.sent_ms, now_ms, &mut effective);
-    if let Some(held) = reply.effective {
+    // A calendar quota's reply carries its period's length, not a config Redis holds: nothing to notice.
+    if let Some(held) = reply.effective.filter(|_| period.is_none()) {
         effects.notices.extend(notice(call, rule, reply, held, configured, cache));
     }
     let quota = |remaining, reset_ms| RuleQuota {

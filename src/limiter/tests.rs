@@ -653,3 +653,31 @@ fn a_block_found_before_anything_is_taken_is_the_one_the_rate_stage_rejects_with
     let shadow = blocked_second_rule(r#","mode":"shadow""#);
     assert!(rejected_by_a_block(&shadow.context(), &FakeRequest::with(&no_key)).is_some());
 }
+
+/// A calendar quota beside another rule: one ACQUIRE_ALL whose reply carries the period's length (not the
+/// nominal interval): no notice that Redis holds another config, and the quota is whole again at the
+/// period's end (`RateLimit` `t=`).
+#[test]
+fn a_calendar_quota_in_one_call_with_another_rule_reports_its_period_and_no_config_notice() {
+    let json = r#"{"redis":{"cluster":"w"},"rules":[
+        {"name":"monthly","limit_by":"global","rate":100,"calendar":{"period":"month","time_zone":"America/New_York"}},
+        {"name":"per-user","limit_by":{"header":"x-user"},"rate":5,"interval":60000}]}"#;
+    let mut h = Harness::new(PluginConfig::from_json(json.as_bytes()).unwrap());
+    let mut pending = sent(h.start(&[("x-user", "alice")]));
+    let words = h.words(&pending, 0, Invocation::BySha);
+    assert_eq!(words[1], crate::script::ACQUIRE_ALL.sha());
+    // (The harness's clock is 1970's: the month began before the epoch, and reads from 0.)
+    let zone = crate::calendar::Zone::named("America/New_York").unwrap();
+    let (start, end) = zone.period(crate::calendar::Period::Month, NOW);
+    assert_ne!(end - start, 30 * 86_400_000, "not the nominal month: what a notice would compare");
+    assert_eq!(words[16..21], ["1", "100", &end.to_string(), "3", &start.to_string()].map(String::from), "{words:?}");
+    let reply =
+        all_reply(&[[1, 99, 99, 100, i64::try_from(end - start).unwrap(), 0, 0, 1], [1, 4, 4, 5, 60_000, 0, 0, 1]]);
+    let (progress, effects) = h.raw(&mut pending, 0, Ok(&reply));
+    assert!(effects.notices.is_empty(), "{:?}", effects.notices);
+    let Progress::Done(decision) = progress else { panic!("not decided") };
+    assert_eq!(decision.outcome, Outcome::Allowed);
+    let headers = h.headers(&decision);
+    let t = (end - NOW).div_ceil(1000);
+    assert_eq!(header(&headers, "ratelimit"), Some(format!("\"monthly\";r=99;t={t}, \"per-user\";r=4;t=60").as_str()));
+}
