@@ -275,6 +275,30 @@ fn a_batch_out_of_memory_is_refused_whole_and_writes_nothing() {
     assert_eq!(keys_of(&server), before, "nothing written");
 }
 
+/// A batch of one segment asks nothing first (no probe): out of memory, it is answered as the call alone is
+/// (Redis refuses a script's first write that may grow memory, and lets the rest of the script write once
+/// one write went through): two limiters in the same state, one call alone, one in a batch of one, give the
+/// same answer.
+#[test]
+fn a_batch_of_one_out_of_memory_is_answered_as_the_call_alone() {
+    let server = RedisServer::start();
+    let template = template();
+    let mut client = server.script_client();
+    let spec = |limiter| CallSpec { limiters: vec![limiter], ..Default::default() };
+    run_batch(&mut client, &[command(&spec(0), 0, T0, &template), command(&spec(1), 1, T0, &template)]);
+    let mut inspector = server.inspector();
+    let _: String =
+        redis::cmd("SCRIPT").arg("LOAD").arg(edge_rate_limiter::script::ACQUIRE.source).query(&mut inspector).unwrap();
+    let _: () =
+        redis::cmd("CONFIG").arg("SET").arg("maxmemory-policy").arg("noeviction").query(&mut inspector).unwrap();
+    let _: () = redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("1").query(&mut inspector).unwrap();
+    let in_batch = run_batch(&mut client, &[command(&spec(0), 2, T0 + 1_500, &template)]);
+    let alone = client.call_raw(&command(&spec(1), 3, T0 + 1_500, &template));
+    let _: () = redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("0").query(&mut inspector).unwrap();
+    let text = |reply: &[u8]| String::from_utf8_lossy(reply).trim_end().to_string();
+    assert_eq!(text(&in_batch[0]), text(&alone), "the same answer alone and in a batch of one");
+}
+
 /// The settle calls of one tick (GIVE_BACK of reservations, reserve-then-settle) in one ACQUIRE_BATCH call
 /// answer every call as it would be answered alone and leave Redis as the same calls one by one do: fewer
 /// permits back, an excess charged, a member already gone not found.

@@ -21,11 +21,14 @@
 -- none after a write went through, so one segment's write would let every later one write past maxmemory.
 -- A write that changes nothing (ZADD XX of a member that is not there, on the first call's permits key)
 -- asks first: refused, the whole batch is refused as each call alone would be.
-local probed, probeError = pcall(redis.call, 'zadd', KEYS[4], 'XX', '0', '')
-if not probed then
-  local text = type(probeError) == 'table' and probeError.err or tostring(probeError)
-  if string.find(text, 'OOM', 1, true) == 1 then
-    return redis.error_reply(text)
+-- A batch of one segment needs no probe: its first write is refused as the call alone would be.
+if ARGV[1] ~= '1' then
+  local probed, probeError = pcall(redis.call, 'zadd', KEYS[4], 'XX', '0', '')
+  if not probed then
+    local text = type(probeError) == 'table' and probeError.err or tostring(probeError)
+    if string.find(text, 'OOM', 1, true) == 1 then
+      return redis.error_reply(text)
+    end
   end
 end
 local reply = {}
