@@ -105,3 +105,23 @@ fn a_body_that_came_while_the_permits_were_asked_is_read_by_the_rate_stage() {
     assert!(call.contains("erl%3Atokens%3Aalice%3Agpt%2D5"), "the body was read: {call}");
     assert_eq!(host.end(2), Some(End::Resumed));
 }
+
+#[test]
+fn held_headers_handed_to_a_new_configuration_still_go_on_without_a_body() {
+    let (host, mut old) = configure(&[TOKENS], true);
+    assert_eq!(headers(&host, &mut old, 2), Action::Pause);
+    // A configuration push before any body came: the new filter's own tick lets the headers go.
+    // A new root context (5), then the old one goes (its tick with it), as Envoy does.
+    host.add_root(5);
+    let json = format!(r#"{{{BRIDGE},"rules":[{TOKENS}],"hold_headers_for_body":true}}"#);
+    let mut new = Filter::configure(host.clone(), json.as_bytes(), true).unwrap();
+    new.own_root_context(5);
+    host.enter(ROOT);
+    new.adopt(old.retire());
+    host.delete_root(ROOT);
+    assert_ne!(host.tick_period_of(5), 0, "a tick for the held request, with no other request to start it");
+    host.advance(HOLD_WITHOUT_BODY_MS);
+    host.enter(5);
+    new.on_tick();
+    assert_eq!(host.end(2), Some(End::Resumed));
+}

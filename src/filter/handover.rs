@@ -33,6 +33,8 @@ pub struct Retirement {
     /// Requests waiting for their body before they are decided: their body callbacks reach the filter that
     /// takes this one's place, which decides them with the route (and headers) they started with.
     awaiting_body: Vec<(u32, Awaiting)>,
+    /// What it had seen of the host's giving the body while headers are held (the same host).
+    body_while_held: super::hold::BodyWhileHeld,
     /// In-flight permits of running requests and permits to give back: extended and released by the filter
     /// that takes this one's place.
     inflight: InflightRetirement,
@@ -68,6 +70,7 @@ impl<H: Host> Filter<H> {
             settling: self.settling.drain().collect(),
             settle_calls,
             awaiting_body: self.awaiting_body.drain().collect(),
+            body_while_held: self.body_while_held,
             inflight,
         }
     }
@@ -88,6 +91,9 @@ impl<H: Host> Filter<H> {
         self.settling.extend(retirement.settling.drain(..));
         self.outbox.append(&mut retirement.settle_calls);
         self.awaiting_body.extend(retirement.awaiting_body.drain(..));
+        if self.body_while_held == super::hold::BodyWhileHeld::Unknown {
+            self.body_while_held = retirement.body_while_held;
+        }
         adopt_inflight(self, core::mem::take(&mut retirement.inflight));
         let route = match retirement.redis.as_slice() {
             [only] => self.routes.configs().find(|(_, route)| route.config.redis == *only).map(|(_, r)| Rc::clone(r)),
@@ -101,7 +107,9 @@ impl<H: Host> Filter<H> {
             }
             None => self.metrics.lease_permits_lost(&self.host, retirement.unsettled_permits()),
         }
-        if (self.outbox.is_empty() && self.inflight.is_idle() && self.permit_outbox.is_idle()) || self.ticking {
+        // Held headers handed over wait for their first body with this filter's tick (`body::release_unfed`).
+        let idle = self.outbox.is_empty() && self.inflight.is_idle() && self.permit_outbox.is_idle();
+        if (idle && !self.waits_for_a_first_body()) || self.ticking {
             return;
         }
         let own_root = match self.root_context {
