@@ -264,9 +264,9 @@ class JavaSemaphore:
         """`getLeaseTime(id)`: ms left of the permit's lease (-1: no lease)."""
         return int(self._call("semLeaseTime", permit=permit).result)
 
-    def hammer(self, threads: int, ms: int, hold_ms: int, lease_ms: int) -> list[tuple[int, int]]:
+    def hammer(self, threads: int, ms: int, hold_ms: int, lease_ms: int) -> list[tuple[float, float]]:
         """`threads` threads taking a permit (lease `lease_ms`), holding it `hold_ms` and releasing it, for
-        `ms`: each permit's (taken, released) epoch ms, read in the JVM after the take and before the
-        release."""
+        `ms`: each permit's (taken, released) epoch ms with a µs fraction, read in the JVM after the take and
+        before the release."""
         timed = self._call("semHammer", threads=threads, ms=ms, hold_ms=hold_ms, lease_ms=lease_ms)
-        return [(int(a), int(b)) for a, b in timed.result]
+        return [(int(a) / 1000.0, int(b) / 1000.0) for a, b in timed.result]

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+import redis
 import yaml
 
 import harness as h
@@ -23,10 +26,24 @@ import llm_upstream as llm
 USER = "alice"
 SEMAPHORE = h.limiter_name("erl:inflight", USER)
 TAKEN = "{" + SEMAPHORE + "}:timeout"
-ACCESS_FORMAT = {"status": "%RESPONSE_CODE%", "start": "%START_TIME(%s%3f)%", "duration": "%DURATION%",
+# Times to the µs (epoch µs; µs after the request's start): a request's upstream send read from whole ms can be
+# up to 2 ms before the permit it went with was taken, and the in-flight peaks then counted permits twice.
+ACCESS_FORMAT = {"status": "%RESPONSE_CODE%", "start": "%START_TIME(%s%6f)%", "duration": "%DURATION%",
                  "by": "%FILTER_STATE(wasm.edge_rate_limiter.rejected_by:PLAIN)%", "user": "%REQ(X-USER-ID)%", "flags": "%RESPONSE_FLAGS%",
-                 "to_upstream": "%COMMON_DURATION(DS_RX_BEG:US_TX_BEG:ms)%",
-                 "to_end": "%COMMON_DURATION(DS_RX_BEG:DS_TX_END:ms)%"}
+                 "to_upstream": "%COMMON_DURATION(DS_RX_BEG:US_TX_BEG:us)%",
+                 "to_end": "%COMMON_DURATION(DS_RX_BEG:DS_TX_END:us)%"}
+
+
+def upstream_span(entry: dict) -> tuple[float, float] | None:
+    """A logged request's time in flight upstream, (start, end) in epoch ms to the µs: from when Envoy began
+    sending it upstream (after the filter had its permits) to when the answer's last byte left for the
+    client, or the stream's end when it never did (a whole ms, rounded down: the permit went back after
+    it). None for a request that never went upstream: it held no permit past its end."""
+    if entry["to_upstream"] in ("-", None):
+        return None
+    start_ms = int(entry["start"]) / 1000.0
+    end_ms = int(entry["to_end"]) / 1000.0 if entry["to_end"] not in ("-", None) else float(entry["duration"])
+    return start_ms + int(entry["to_upstream"]) / 1000.0, start_ms + end_ms
 
 
 def inflight_rule(limit: int, lease: str = "3s", **fields: Any) -> dict:
@@ -165,6 +182,66 @@ def in_flight_peak(spans: list[tuple[float, float]]) -> int:
     return peak
 
 
+class SemaphoreWatch:
+    """The permits a semaphore held, in the order Redis changed them: `MONITOR` (every command, those that
+    scripts run included, in execution order) from entering to leaving, replaying each `ZADD`, `ZREM` and
+    `DEL` of the semaphore's `{name}:timeout` set (one member per permit held). `peak`: the most members it
+    ever had at once; `writes`: the commands replayed. No clock is involved: Redis's order is the truth."""
+
+    STOP = "erl-semaphore-watch-stop"
+    ARGUMENT = re.compile(r'"((?:[^"\\]|\\.)*)"')  # MONITOR quotes each argument, escaping `"`, `\\`, bytes
+
+    def __init__(self, redis: h.Redis, key: str):
+        self.redis, self.key = redis, key
+        self.peak = self.writes = 0
+        self._monitor = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+
+    def __enter__(self) -> "SemaphoreWatch":
+        if self.redis.client.zcard(self.key):
+            raise h.HarnessError(f"{self.key} holds permits already: the replay would not know them")
+        self._thread = threading.Thread(target=self._replay, daemon=True)
+        self._thread.start()
+        if not self._ready.wait(5.0):
+            raise h.HarnessError("MONITOR did not start")
+        return self
+
+    def _replay(self) -> None:
+        members: set[str] = set()
+        with redis.Redis(host=h.HOST, port=self.redis.port, password=self.redis.password).monitor() as monitor:
+            self._ready.set()
+            while True:
+                line = monitor.connection.read_response()
+                line = line.decode("latin-1") if isinstance(line, bytes) else str(line)
+                args = self.ARGUMENT.findall(line)
+                if not args or args[0].lower() == "echo" and args[1:] == [self.STOP]:
+                    return
+                if len(args) < 2 or args[1] != self.key:
+                    continue
+                command = args[0].lower()
+                if command == "zadd":
+                    rest = args[2:]
+                    flags = set()
+                    while rest and rest[0].upper() in ("NX", "XX", "GT", "LT", "CH", "INCR"):
+                        flags.add(rest.pop(0).upper())
+                    if "XX" not in flags:
+                        members.update(rest[1::2])
+                elif command == "zrem":
+                    members.difference_update(args[2:])
+                elif command in ("del", "unlink"):
+                    members.clear()
+                else:
+                    continue
+                self.writes += 1
+                self.peak = max(self.peak, len(members))
+
+    def __exit__(self, *exc: object) -> None:
+        self.redis.client.echo(self.STOP)
+        if self._thread is not None:
+            self._thread.join(10.0)
+
+
 def read_log(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
@@ -208,17 +285,9 @@ def test_two_gateways_never_hold_more_than_the_limits_in_flight(stack, upstream)
         runs = list(pool.map(lambda g: hammer(g[0].port, 3.0, 24, g[0].port), gateways))
     ends = [end for run in runs for end in run]
     entries = [entry for _, log in gateways for entry in read_log(log)]
-    # In flight, by the access log: from when Envoy began sending the request upstream (after the filter had
-    # its permits) to when the answer's last byte left for the client or the stream ended (before the
-    # filter's tick gave them back). A request that never went upstream held no permit past its end.
-    def span(entry: dict) -> tuple[float, float] | None:
-        if entry["to_upstream"] in ("-", None):
-            return None
-        start = float(entry["start"])
-        end = entry["to_end"] if entry["to_end"] not in ("-", None) else entry["duration"]
-        return start + float(entry["to_upstream"]), start + float(end)
-    spans = [(*found, e) for e in entries if (found := span(e)) is not None]
-    logged = [(float(e["start"]), float(e["start"]) + float(e["duration"])) for e in entries if e["status"] != 429]
+    spans = [(*found, e) for e in entries if (found := upstream_span(e)) is not None]
+    logged = [(int(e["start"]) / 1000.0, int(e["start"]) / 1000.0 + float(e["duration"]))
+              for e in entries if e["status"] != 429]
     assert "429" in ends and "200" in ends, sorted(set(ends))
     total_peak = in_flight_peak([(s, t) for s, t, _ in spans])
     print(f"ends {dict((end, ends.count(end)) for end in set(ends))}; peak in flight: total {total_peak}, "
@@ -256,11 +325,7 @@ def test_with_redis_down_each_gateway_holds_its_share_of_the_limit(stack, upstre
     finally:
         stack.redis.start()
     ends = [end for run in runs for end in run]
-    def spans(log: Path) -> list[tuple[float, float]]:
-        return [(float(e["start"]) + float(e["to_upstream"]),
-                 float(e["start"]) + float(e["to_end"] if e["to_end"] not in ("-", None) else e["duration"]))
-                for e in read_log(log) if e["to_upstream"] not in ("-", None)]
-    each = [spans(log) for _, log in gateways]
+    each = [[span for e in read_log(log) if (span := upstream_span(e)) is not None] for _, log in gateways]
     peaks = [in_flight_peak(mine) for mine in each]
     together = in_flight_peak(each[0] + each[1])
     print(f"Redis down: ends {dict((end, ends.count(end)) for end in set(ends))}; peak in flight per gateway "
@@ -338,21 +403,25 @@ def test_java_and_the_gateway_share_one_semaphore(stack, upstream, tmp_path):
         for permit in javas:
             assert semaphore.try_release(permit)
         h.wait_until(lambda: semaphore.available_permits() == 4, 2.0, "every permit back, as Java sees it")
-        with ThreadPoolExecutor(max_workers=1) as pool:
+        with SemaphoreWatch(stack.redis, TAKEN) as watch, ThreadPoolExecutor(max_workers=1) as pool:
             java_run = pool.submit(semaphore.hammer, 3, 2000, 20, 5000)
             gateway_ends = hammer(envoy.port, 2.0, 6, 7, users=[USER])
             java_spans = java_run.result(timeout=60)
         h.wait_until(lambda: semaphore.available_permits() == 4, 3.0, "every permit back after the load")
-    gateway_spans = []
-    for entry in read_log(log):
-        if entry["to_upstream"] not in ("-", None) and entry["user"] == USER:
-            start = float(entry["start"])
-            end = entry["to_end"] if entry["to_end"] not in ("-", None) else entry["duration"]
-            gateway_spans.append((start + float(entry["to_upstream"]), start + float(end)))
-    peak = in_flight_peak([(float(a), float(b)) for a, b in java_spans] + gateway_spans)
-    print(f"Java {len(java_spans)} permits, gateway {len(gateway_spans)} requests in flight; peak {peak}; "
+    mine = [e for e in read_log(log) if e["user"] == USER]
+    gateway_spans = [span for e in mine if (span := upstream_span(e)) is not None]
+    peak = in_flight_peak(java_spans + gateway_spans)
+    # The same spans read to the whole ms, as this test read them before (for the record: the flake it had):
+    # the start's ms and the upstream send's ms after it, each rounded down; Java's `currentTimeMillis()`.
+    whole = in_flight_peak([(float(a // 1), float(b // 1)) for a, b in java_spans] + [
+        (int(e["start"]) // 1000 + int(e["to_upstream"]) // 1000,
+         int(e["start"]) // 1000 + (int(e["to_end"]) // 1000 if e["to_end"] not in ("-", None) else int(e["duration"])))
+        for e in mine if e["to_upstream"] not in ("-", None)])
+    print(f"Java {len(java_spans)} permits, gateway {len(gateway_spans)} requests in flight; peak {peak} "
+          f"({whole} read to the whole ms); the semaphore held at most {watch.peak} ({watch.writes} writes); "
           f"gateway ends {sorted(set(gateway_ends))}")
-    assert java_spans and len(gateway_spans) > 3
+    assert java_spans and len(gateway_spans) > 3 and watch.writes > 2 * len(java_spans)
+    assert watch.peak <= 4, f"the semaphore itself held {watch.peak} permits at once"
     assert peak <= 4, peak
 
 

@@ -150,12 +150,10 @@ def test_java_and_the_gateway_together_never_hold_more_than_the_size(stack, java
     for thread in threads:
         thread.join()
     assert len(spans) > 10 and len(java_spans) > 10, (len(spans), len(java_spans))
-    # Each span is inside the time its permit was held (read after the take, before the release), on the
-    # machine's one clock: at no instant more than `size` of them overlap. Java's clock reads whole ms,
-    # rounded down: its take is counted from the next ms (its read came after the take).
-    java_spans = [(a + 1, b) for a, b in java_spans]
+    # Each span is inside the time its permit was held (read after the take, before the release, to the µs),
+    # on the machine's one clock: at no instant more than `size` of them overlap.
     events = sorted([(a, 1) for a, _ in spans + java_spans] + [(b, -1) for _, b in spans + java_spans],
-                    key=lambda e: (e[0], -e[1]))  # a take and a release in one ms: both held then
+                    key=lambda e: (e[0], -e[1]))  # a take and a release at one instant: both held then
     most = running = 0
     for _, step in events:
         running += step

@@ -9,6 +9,7 @@ import java.io.InputStreamReader;
 import java.io.PrintStream;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
+import java.time.Instant;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.ExecutorService;
@@ -47,7 +48,7 @@ import org.redisson.config.Config;
  * permit's id as 32 hex digits, or null), semRelease ({@code tryRelease(id)}), semAvailablePermits,
  * semAcquiredPermits, semPermits ({@code getPermits}), semLeaseTime ({@code getLeaseTime(id)}); and semHammer:
  * {@code threads} threads taking a permit with {@code lease_ms}, holding it {@code hold_ms}, releasing it, for
- * {@code ms}: each permit's start (taken) and end (just before its release) returned.
+ * {@code ms}: each permit's start (taken) and end (just before its release) returned, in epoch microseconds.
  */
 public final class RedissonDriver {
     private static final ObjectMapper JSON = new ObjectMapper();
@@ -188,7 +189,11 @@ public final class RedissonDriver {
         }
     }
 
-    /** [taken ms, released ms] of every permit taken by every thread. */
+    /**
+     * [taken us, released us] of every permit taken by every thread: epoch microseconds read after the take and
+     * before the release (microseconds, not {@code currentTimeMillis}: a whole ms read after a take can be
+     * before it, and a test comparing these spans with the gateway's would see overlaps that never were).
+     */
     private static ArrayNode semHammer(RPermitExpirableSemaphore semaphore, int threads, long ms, long holdMs,
             long leaseMs) throws Exception {
         ExecutorService pool = Executors.newFixedThreadPool(threads);
@@ -199,13 +204,13 @@ public final class RedissonDriver {
                 List<long[]> held = new ArrayList<>();
                 while (System.currentTimeMillis() < stop) {
                     String permit = semaphore.tryAcquire(0, leaseMs, TimeUnit.MILLISECONDS);
-                    long taken = System.currentTimeMillis();
+                    long taken = epochMicros();
                     if (permit == null) {
                         Thread.sleep(1);
                         continue;
                     }
                     Thread.sleep(holdMs);
-                    long released = System.currentTimeMillis();
+                    long released = epochMicros();
                     semaphore.tryRelease(permit);
                     held.add(new long[] {taken, released});
                 }
@@ -220,6 +225,12 @@ public final class RedissonDriver {
         }
         pool.shutdown();
         return all;
+    }
+
+    /** The wall clock in epoch microseconds ({@code Instant.now()}: microseconds on Linux from JDK 15). */
+    private static long epochMicros() {
+        Instant now = Instant.now();
+        return now.getEpochSecond() * 1_000_000L + now.getNano() / 1_000;
     }
 
     private static RateType type(JsonNode request) {
