@@ -64,7 +64,7 @@ CARGO_FLAGS_higress-regex := --no-default-features --features host-redis,regex
 
 DIST := $(ARTIFACTS:%=dist/edge-rate-limiter-%.wasm)
 
-.PHONY: build setup test test-unit test-wasm test-parity test-host test-e2e run lint lint-source bench soak fuzz clean \
+.PHONY: build setup test test-unit test-wasm test-parity test-host test-e2e run lint lint-source bench soak fuzz java-share clean \
 	distclean oci push
 
 build: setup $(DIST)
@@ -185,6 +185,12 @@ soak: build
 
 fuzz: build
 	scripts/fuzz.sh
+
+# Java's Redisson and the gateway on one limiter, 10 runs of 5 s (one run is in make test): the worst sliding
+# window by the permits' scores beside Java's alone, and how far calls arrive out of their stamps' order
+# (docs/redisson.md, "Clocks").
+java-share: build
+	ERL_SHARE_RUNS=10 $(PYTHON) -m pytest -q -s tests/e2e/test_redisson_java.py -k go_no_further_over_the_rate
 
 # OCI images of the artifacts (scripts/oci.py says what they hold and where each fact comes from).
 oci: build

@@ -38,6 +38,7 @@ import json
 import math
 import os
 import queue
+import re
 import shutil
 import signal
 import socket
@@ -199,11 +200,20 @@ def worst_window(spans: list[tuple[float, float]], interval_ms: float) -> int:
     return worst
 
 
+def clock_guard(interval_ms: int) -> int:
+    """The gateway's clock guard (docs/redisson.md, "Clocks"), ms: it releases a sliding log's permit
+    min(20, interval / 50) ms after the window passed it, and its refusals' delays wait that much more."""
+    return min(20, interval_ms // 50)
+
+
 def retry_after_range(interval_ms: int, oldest_score_ms: float, sent_ms: float, answered_ms: float) -> range:
-    """The `Retry-After` values (whole seconds, rounded up) a rejection decided between `sent_ms` and
-    `answered_ms` can carry: Redisson's delay is `3 + interval - (now - score of the oldest permit)` ms."""
+    """The `Retry-After` values (whole seconds, rounded up) a gateway's rejection decided between `sent_ms`
+    and `answered_ms` can carry: Redisson's delay, `3 + interval - (now - score of the oldest permit)` ms, and
+    the gateway's clock guard, `min(20, interval / 50)` ms (docs/redisson.md, "Clocks")."""
+    guard_ms = clock_guard(interval_ms)
+
     def seconds(now_ms: float) -> int:
-        return max(0, math.ceil((3 + interval_ms - (now_ms - oldest_score_ms)) / 1000))
+        return max(0, math.ceil((3 + interval_ms + guard_ms - (now_ms - oldest_score_ms)) / 1000))
     return range(seconds(answered_ms), seconds(sent_ms) + 1)
 
 
@@ -578,6 +588,50 @@ class Redis:
         except HarnessError as error:
             self.stop()
             raise HarnessError(f"{error}\n--- redis.log (tail) ---\n{self.log_tail()}") from None
+
+
+class Monitor:
+    """Redis's `MONITOR` in a thread from entering the `with` block to leaving it: `on_command(args)` for
+    every command Redis ran meanwhile, in the order it ran them, those that scripts ran included (after the
+    script's own `EVALSHA` or before it, but never interleaved with another client's command). `args`: the
+    command's name and arguments as MONITOR prints them (text; bytes outside printable ASCII as `\\xNN`,
+    `"` and `\\` escaped: the same bytes always read the same)."""
+
+    STOP = "erl-monitor-stop"
+    ARGUMENT = re.compile(r'"((?:[^"\\]|\\.)*)"')
+
+    def __init__(self, redis: Redis, on_command: Callable[[list[str]], None]):
+        self.redis, self.on_command = redis, on_command
+        self._thread = threading.Thread(target=self._run, name="redis-monitor", daemon=True)
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    def _run(self) -> None:
+        try:
+            with self.redis._new_client(socket_timeout=60.0).monitor() as monitor:
+                self._ready.set()
+                while True:
+                    line = monitor.connection.read_response()
+                    args = self.ARGUMENT.findall(line.decode("latin-1") if isinstance(line, bytes) else str(line))
+                    if [arg.lower() for arg in args[:1]] == ["echo"] and args[1:] == [self.STOP]:
+                        return
+                    if args:
+                        self.on_command(args)
+        except BaseException as error:  # re-raised by __exit__, in the test's thread
+            self._error = error
+            self._ready.set()
+
+    def __enter__(self) -> "Monitor":
+        self._thread.start()
+        if not self._ready.wait(10.0) or self._error is not None:
+            raise HarnessError(f"MONITOR did not start: {self._error}")
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.redis.client.echo(self.STOP)
+        self._thread.join(30.0)
+        if self._error is not None:
+            raise HarnessError(f"MONITOR failed: {self._error!r}")
 
 
 class Webdis:

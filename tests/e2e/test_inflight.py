@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-import redis
 import yaml
 
 import harness as h
@@ -183,63 +180,45 @@ def in_flight_peak(spans: list[tuple[float, float]]) -> int:
 
 
 class SemaphoreWatch:
-    """The permits a semaphore held, in the order Redis changed them: `MONITOR` (every command, those that
-    scripts run included, in execution order) from entering to leaving, replaying each `ZADD`, `ZREM` and
-    `DEL` of the semaphore's `{name}:timeout` set (one member per permit held). `peak`: the most members it
-    ever had at once; `writes`: the commands replayed. No clock is involved: Redis's order is the truth."""
-
-    STOP = "erl-semaphore-watch-stop"
-    ARGUMENT = re.compile(r'"((?:[^"\\]|\\.)*)"')  # MONITOR quotes each argument, escaping `"`, `\\`, bytes
+    """The permits a semaphore held, in the order Redis changed them: `MONITOR` (`harness.Monitor`) from
+    entering to leaving, replaying each `ZADD`, `ZREM` and `DEL` of the semaphore's `{name}:timeout` set (one
+    member per permit held), those that scripts ran included. `peak`: the most members it ever had at once;
+    `writes`: the commands replayed. No clock is involved: Redis's order is the truth."""
 
     def __init__(self, redis: h.Redis, key: str):
         self.redis, self.key = redis, key
         self.peak = self.writes = 0
-        self._monitor = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
+        self._members: set[str] = set()
+        self._monitor = h.Monitor(redis, self._replay)
 
     def __enter__(self) -> "SemaphoreWatch":
         if self.redis.client.zcard(self.key):
             raise h.HarnessError(f"{self.key} holds permits already: the replay would not know them")
-        self._thread = threading.Thread(target=self._replay, daemon=True)
-        self._thread.start()
-        if not self._ready.wait(5.0):
-            raise h.HarnessError("MONITOR did not start")
+        self._monitor.__enter__()
         return self
 
-    def _replay(self) -> None:
-        members: set[str] = set()
-        with redis.Redis(host=h.HOST, port=self.redis.port, password=self.redis.password).monitor() as monitor:
-            self._ready.set()
-            while True:
-                line = monitor.connection.read_response()
-                line = line.decode("latin-1") if isinstance(line, bytes) else str(line)
-                args = self.ARGUMENT.findall(line)
-                if not args or args[0].lower() == "echo" and args[1:] == [self.STOP]:
-                    return
-                if len(args) < 2 or args[1] != self.key:
-                    continue
-                command = args[0].lower()
-                if command == "zadd":
-                    rest = args[2:]
-                    flags = set()
-                    while rest and rest[0].upper() in ("NX", "XX", "GT", "LT", "CH", "INCR"):
-                        flags.add(rest.pop(0).upper())
-                    if "XX" not in flags:
-                        members.update(rest[1::2])
-                elif command == "zrem":
-                    members.difference_update(args[2:])
-                elif command in ("del", "unlink"):
-                    members.clear()
-                else:
-                    continue
-                self.writes += 1
-                self.peak = max(self.peak, len(members))
+    def _replay(self, args: list[str]) -> None:
+        if len(args) < 2 or args[1] != self.key:
+            return
+        command = args[0].lower()
+        if command == "zadd":
+            rest = args[2:]
+            flags = set()
+            while rest and rest[0].upper() in ("NX", "XX", "GT", "LT", "CH", "INCR"):
+                flags.add(rest.pop(0).upper())
+            if "XX" not in flags:
+                self._members.update(rest[1::2])
+        elif command == "zrem":
+            self._members.difference_update(args[2:])
+        elif command in ("del", "unlink"):
+            self._members.clear()
+        else:
+            return
+        self.writes += 1
+        self.peak = max(self.peak, len(self._members))
 
     def __exit__(self, *exc: object) -> None:
-        self.redis.client.echo(self.STOP)
-        if self._thread is not None:
-            self._thread.join(10.0)
+        self._monitor.__exit__(*exc)
 
 
 def read_log(path: Path) -> list[dict]:

@@ -18,6 +18,7 @@ Redisson 3.52.0 (the last 3.x) is not run: its rate limiter scripts and keys are
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +28,7 @@ import pytest
 
 import harness
 import llm_upstream as llm
-from harness import decode_permit, epoch_ms, erl_admin, limiter_key, plugin_config, rule, wait_until, worst_window
+from harness import clock_guard, decode_permit, epoch_ms, erl_admin, limiter_key, plugin_config, rule, wait_until, worst_window
 from llm_upstream import Member
 from redisson_java import OVERALL, PER_CLIENT, RedissonError, RedissonJava
 from slowbridge import SlowBridge, webdis_form
@@ -275,12 +276,13 @@ def hammer_both(stack, envoy, limiter, headers: dict[str, str], keys: list[str],
 
 def refused_with_room(calls: list[tuple[float, float, bool]], window: RedissonWindow) -> list:
     """Refusals that no moment of their call explains: fewer than `rate` permits of members scored in
-    (start - interval, end], a superset of the window at any moment of the call."""
+    (start - interval - the gateway's clock guard, end], a superset of the window at any moment of the
+    call (the gateway's window keeps a permit the guard longer)."""
     wrong = []
     for start, end, granted in calls:
         if not granted:
-            held = sum(m.permits for m in window.members.values()
-                       if start - window.interval_ms < m.score_ms <= end)
+            earliest = start - window.interval_ms - clock_guard(window.interval_ms)
+            held = sum(m.permits for m in window.members.values() if earliest < m.score_ms <= end)
             if held < window.rate:
                 wrong.append((start, end, held))
     return wrong
@@ -311,6 +313,114 @@ def test_java_threads_and_the_gateway_together_never_exceed_an_overall_rate_nor_
     wrong = refused_with_room(java_calls + gateway_calls, window)
     assert not wrong, f"{len(wrong)} refusals with room (start, end, permits held): {wrong[:5]}"
     assert_available_agree(stack, limiter, window)
+
+
+class StampLog:
+    """The stamps of the acquire calls on one permits key, in the order Redis ran them (`harness.Monitor`):
+    ("java", ms) for Redisson's `tryAcquire` (5 keys and 3 arguments: permits, its stamp, random bytes) and
+    ("gateway", ms) for the gateway's ACQUIRE, alone or as a segment of ACQUIRE_BATCH (its first argument)."""
+
+    def __init__(self, redis: harness.Redis, key: str):
+        self.key = key
+        self.calls: list[tuple[str, int]] = []
+        self.monitor = harness.Monitor(redis, self._read)
+
+    def __enter__(self) -> "StampLog":
+        self.monitor.__enter__()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.monitor.__exit__(*exc_info)
+
+    def _read(self, args: list[str]) -> None:
+        if args[0].lower() not in ("evalsha", "eval") or len(args) < 3:
+            return
+        count = int(args[2])
+        keys, argv = args[3:3 + count], args[3 + count:]
+        if count == 5 and len(argv) == 3:
+            if self.key in keys:
+                self.calls.append(("java", int(argv[1])))
+        elif count == 5:
+            if self.key in keys and argv[0]:
+                self.calls.append(("gateway", int(argv[0])))
+        elif argv and argv[0].isdigit():  # ACQUIRE_BATCH: per segment its script, keys, arguments
+            a, k = 1, 0
+            for _ in range(int(argv[0])):
+                script, key_count, arg_count = argv[a], int(argv[a + 1]), int(argv[a + 2])
+                segment_keys, segment_args = keys[k:k + key_count], argv[a + 3:a + 3 + arg_count]
+                if script == "1" and self.key in segment_keys and segment_args[0]:
+                    self.calls.append(("gateway", int(segment_args[0])))
+                a, k = a + 3 + arg_count, k + key_count
+
+    def out_of_order_ms(self) -> dict[tuple[str, str], int]:
+        """By (who ran first, who ran after): the most a call was stamped before an earlier-run one."""
+        worst: dict[tuple[str, str], int] = {}
+        newest: dict[str, int] = {}
+        for who, stamp in self.calls:
+            for other, latest in newest.items():
+                if latest > stamp:
+                    worst[(other, who)] = max(worst.get((other, who), 0), latest - stamp)
+            newest[who] = max(newest.get(who, stamp), stamp)
+        return worst
+
+    def early_releases(self, members: list[Member], interval_ms: int) -> int:
+        """Calls whose window counted a permit that an earlier-run gateway call may already have released:
+        a member scored in (the call's stamp - interval, the gateway's cutoff], its cutoff its stamp -
+        interval - its clock guard."""
+        scores = sorted(m.score_ms for m in members)
+        cutoff, early = None, 0
+        for who, stamp in self.calls:
+            if cutoff is not None and any(stamp - interval_ms < score <= cutoff for score in scores):
+                early += 1
+            if who == "gateway":
+                mine = stamp - interval_ms - clock_guard(interval_ms)
+                cutoff = mine if cutoff is None else max(cutoff, mine)
+        return early
+
+
+def worst_by_scores(members: list[Member], interval_ms: int) -> int:
+    """The most permits of members scored in one sliding window (t - interval, t] (Redisson's window)."""
+    scores = sorted((m.score_ms, m.permits) for m in members)
+    return max((sum(p for s, p in scores if t - interval_ms < s <= t) for t, _ in scores), default=0)
+
+
+# Runs of test_java_and_the_gateway_on_one_limiter_go_no_further_over_the_rate_than_java_alone: 1 in make test,
+# 10 in `make java-share` (the issue's measure).
+SHARE_RUNS = int(os.environ.get("ERL_SHARE_RUNS", "1"))
+
+
+def test_java_and_the_gateway_on_one_limiter_go_no_further_over_the_rate_than_java_alone(stack, java):
+    """Redisson's `tryAcquire` (4 threads, 2 ms apart) alone on one limiter of 200 per second for 5 s, then
+    with 4 gateway clients on another, in each of `SHARE_RUNS` runs: by the permits' own scores, the worst
+    sliding window with the gateway is no more than Java's alone can be (the rate, or one more when two Java
+    calls reach Redis out of their stamps' order), and no call ever counted a permit that an earlier-run
+    gateway call had released: the gateway's clock guard kept its releases behind every later call's window
+    (MONITOR: each call's stamp, in Redis's order)."""
+    rate, interval_ms, seconds = 200, 1000, 5.0
+    envoy = stack.envoy(plugin_config(rule(rate=rate, interval=interval_ms), timeout=TIMEOUT))
+    lines = []
+    for run in range(SHARE_RUNS):
+        alone, together = java.limiter(f"erl:per-user:java-{run}"), java.limiter(f"erl:per-user:both-{run}")
+        for limiter in (alone, together):
+            assert limiter.try_set_rate(OVERALL, rate, interval_ms)
+        alone_key, together_key = limiter_key(alone.name, "permits"), limiter_key(together.name, "permits")
+        with Sampler(stack.redis, [alone_key]) as sampler, StampLog(stack.redis, alone_key) as alone_log:
+            alone.hammer(4, int(seconds * 1000), 2)
+        alone_worst = worst_by_scores(list(sampler.seen[alone_key].values()), interval_ms)
+        with StampLog(stack.redis, together_key) as log:
+            java_calls, gateway_calls, sampler = hammer_both(stack, envoy, together, {"x-user-id": f"both-{run}"},
+                                                             [together_key], seconds, 4, 4)
+        members = list(sampler.seen[together_key].values())
+        worst, early = worst_by_scores(members, interval_ms), log.early_releases(members, interval_ms)
+        lines.append(f"run {run + 1}: Java alone worst {alone_worst} (its calls out of stamp order by up to "
+                     f"{alone_log.out_of_order_ms()} ms); Java and the gateway worst {worst} (Java "
+                     f"{len(spans(java_calls))}, gateway {len(spans(gateway_calls))} admitted; out of stamp order "
+                     f"by up to {log.out_of_order_ms()} ms; calls counting a permit a gateway had released: {early})")
+        print(lines[-1])
+        assert spans(java_calls) and spans(gateway_calls), "both sides were admitted"
+        assert len(members) == len(spans(java_calls)) + len(spans(gateway_calls)), "one member per admission"
+        assert early == 0, lines[-1]
+        assert worst <= rate + 1, lines[-1]
 
 
 def test_per_client_windows_of_java_and_the_gateway_each_hold_the_rate_and_are_apart(stack, java):

@@ -42,6 +42,12 @@ use std::collections::BTreeMap;
 /// Redis scores, so the delay arithmetic below is the scripts' arithmetic.
 pub type Ms = i64;
 
+/// The gateway's clock guard for a window of `interval_ms`: `min(20, interval / 50)` ms (docs/redisson.md,
+/// "Clocks"; the ACQUIRE and ACQUIRE_ALL scripts).
+pub fn clock_guard(interval_ms: Ms) -> Ms {
+    20.min(interval_ms / 50)
+}
+
 /// Redisson's `RateType`, stored in the hash's `type` field as its ordinal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RateType {
@@ -611,9 +617,17 @@ impl Limiter {
         self.acquire_scored(permits, now_ms, random, client, false)
     }
 
+    /// The gateway's ACQUIRE of a limiter that exists, as [`Limiter::acquire_scored`] with `in_order`.
+    pub fn gateway_try_acquire(&mut self, permits: i64, now_ms: Ms, random: &[u8], client: usize) -> AcquireResult {
+        self.acquire_scored(permits, now_ms, random, client, true)
+    }
+
     /// [`Limiter::try_acquire`], with `in_order` the gateway's: an admitted member is scored
     /// `max(now, the newest member's score)` (ACQUIRE without a lease), so that calls reaching Redis out of
-    /// the order of their stamps never put more than the rate in a window of scores. Redisson scores at `now`.
+    /// the order of their stamps never put more than the rate in a window of scores; and members are released
+    /// only [`clock_guard`] ms after the window passed them (a refusal's delay waits that much more), so that
+    /// another client's call stamped up to that much earlier, reaching Redis later, still finds every member
+    /// its window counts. Redisson scores at `now` and releases at once.
     fn acquire_scored(
         &mut self,
         permits: i64,
@@ -639,7 +653,8 @@ impl Limiter {
                 AcquireResult::Acquired { remaining: self.decrby(scope, permits) }
             }
             Some(mut value) => {
-                let window_start = now_ms - config.interval_ms;
+                let guard = if in_order { clock_guard(config.interval_ms) } else { 0 };
+                let window_start = now_ms - config.interval_ms - guard;
                 let released = self.permits_scored_up_to(scope, window_start);
                 if released > 0 {
                     self.zrem_scored_up_to(scope, window_start);
@@ -652,7 +667,7 @@ impl Limiter {
                 }
                 if value < permits {
                     let oldest = self.members(scope).first().map_or(now_ms, |m| m.score);
-                    AcquireResult::Rejected { delay_ms: 3 + config.interval_ms - (now_ms - oldest) }
+                    AcquireResult::Rejected { delay_ms: 3 + config.interval_ms + guard - (now_ms - oldest) }
                 } else {
                     self.zadd(scope, member);
                     AcquireResult::Acquired { remaining: self.decrby(scope, permits) }

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::sleep;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::model::clock_guard;
 use crate::redis_server::{RedisServer, ScriptClient};
 use edge_rate_limiter::config::LimiterType;
 use edge_rate_limiter::key::LimiterKeys;
@@ -179,30 +180,33 @@ fn member_bytes(random: &[u8; MEMBER_RANDOM_LEN], permits: u32) -> Vec<u8> {
     [&[16u8][..], random, &permits.to_le_bytes()].concat()
 }
 
-/// (a) The window slides: rate 2 per 5 s, acquires at 0 s and 4 s succeed; 1 ms before 5 s the permit of
-/// 0 s still counts, at 5 s it has left the window (score <= now - interval), so one more succeeds, and
-/// one right after fails because the permit of 4 s is still in it (a fixed window restarting at 5 s would
-/// allow two). The delay is Redisson's, to the ms, from the acquire times the gateway sent.
+/// (a) The window slides: rate 2 per 5 s, acquires at 0 s and 4 s succeed; 1 ms before 5 s and the clock
+/// guard (20 ms: docs/redisson.md, "Clocks") the permit of 0 s still counts, then it has left the window
+/// (score <= now - interval - guard), so one more succeeds, and one right after fails because the permit of
+/// 4 s is still in it (a fixed window restarting at 5 s would allow two). The delay is Redisson's and the
+/// guard, to the ms, from the acquire times the gateway sent.
 #[test]
 fn a_window_slides_rather_than_resetting() {
     let server = RedisServer::start();
     let mut gateway = Gateway::new(&server, "scenario:sliding", 2, 5000, 0);
+    let guard = clock_guard(5000) as u64;
+    assert_eq!(guard, 20);
     let at_0s = T0;
     let first = gateway.acquire_at(1, at_0s);
     assert_eq!((first.change, remaining(&first)), (ConfigChange::Created, 1));
     let at_4s = T0 + 4000;
     assert_eq!(remaining(&gateway.acquire_at(1, at_4s)), 0);
-    assert_eq!(delay(&gateway.acquire_at(1, at_0s + 4999)), 3 + 1, "the permit of 0 s leaves at 5 s, not before");
-    let at_5s = T0 + 5000;
-    assert_eq!(remaining(&gateway.acquire_at(1, at_5s)), 0, "the permit taken at 0 s was released at 5 s");
-    let now = at_5s + 1;
+    let leaves = at_0s + 5000 + guard;
+    assert_eq!(delay(&gateway.acquire_at(1, leaves - 1)), 3 + 1, "the permit of 0 s leaves at 5 s + guard, not before");
+    assert_eq!(remaining(&gateway.acquire_at(1, leaves)), 0, "the permit taken at 0 s was released at 5 s + guard");
+    let now = leaves + 1;
     let rejected = gateway.acquire_at(1, now);
-    assert_eq!(delay(&rejected), 3 + 5000 - (now - at_4s), "Redisson: 3 + interval - (now - oldest)");
+    assert_eq!(delay(&rejected), 3 + 5000 + guard - (now - at_4s), "Redisson's 3 + interval - (now - oldest), + guard");
     assert_eq!(rejected.available, None, "the short reply: the delay only");
 }
 
 /// (b) trySetRate never overwrites; then rate 10 per second, in three rounds 1.05 s apart: 10 acquire, the
-/// next 10 are refused with Redisson's delay, and between rounds the window is full again.
+/// next 10 are refused with Redisson's delay (and the clock guard), and between rounds the window is full again.
 #[test]
 fn try_set_rate_keeps_the_first_config_and_rounds_of_ten_per_second() {
     let server = RedisServer::start();
@@ -224,7 +228,7 @@ fn try_set_rate_keeps_the_first_config_and_rounds_of_ten_per_second() {
             now += 1;
         }
         for _ in 0..10 {
-            assert_eq!(delay(&gateway.acquire_at(1, now)), 3 + 1000 - (now - round_start), "round {round}");
+            assert_eq!(delay(&gateway.acquire_at(1, now)), 3 + 1000 + clock_guard(1000) as u64 - (now - round_start), "round {round}");
             now += 1;
         }
     }

@@ -111,7 +111,11 @@ if value == false then
   stale = true
 else
   value = tonumber(value)
-  local cutoff = string.format('%d', now - interval)
+  -- The clock guard: members leave `min(20, interval / 50)` ms after the window passed them (Redisson: at
+  -- once). Another client's call stamped up to that much earlier than this one may reach Redis after it,
+  -- and its window still counts them: freeing them now would let it admit over the rate (docs/redisson.md,
+  -- "Clocks"). A refusal's delay waits for the guard too.
+  local cutoff = string.format('%d', now - interval - math.min(20, math.floor(interval / 50)))
   local released = 0
   for _, member in ipairs(redis.call('zrangebyscore', permitsName, 0, cutoff)) do
     local _, permits = struct.unpack('Bc0I', member)
@@ -133,7 +137,7 @@ end
 local code, amount, taken = 0, 0, 0
 if value < requested then
   local oldest = redis.call('zrange', permitsName, 0, 0, 'withscores')[2]
-  code, amount = 0, 3 + interval - (now - (tonumber(oldest) or now))
+  code, amount = 0, 3 + interval + math.min(20, math.floor(interval / 50)) - (now - (tonumber(oldest) or now))
 else
   taken = requested
   local score = nowArg

@@ -55,7 +55,8 @@ local function resolveConfig(keys, a)
   return config, change
 end
 
--- The permits free now: the value after releasing the permits that left the window (Redisson tryAcquire).
+-- The permits free now: the value after releasing the permits that left the window (Redisson tryAcquire),
+-- the window's start lagging `now` by the clock guard as ACQUIRE's does.
 local function freePermits(valueName, permitsName, rate, interval, rateText)
   local value = redis.call('get', valueName)
   if value == false then
@@ -63,7 +64,7 @@ local function freePermits(valueName, permitsName, rate, interval, rateText)
     return rate
   end
   value = tonumber(value)
-  local cutoff = string.format('%d', now - interval)
+  local cutoff = string.format('%d', now - interval - math.min(20, math.floor(interval / 50)))
   local released = sumPermits(redis.call('zrangebyscore', permitsName, 0, cutoff))
   if released > 0 then
     redis.call('zremrangebyscore', permitsName, 0, cutoff)
@@ -173,7 +174,7 @@ for i = 1, #KEYS / 5 do
     limiter.value = value
     if value - (asked[valueName] or 0) < requested then
       local oldest = redis.call('zrange', permitsName, 0, 0, 'withscores')[2]
-      limiter.code, limiter.amount = 0, 3 + interval - (now - (tonumber(oldest) or now))
+      limiter.code, limiter.amount = 0, 3 + interval + math.min(20, math.floor(interval / 50)) - (now - (tonumber(oldest) or now))
       everyOneAdmits = false
     else
       asked[valueName] = (asked[valueName] or 0) + requested
