@@ -228,7 +228,11 @@ fn try_set_rate_keeps_the_first_config_and_rounds_of_ten_per_second() {
             now += 1;
         }
         for _ in 0..10 {
-            assert_eq!(delay(&gateway.acquire_at(1, now)), 3 + 1000 + clock_guard(1000) as u64 - (now - round_start), "round {round}");
+            assert_eq!(
+                delay(&gateway.acquire_at(1, now)),
+                3 + 1000 + clock_guard(1000) as u64 - (now - round_start),
+                "round {round}"
+            );
             now += 1;
         }
     }

@@ -263,7 +263,10 @@ fn a_dearer_settlement_charges_the_excess_below_zero_until_permits_leave() {
             let rejected = limiter.acquire(1, now, &random, None);
             assert_eq!(delay(&rejected), 3 + 1000 + guard - (now - oldest), "at T0 + {}", now - T0);
             let expected = model.gateway_try_acquire(1, now as i64, &random, 0);
-            assert_eq!(expected, model::AcquireResult::Rejected { delay_ms: (3 + 1000 + guard - (now - oldest)) as i64 });
+            assert_eq!(
+                expected,
+                model::AcquireResult::Rejected { delay_ms: (3 + 1000 + guard - (now - oldest)) as i64 }
+            );
             limiter.assert_sum_is_the_rate(now, "rejected");
             compare(&mut limiter, &model, "rejected");
         }
