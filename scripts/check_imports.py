@@ -52,7 +52,7 @@ SUBFLOORS: dict[str, list[str]] = {
         "tick",                       # 1 the root context's tick
         "give_back",                  # 2 give-back calls, one at a time
         "outbox settle permit_outbox",  # 3 what leaves from the tick: the outbox, reservations and their settles, in-flight permits
-        "body end flow coalesce",     # 4 the request driver
+        "body end flow coalesce late",  # 4 the request driver, and late replies of requests that stopped waiting
         "inflight",                   # 5 in-flight permits, before the rate rules
         "handover",                   # 6 a configuration that goes away and the one that takes over
     ],

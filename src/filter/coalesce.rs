@@ -81,6 +81,9 @@ pub(super) struct Batch {
     /// Settles taken from the outbox for this destination ([`take_settles`]): the batch's first segments.
     settles: Vec<GiveBackCall>,
     members: Vec<Option<Member>>,
+    /// Members whose requests stopped waiting (their place in `members`, now `None`): their replies go to
+    /// [`super::late`], which gives back what they took.
+    late: Vec<(usize, Call)>,
     /// Whether it was sent by source (after `NOSCRIPT`): a second `NOSCRIPT` is every member's reply.
     by_source: bool,
     /// Whether a member's request counted the call's failure already (its deadline ended it unanswered).
@@ -222,9 +225,12 @@ impl Coalescer {
         }
         for token in tokens {
             if let Some((_, batch)) = self.batches.iter_mut().find(|(k, _)| k == token) {
-                for member in &mut batch.members {
-                    if matches!(member, Some(Member::Rate(c)) if c.context_id == context_id) {
-                        *member = None;
+                for (position, member) in batch.members.iter_mut().enumerate() {
+                    if let Some(Member::Rate(call)) = member {
+                        if call.context_id == context_id {
+                            batch.late.push((position, *call));
+                            *member = None;
+                        }
                     }
                 }
             }
@@ -355,6 +361,7 @@ pub(super) fn flush<H: Host>(filter: &mut Filter<H>, destination: Destination, n
                     destination,
                     settles,
                     members: members.into_iter().map(Some).collect(),
+                    late: Vec::new(),
                     by_source: false,
                     counted: false,
                     sent_us: 0,
@@ -381,8 +388,16 @@ pub(super) fn send_permits<H: Host>(
     let max = route.config.redis.coalescing.max_batch as usize;
     // With coalescing off (`max_batch: 1`) settles leave from the tick only.
     let settles = if max > 1 { take_settles(filter, route, destination.1, max) } else { Vec::new() };
-    let batch =
-        Batch { route: Rc::clone(route), destination, settles, members, by_source: false, counted: false, sent_us: 0 };
+    let batch = Batch {
+        route: Rc::clone(route),
+        destination,
+        settles,
+        members,
+        late: Vec::new(),
+        by_source: false,
+        counted: false,
+        sent_us: 0,
+    };
     send_batch(filter, batch, &commands, Invocation::BySha);
 }
 
@@ -467,7 +482,10 @@ pub(super) fn deliver<H: Host>(
     reply: Result<&[u8], Failure>,
     count_failure: bool,
 ) {
-    let Some(mut flow) = filter.flows.remove(&call.context_id) else { return };
+    let Some(mut flow) = filter.flows.remove(&call.context_id) else {
+        super::late::on_reply(filter, key, call, reply);
+        return;
+    };
     if let Some(key) = key {
         flow.tokens.retain(|&t| t != key);
     }

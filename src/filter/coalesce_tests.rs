@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 
 use super::*;
-use crate::script::{ACQUIRE, ACQUIRE_BATCH};
+use crate::script::{ACQUIRE, ACQUIRE_BATCH, GIVE_BACK};
 use crate::testing::{acquired, End, FakeHost, ROOT};
 
 /// The bridge with at most one acquire call in flight: the second request on waits.
@@ -199,6 +199,22 @@ fn a_configuration_push_with_a_batch_in_flight_ends_its_requests_and_drops_the_l
     answer_http(&host, &mut filter, batch, 200, b"*4\r\n:1\r\n:1\r\n:1\r\n:1\r\n");
     assert!(filter.flows.is_empty());
     assert_eq!(counter(&host, "allowed"), 1, "the late reply decides nothing");
+}
+
+#[test]
+fn a_batch_answered_after_one_of_its_requests_left_gives_back_what_that_request_took() {
+    let (host, mut filter) = two_waiting(BRIDGE_ONE_IN_FLIGHT, "");
+    answer_http(&host, &mut filter, host.http_calls()[0].token, 200, &acquired(1));
+    let batch = host.http_calls()[1].token;
+    filter.on_done(3);
+    // Both admitted in Redis: carol goes on, bob's member (he left) goes back at once.
+    answer_http(&host, &mut filter, batch, 200, b"*4\r\n:1\r\n:1\r\n:1\r\n:0\r\n");
+    assert_eq!(status(&host, 4), Some(200));
+    let give_backs: Vec<String> =
+        bodies(&host).into_iter().filter(|b| b.starts_with(&format!("EVALSHA/{}/", GIVE_BACK.sha()))).collect();
+    assert_eq!(give_backs.len(), 1, "{give_backs:?}");
+    assert!(give_backs[0].contains("bob") && !give_backs[0].contains("carol"), "{}", give_backs[0]);
+    assert_eq!(counter(&host, "late_given_back"), 1);
 }
 
 #[test]

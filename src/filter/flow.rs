@@ -321,11 +321,15 @@ pub(super) fn wake_parked<H: Host>(filter: &mut Filter<H>) {
     }
 }
 
-/// Forgets a request's outstanding calls; its lease acquires on their way are given up: nobody will
-/// hear of them, so the requests parked on them are woken to ask Redis themselves.
+/// Forgets a request's outstanding calls (those on their way answer [`super::late`]); its lease acquires on
+/// their way are given up: nobody will hear of them, so the requests parked on them are woken to ask Redis
+/// themselves.
 pub(super) fn forget<H: Host>(filter: &mut Filter<H>, context_id: u32, flow: &Flow) {
-    for token in &flow.tokens {
-        filter.calls.remove(token);
+    // Calls on their way are kept for their replies ([`super::late`]): what they take goes back.
+    if !super::late::keep(filter, context_id, flow) {
+        for token in &flow.tokens {
+            filter.calls.remove(token);
+        }
     }
     filter.coalescer.forget(context_id, &flow.tokens);
     if let Stage::Waiting(pending) = &flow.stage {

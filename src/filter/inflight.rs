@@ -184,6 +184,7 @@ fn answered<H: Host>(filter: &mut Filter<H>, context_id: u32, index: usize, outc
         let orphans = &mut filter.inflight.orphans;
         if let Some(at) = orphans.iter().position(|(c, i, _, _)| *c == context_id && *i == index) {
             let (_, _, held, _) = orphans.swap_remove(at);
+            filter.metrics.late_given_back(&filter.host, usize::from(taken));
             filter.permit_outbox.releases.extend(taken.then_some(held));
         }
         return;
@@ -362,7 +363,9 @@ pub(super) fn on_tick<H: Host>(filter: &mut Filter<H>, now_ms: u64) {
         return;
     }
     end_waits(filter, now_ms, false);
+    let orphans = filter.inflight.orphans.len();
     filter.inflight.orphans.retain(|(_, _, _, deadline_ms)| *deadline_ms > now_ms);
+    filter.metrics.late_unanswered(&filter.host, orphans - filter.inflight.orphans.len());
     let released = super::permit_outbox::release(filter, now_ms);
     filter.inflight.counters.count(&filter.host, InflightCounter::Released, released as u64);
     if !filter.inflight.held.is_empty() && now_ms >= filter.inflight.next_extend_ms {

@@ -75,6 +75,8 @@ pub(super) struct Metrics {
     settled_without_usage: Option<u32>,
     settled_unanswered: Option<u32>,
     settlements_lost: Option<u32>,
+    late_given_back: Option<u32>,
+    late_unanswered: Option<u32>,
     /// The histograms, when on (`histograms`).
     histograms: Option<Histograms>,
 }
@@ -142,6 +144,8 @@ impl Metrics {
             settled_without_usage: counter("settled_without_usage"),
             settled_unanswered: counter("settled_unanswered"),
             settlements_lost: counter("settlements_lost"),
+            late_given_back: counter("late_given_back"),
+            late_unanswered: counter("late_unanswered"),
             histograms,
         }
     }
@@ -308,6 +312,18 @@ impl Metrics {
     /// in the VM to send them (the reservations stay as reserved until they leave the window).
     pub(super) fn settlements_lost(&self, host: &impl Host, calls: usize) {
         Self::add(host, self.settlements_lost, calls);
+    }
+
+    /// Permits a reply took after its request had stopped waiting for it (its deadline passed, its client
+    /// left, another rule decided it), given back at once: rate members (one each) and in-flight permits.
+    pub(super) fn late_given_back(&self, host: &impl Host, permits: usize) {
+        Self::add(host, self.late_given_back, permits);
+    }
+
+    /// Calls of requests that had stopped waiting for them, never answered: what they took, if anything,
+    /// leaves with the window (rate members) or the lease (in-flight permits).
+    pub(super) fn late_unanswered(&self, host: &impl Host, calls: usize) {
+        Self::add(host, self.late_unanswered, calls);
     }
 
     /// One give-back call sent (a request rejected after a limiter in another hash slot admitted it).

@@ -75,6 +75,7 @@ mod ids;
 mod inflight;
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod interleavings;
+mod late;
 mod metrics;
 #[cfg(test)]
 mod metrics_tests;
@@ -167,6 +168,9 @@ pub struct Filter<H: Host> {
     permit_prefix: [u8; crate::script::PERMIT_ID_LEN / 2], // ids::permit_prefix of client_id
     /// Paused requests, by HTTP context id.
     flows: IdMap<Flow>,
+    /// Requests that stopped waiting while calls were on their way: those calls' late replies (a few at
+    /// most, and rare: a list).
+    late: Vec<late::LateFlow>,
     /// Outstanding calls, by [`CallId::key`]: the kind and the token (each kind has its own numbering); with
     /// when each was sent ([`Metrics::clock`]).
     calls: CallMap<(Call, u64)>,
@@ -286,6 +290,7 @@ impl<H: Host> Filter<H> {
             client_id,
             client_id_confirmed: false,
             flows: IdMap::default(),
+            late: Vec::new(),
             calls: CallMap::default(),
             coalescer: Coalescer::default(),
             give_backs: CallMap::default(),
@@ -429,6 +434,7 @@ impl<H: Host> Filter<H> {
             self.flows.iter().filter(|(_, flow)| flow.due(now_ms)).map(|(&context_id, _)| context_id).collect();
         flow::end_flows(self, due);
         coalesce::expire(self, now_ms);
+        late::expire(self, now_ms);
         coalesce::send_overdue(self);
         outbox::send_queued(self, &self.coalescer.busy());
         give_back::expire_give_backs(self, now_ms);

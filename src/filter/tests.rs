@@ -288,9 +288,38 @@ fn a_reply_for_a_token_nobody_waits_for_is_dropped_and_the_request_ends_at_its_d
     assert_eq!(host.end(2), Some(End::Resumed), "failing open at the deadline");
     assert_eq!(counters(&host), Counts { failure_allowed: 1, redis_calls: 1, redis_errors: 1, ..NONE });
     assert!(host.logs().iter().any(|(_, m)| m.contains("no answer to a Redis call within redis.timeout")));
-    // The real reply, if it ever comes, finds nothing to act on.
+    // The real reply, if it ever comes, decides nothing; the permit it took goes back at once.
     answer_http(&host, &mut filter, token, 200, &acquired(1));
-    assert_eq!(counters(&host), Counts { failure_allowed: 1, redis_calls: 1, redis_errors: 1, ..NONE });
+    assert_eq!(counters(&host), Counts { failure_allowed: 1, redis_calls: 2, redis_errors: 1, ..NONE });
+    assert_eq!(give_backs_sent(&host), 1, "the late member given back");
+    assert_eq!(host.counter(&format!("{NAME}.late_given_back")), 1);
+}
+
+/// The GIVE_BACK calls sent so far (through the HTTP bridge).
+fn give_backs_sent(host: &FakeHost) -> usize {
+    let sha = crate::script::GIVE_BACK.sha();
+    host.http_calls()
+        .iter()
+        .filter(|call| String::from_utf8_lossy(&call.body).starts_with(&format!("EVALSHA/{sha}/")))
+        .count()
+}
+
+#[test]
+fn a_late_reply_that_took_nothing_gives_nothing_back_and_a_call_never_answered_is_counted() {
+    let (host, mut filter) = configure(BRIDGE, PER_USER, "");
+    start(&host, &mut filter, 2, "alice");
+    let rejected_late = last_token(&host);
+    filter.on_done(2);
+    answer_http(&host, &mut filter, rejected_late, 200, &rejected(900));
+    assert_eq!(give_backs_sent(&host), 0, "a refusal took nothing");
+    // Bob's call never answers: given up with the request's deadline and a timeout more.
+    start(&host, &mut filter, 4, "bob");
+    filter.on_done(4);
+    tick_after(&host, &mut filter, 200 + DEADLINE_GRACE_MS + 200);
+    assert_eq!(host.counter(&format!("{NAME}.late_unanswered")), 1);
+    assert_eq!(host.counter(&format!("{NAME}.late_given_back")), 0);
+    tick_after(&host, &mut filter, 1_000);
+    assert_eq!(host.tick_period(), 0, "nothing waits any more");
 }
 
 #[test]
@@ -313,14 +342,16 @@ fn a_call_the_host_never_answers_ends_in_the_failure_mode_within_the_timeout() {
 }
 
 #[test]
-fn a_request_that_went_away_is_forgotten_and_its_late_reply_dropped() {
+fn a_request_that_went_away_is_forgotten_and_its_late_reply_gives_back_what_it_took() {
     let (host, mut filter) = configure(BRIDGE, PER_USER, "");
     start(&host, &mut filter, 2, "alice");
     let token = last_token(&host);
     filter.on_done(2);
     answer_http(&host, &mut filter, token, 200, &acquired(1));
     assert_eq!(host.end(2), None);
-    assert_eq!(counters(&host), Counts { redis_calls: 1, ..NONE }, "no decision is counted for it");
+    assert_eq!(counters(&host), Counts { redis_calls: 2, ..NONE }, "no decision is counted for it");
+    assert_eq!(give_backs_sent(&host), 1, "the member it took, given back");
+    assert_eq!(host.counter(&format!("{NAME}.late_given_back")), 1);
     tick_after(&host, &mut filter, 1_000);
     assert_eq!(host.tick_period(), 0);
 }

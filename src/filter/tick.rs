@@ -28,10 +28,12 @@ pub(super) fn stop_when_idle<H: Host>(filter: &mut Filter<H>) {
     }
 }
 
-/// Whether anything waits for the tick: paused requests (the deadline guard), batches and calls waiting
-/// to be sent, give-backs and batches of settles waiting for their replies, the outbox.
+/// Whether anything waits for the tick: paused requests (the deadline guard), requests waiting for late
+/// replies, batches and calls waiting to be sent, give-backs and batches of settles waiting for their
+/// replies, the outbox.
 pub(super) fn has_work<H: Host>(filter: &Filter<H>) -> bool {
     !(filter.flows.is_empty()
+        && filter.late.is_empty()
         && filter.coalescer.is_idle()
         && filter.give_backs.is_empty()
         && filter.give_back_batches.is_empty()

@@ -14,9 +14,9 @@ use crate::config::{FailureMode, Mode, PluginConfig};
 use crate::fallback::Local;
 use crate::key::RequestView;
 use crate::response::{Report, RuleQuota, Verdict};
-use crate::script::Settlement;
+use crate::script::{MemberAt, Settlement};
 
-use super::pending::{lease_tickets, CallState, PendingRequest, RuleResult};
+use super::pending::{lease_tickets, CallState, PendingRequest, RuleCall, RuleResult};
 use super::reservation::{reservations, Reservation};
 use super::resolve::{group_end, resolve, Resolved};
 use super::{Context, Decision, GiveBack, LocalWindows, Outcome, RuleOutcome};
@@ -310,10 +310,12 @@ fn give_back(pending: &PendingRequest, config: &PluginConfig) -> Vec<GiveBack> {
     pending
         .own_members()
         .filter(|(call, _, _)| config.rules.get(call.rule).is_some())
-        .map(|(call, granted, at)| {
-            let settlement =
-                Settlement { random: call.member_random, granted, used: 0, early_ms: 0, renamed: None, at };
-            GiveBack { name: call.name.clone(), settlement }
-        })
+        .map(|(call, granted, at)| member_give_back(call, granted, at))
         .collect()
+}
+
+/// The give-back of the member `call` acquired (`granted` permits, written `at`): all of it (used 0).
+pub(super) fn member_give_back(call: &RuleCall, granted: u64, at: Option<MemberAt>) -> GiveBack {
+    let settlement = Settlement { random: call.member_random, granted, used: 0, early_ms: 0, renamed: None, at };
+    GiveBack { name: call.name.clone(), settlement }
 }

@@ -305,6 +305,21 @@ fn give_back_leases(calls: &[RuleCall], ctx: &Context<'_>) {
 }
 
 /// The permits `calls` took from this VM's leases.
+/// The member `call` acquired of its own in Redis, if it did: its permits and where it was written.
+pub(super) fn own_member(call: &RuleCall) -> Option<(u64, Option<MemberAt>)> {
+    match call.state {
+        CallState::Done(RuleResult::Acquired(
+            quota,
+            Taken::Member { granted, limiter_type, counter_slice_ms, period_start_ms },
+        )) => {
+            let at = MemberAt::of(call.clock, quota.limit, limiter_type);
+            let at = at.map(|at| MemberAt { counter_slice_ms, score_ms: period_start_ms.unwrap_or(at.score_ms), ..at });
+            Some((granted, at))
+        }
+        _ => None,
+    }
+}
+
 pub(super) fn lease_tickets(calls: &[RuleCall], config: &PluginConfig) -> Vec<LeaseTicket> {
     calls
         .iter()
@@ -348,18 +363,7 @@ impl PendingRequest {
     /// written (known on the gateway's clock): what a rejected request gives back, and an allowed request's
     /// reservations.
     pub(super) fn own_members(&self) -> impl Iterator<Item = (&RuleCall, u64, Option<MemberAt>)> {
-        self.calls.iter().filter_map(|call| match call.state {
-            CallState::Done(RuleResult::Acquired(
-                quota,
-                Taken::Member { granted, limiter_type, counter_slice_ms, period_start_ms },
-            )) => {
-                let at = MemberAt::of(call.clock, quota.limit, limiter_type);
-                let at =
-                    at.map(|at| MemberAt { counter_slice_ms, score_ms: period_start_ms.unwrap_or(at.score_ms), ..at });
-                Some((call, granted, at))
-            }
-            _ => None,
-        })
+        self.calls.iter().filter_map(|call| own_member(call).map(|(granted, at)| (call, granted, at)))
     }
 
     /// Whether a call waits for this VM's lease acquire of limiter `name`.

@@ -16,8 +16,9 @@ use crate::script::{
 };
 use crate::transport::Failure;
 
-use super::pending::{CallState, PendingRequest, Progress, RuleCall, RuleResult, Taken};
-use super::{Context, LeaseGrant};
+use super::decision::member_give_back;
+use super::pending::{own_member, CallState, PendingRequest, Progress, RuleCall, RuleResult, Taken};
+use super::{Context, GiveBack, LeaseGrant};
 
 /// What a reply teaches besides the decision.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -133,6 +134,39 @@ impl PendingRequest {
             call.state = CallState::Done(result);
         }
         (self.progress(ctx), effects)
+    }
+}
+
+impl PendingRequest {
+    /// Its sends still unanswered: calls on their way when the request stops waiting (late replies).
+    pub fn unanswered(&self) -> usize {
+        self.sends.iter().filter(|send| !send.done).count()
+    }
+
+    /// A reply for send `send` that came after the request stopped waiting for it (its deadline passed,
+    /// its client left, or another rule decided it): the members its limiters took, to give back at once
+    /// (all of each, [`crate::script::GIVE_BACK`]); none when the call failed, took nothing, was not run
+    /// (`NOSCRIPT`) or was answered already. What it teaches the cache (a config, a block) stands: it is
+    /// Redis's. A lease it granted is not served: the lease's member leaves with the window.
+    pub fn late_give_back(
+        &mut self,
+        send: usize,
+        reply: Result<&[u8], Failure>,
+        ctx: &Context<'_>,
+        cache: &mut LimiterCache,
+    ) -> Vec<GiveBack> {
+        let Some(covered) = self.sends.get(send).filter(|s| !s.done).map(|s| s.calls.clone()) else {
+            return Vec::new();
+        };
+        let _ = self.on_reply(send, reply, ctx, cache);
+        if let Some(entry) = self.sends.get_mut(send) {
+            entry.done = true;
+        }
+        covered
+            .iter()
+            .filter_map(|&index| self.calls.get(index))
+            .filter_map(|call| own_member(call).map(|(granted, at)| member_give_back(call, granted, at)))
+            .collect()
     }
 }
 

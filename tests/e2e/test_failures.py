@@ -65,3 +65,30 @@ def test_failure_status_is_configurable(stack):
     envoy = stack.envoy(plugin_config(rule(), failure_mode="deny", failure_status=500))
     stack.redis.stop()
     assert envoy.send(headers={"x-user-id": "alice"}).status == 500
+
+
+def test_a_permit_redis_took_after_the_client_left_goes_back_at_once(stack):
+    """The bridge holds alice's acquire 400 ms (Redis runs it then); her client leaves after 100 ms, so
+    Envoy ends the stream and the filter stops waiting. When Redis's reply comes, the permit it took goes
+    back at once (GIVE_BACK): no member stays in the window, the limiter's value is the rate again, and
+    `late_given_back` counts it (docs/reliability.md, "Late replies")."""
+    import harness as h
+    from slowbridge import SlowBridge, webdis_form
+
+    name = "erl:per-user:alice"
+    bridge = SlowBridge(stack.webdis.port, match=webdis_form(name), delay_ms=400).start()
+    try:
+        envoy = stack.envoy(plugin_config(rule(rate=5, interval="1m"), timeout="2s"), webdis_port=bridge.port)
+        assert envoy.send(headers={"x-user-id": "bob"}).status == 200, "Redis knows the script now"
+        try:
+            h.http_request(envoy.port, "/", {"x-user-id": "alice"}, timeout=0.1)
+            raise AssertionError("the request should have outlived its client's 100 ms")
+        except OSError:
+            pass
+        wait_until(lambda: envoy.metrics().get("late_given_back") == 1, 5.0, "the late permit given back")
+        members = h.limiter_key(name, "permits")
+        wait_until(lambda: stack.redis.client.zcard(members) == 0, 5.0, "no member left in the window")
+    finally:
+        bridge.stop()
+    assert int(stack.redis.client.get(h.limiter_key(name, "value"))) == 5
+    assert envoy.metrics().get("late_unanswered", 0) == 0

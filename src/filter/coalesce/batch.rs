@@ -41,8 +41,17 @@ pub(in crate::filter) fn send_carrying<H: Host>(
     settles: Vec<GiveBackCall>,
 ) -> Result<u64, Failure> {
     let members = vec![Some(Member::Rate(call))];
-    let batch =
-        Batch { route: Rc::clone(route), destination, settles, members, by_source: false, counted: false, sent_us: 0 };
+    let late = Vec::new();
+    let batch = Batch {
+        route: Rc::clone(route),
+        destination,
+        settles,
+        members,
+        late,
+        by_source: false,
+        counted: false,
+        sent_us: 0,
+    };
     transmit(filter, batch, &[command], Invocation::BySha).map_err(|(batch, failure)| {
         settles_failed(filter, batch.settles, &failure, true);
         failure
@@ -50,7 +59,9 @@ pub(in crate::filter) fn send_carrying<H: Host>(
 }
 
 /// Sends a batch: its settles' segments, then its members' `commands`; on its way, the batch is kept by
-/// its call's key (returned). A batch that cannot be sent comes back with why.
+/// its call's key (returned). A batch that cannot be sent comes back with why (rare: the host refused the
+/// call; the batch is moved back, not copied, so its size costs nothing on the common path).
+#[allow(clippy::result_large_err)]
 fn transmit<H: Host>(
     filter: &mut Filter<H>,
     mut batch: Batch,
@@ -130,9 +141,11 @@ pub(in crate::filter) fn on_batch_reply<H: Host>(
         Ok(replies) => {
             let mut replies = replies.into_iter();
             on_carried_replies(filter, batch.settles, replies.by_ref().take(carried));
-            for (member, reply) in batch.members.iter().zip(replies) {
+            for (position, (member, reply)) in batch.members.iter().zip(replies).enumerate() {
                 if let Some(member) = member {
                     deliver_member(filter, Some(key), member, Ok(&reply), true);
+                } else if let Some(&(_, call)) = batch.late.iter().find(|(at, _)| *at == position) {
+                    super::super::late::on_reply(filter, Some(key), call, Ok(&reply));
                 }
             }
         }
