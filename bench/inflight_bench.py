@@ -68,6 +68,7 @@ def rows() -> list[Row]:
         Row("none", "Envoy, no filter (baseline)", None),
         Row("rate", "a rate rule (per user, 1,000,000 per 1 s)", h.plugin_config(rate, timeout=c.TIMEOUT)),
         Row("inflight", "an in-flight rule (per user, 1,000,000 at once)", h.plugin_config(inflight, timeout=c.TIMEOUT)),
+        Row("both", "both rules on each request", h.plugin_config(rate, inflight, timeout=c.TIMEOUT)),
     ]
 
 
@@ -126,4 +127,10 @@ def print_inflight(measured: list[Row], held: int) -> None:
             out(f"Target: the in-flight rule's CPU per request at most {TARGET}x the rate rule's: "
                 f"{num(inflight['total'])} vs {num(rate['total'])} us, {with_wrk:.2f}x with wrk, "
                 f"{without:.2f}x without it ({num(inflight['gateway'])} vs {num(rate['gateway'])} us): {verdict}.")
+        both = by_key["both"]
+        if both.runs.get(load) and by_key["rate"].runs.get(load):
+            calls, alone = both.calls(load), by_key["rate"].calls(load)
+            verdict = "met" if calls <= alone else f"not met: {calls / alone:.2f}x"
+            out(f"Target (issue 42): a request's permits and rate acquires in one call per destination, its script "
+                f"calls per request no more than the rate rule's alone: {calls:.2f} vs {alone:.2f}: {verdict}.")
     out(f"Permits still held by one user's semaphore after the runs (each released when its request ended): {held}.")
