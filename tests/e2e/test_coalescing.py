@@ -2,8 +2,8 @@
 VM's waiting requests go out together in one script call, and the limits stay exact.
 
 The promise checked: 2 Envoys x 2 workers, far beyond one global limit and per-user limits, every sliding
-window of the requests really admitted holds at most each limiter's rate, whole windows of the global
-limit admit (nearly) all of it, and the batches did happen (`batches`, `batched_calls`); with
+window of the requests really admitted holds at most each limiter's rate, the load admits (nearly) all of
+the global limit on average, and the batches did happen (`batches`, `batched_calls`); with
 `max_batch: 1` nothing is batched. And a batch of requests whose rules have mixed outcomes answers each
 request its own decision.
 """
@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import pytest
 
-from harness import config_for, epoch_ms, hammer, plugin_config, rule, wait_until, worst_window
+from harness import clock_guard, config_for, epoch_ms, hammer, plugin_config, rule, wait_until, worst_window
 from slowbridge import SlowBridge, webdis_form
 from test_exactness import KeepAliveClient, admitted, whole_windows
 
@@ -93,7 +93,11 @@ def test_two_envoys_of_two_workers_coalesce_and_every_window_holds_each_rate(sta
     assert len(spans) > 3 * len(everyone), "far beyond the limits: most requests rejected"
     assert worst <= GLOBAL_RATE, f"{worst} admitted in one sliding window of a {GLOBAL_RATE} per second limit"
     assert worst_user <= USER_RATE, f"{worst_user} admitted in one sliding window of a {USER_RATE} per second limit"
-    assert windows and min(windows) >= GLOBAL_RATE * 0.9, f"whole windows {windows} of {GLOBAL_RATE}"
+    # Saturated, the sliding log admits in bursts one interval and the clock guard apart (docs/redisson.md,
+    # "Clocks"): a fixed window of the clock can hold part of one, so the use is checked on average over the
+    # 4 s of load, at least 95% of interval / (interval + guard) of the rate.
+    share = INTERVAL_MS / (INTERVAL_MS + clock_guard(INTERVAL_MS))
+    assert len(everyone) >= 0.95 * 4 * GLOBAL_RATE * share, f"{len(everyone)} admitted in 4 s; whole windows {windows}"
     assert batches > 0 and batched >= 2 * batches, "requests went out together"
     assert calls < len(spans), "fewer Redis calls than requests"
 
