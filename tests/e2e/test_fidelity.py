@@ -50,7 +50,7 @@ PRE_EXISTING = {
     "erl:weighted:tiny": {b"rate": b"1", b"interval": b"60000", b"type": b"0", b"keepAliveTime": b"0"},
 }
 
-GAP_S = 0.005  # between requests: more than Redisson's 3 ms slack in its delay
+GAP_S = 0.025  # between requests: more than the 23 ms a refusal's delay adds to the window (Redisson's 3 ms, the clock guard's 20)
 # Whole seconds round alike while every limiter's oldest permit is younger than 1 s at each of its requests
 # (t=60 below an age of 1000 ms, Retry-After 60 below 1003 ms); the per-ip limiter spans the whole scenario,
 # so a run must take under 1 s, with 20 ms to spare for clocks read in whole ms.

@@ -322,6 +322,12 @@ pub struct Stored {
     pub permits: Vec<Permit>,
 }
 
+/// The gateway's clock guard for a window of `interval_ms`: it releases a permit `min(20, interval / 50)` ms
+/// after the window passed it (the ACQUIRE and ACQUIRE_ALL scripts; docs/redisson.md, "Clocks").
+pub fn clock_guard(interval_ms: u64) -> u64 {
+    20.min(interval_ms / 50)
+}
+
 /// What the next acquire of a request would meet in one window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outlook {
@@ -365,27 +371,30 @@ impl Stored {
         }
     }
 
-    /// What an acquire of `permits` at `now_ms` meets: admitted (and how many more after it), or rejected
-    /// and when enough permits will have left the window, or never (more than the rate).
+    /// What the gateway's acquire of `permits` at `now_ms` meets: admitted (and how many more after it), or
+    /// rejected and when enough permits will have left the window, or never (more than the rate). The
+    /// gateway's window keeps a permit its clock guard longer than Redisson's ([`clock_guard`]).
     pub fn outlook(&self, rate: u64, interval_ms: u64, permits: u64, now_ms: u64) -> Outlook {
         if permits > rate {
             return Outlook::Never;
         }
+        let guard_ms = clock_guard(interval_ms);
         let wanted = signed(permits);
-        let available = self.available_at(rate, interval_ms, now_ms);
+        let available = self.available_at(rate, interval_ms, now_ms.saturating_sub(guard_ms));
         if available >= wanted {
             let left = u64::try_from(available - wanted).unwrap_or(0);
             return Outlook::Allowed { remaining: left / permits.max(1) };
         }
-        let cutoff = now_ms.saturating_sub(interval_ms);
+        let cutoff = now_ms.saturating_sub(interval_ms).saturating_sub(guard_ms);
         let in_window = self.permits.iter().filter(|p| p.score_ms > cutoff);
-        // Redisson's delay counts from the oldest permit still in the window (none: a whole interval).
+        // Redisson's delay counts from the oldest permit still in the window (none: a whole interval), and
+        // the gateway's adds its guard.
         let oldest = in_window.clone().map(|p| p.score_ms).min().unwrap_or(now_ms);
-        let delay_ms = oldest.saturating_add(interval_ms).saturating_add(3).saturating_sub(now_ms);
+        let delay_ms = oldest.saturating_add(interval_ms + guard_ms).saturating_add(3).saturating_sub(now_ms);
         let wait_ms = in_window
             .map(|p| p.score_ms.saturating_add(interval_ms))
             .find(|&leaves| self.available_at(rate, interval_ms, leaves) >= wanted)
-            .map(|leaves| leaves.saturating_sub(now_ms));
+            .map(|leaves| leaves.saturating_add(guard_ms).saturating_sub(now_ms));
         Outlook::Rejected { wait_ms, delay_ms }
     }
 
@@ -579,12 +588,12 @@ mod tests {
         let full = Stored { value: Some(0), permits: vec![permit(1_000, 1), permit(1_200, 1), permit(1_900, 1)] };
         assert_eq!(
             full.outlook(3, 1_000, 1, 1_500),
-            Outlook::Rejected { wait_ms: Some(500), delay_ms: 503 },
-            "the oldest leaves at 2000; Redisson's delay adds 3 ms"
+            Outlook::Rejected { wait_ms: Some(520), delay_ms: 523 },
+            "the oldest leaves at 2000 and the gateway's guard (20 ms); Redisson's delay adds 3 ms"
         );
         assert_eq!(
             full.outlook(3, 1_000, 2, 1_500),
-            Outlook::Rejected { wait_ms: Some(700), delay_ms: 503 },
+            Outlook::Rejected { wait_ms: Some(720), delay_ms: 523 },
             "two permits: until the second oldest leaves too (Retry-After counts only the oldest)"
         );
         assert_eq!(full.outlook(3, 1_000, 4, 1_500), Outlook::Never);
@@ -592,7 +601,7 @@ mod tests {
         assert_eq!(room.outlook(10, 1_000, 2, 1_500), Outlook::Allowed { remaining: 2 });
         assert_eq!(room.outlook(10, 1_000, 1, 1_500), Outlook::Allowed { remaining: 6 });
         let stuck = Stored { value: Some(0), permits: Vec::new() };
-        assert_eq!(stuck.outlook(3, 1_000, 1, 1_500), Outlook::Rejected { wait_ms: None, delay_ms: 1_003 });
+        assert_eq!(stuck.outlook(3, 1_000, 1, 1_500), Outlook::Rejected { wait_ms: None, delay_ms: 1_023 });
     }
 
     #[test]
@@ -604,10 +613,11 @@ mod tests {
         assert_eq!(charged.available_at(10, 1_000, 2_100), 10);
         assert_eq!(
             charged.outlook(10, 1_000, 1, 1_500),
-            Outlook::Rejected { wait_ms: Some(600), delay_ms: 503 },
+            Outlook::Rejected { wait_ms: Some(620), delay_ms: 523 },
             "Retry-After counts to the oldest, the wait to the 15"
         );
-        assert_eq!(charged.outlook(10, 1_000, 1, 2_100), Outlook::Allowed { remaining: 9 });
+        assert_eq!(charged.outlook(10, 1_000, 1, 2_100), Outlook::Rejected { wait_ms: Some(20), delay_ms: 23 });
+        assert_eq!(charged.outlook(10, 1_000, 1, 2_120), Outlook::Allowed { remaining: 9 });
         assert_eq!(charged.updated(10, 1_000, 1_500).value, Some(0), "updateRate: never below 0");
     }
 
