@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from harness import HOST, epoch_ms, http_request, plugin_config, rule, sleep_until, wait_until, worst_window
+from harness import HOST, clock_guard, epoch_ms, http_request, plugin_config, rule, sleep_until, wait_until, worst_window
 from redisson_client import OVERALL, RateLimiter
 from slowbridge import SlowBridge, webdis_form
 
@@ -315,7 +315,8 @@ def test_a_hot_limit_with_a_lease_admits_its_rate_when_another_rule_rejects_half
     Envoy with 2 workers; each gets 4 keep-alive connections (2 with bob's header, 2 without). For 1 s the
     clients offer the rate evenly (so the admissions, and the permits that free up a second later, are spread
     over the second), then each sends one request per ms or back to back (about 10x the rate) for 5 s.
-    Every whole 1 s window after the first second must admit at least 95% of the rate (285), and no sliding
+    Every whole 1 s window after the first second must admit at least 95% of what the sliding log can use
+    (the rate less the clock guard's share: 279 of 300), and no sliding
     1 s window more than the rate + 1% (303). A window in which the machine stood still for more than 25 ms
     (no request started: the load was not offered) says nothing about the limiter: it is reported and left
     out; at least 3 windows must remain.
@@ -328,9 +329,12 @@ def test_a_hot_limit_with_a_lease_admits_its_rate_when_another_rule_rejects_half
     stack.redis.client.flushall()
     measured, worst = saturate_with_a_rejecting_rule(stack, rate, interval_ms, lease, "with the lease")
     print(f"item 2: whole windows {measured} with the lease, {without[0]} without it (same run)")
-    assert min(measured) >= rate * 0.95, (f"whole 1 s windows admitted {measured} of a rate of {rate} (target: "
-                                          f"at least {int(rate * 0.95)} each; without the lease {without[0]}): "
-                                          f"permits put back while the lease was being replaced were lost")
+    # 95% of what the sliding log can use: a permit comes back the clock guard after the window passed it
+    # (docs/redisson.md, "Clocks": interval / (interval + guard), 98% here).
+    floor = int(rate * 0.95 * interval_ms / (interval_ms + clock_guard(interval_ms)))
+    assert min(measured) >= floor, (f"whole 1 s windows admitted {measured} of a rate of {rate} (target: "
+                                    f"at least {floor} each; without the lease {without[0]}): "
+                                    f"permits put back while the lease was being replaced were lost")
     assert worst <= rate * 1.01, f"{worst} admitted within one sliding 1 s window, rate {rate} (target <= 303)"
 
 
@@ -367,7 +371,8 @@ def saturate_with_a_rejecting_rule(stack, rate: int, interval_ms: int, lease: di
                 if any(a < start + interval_ms and b > start for a, b in stood_still)]
     print(f"\nitem 2, {label}: offered {offered:.0f}/s after the ramp ({offered / rate:.1f}x the rate), statuses "
           f"{dict(statuses)} (bob's {dict(bobs)}); admitted per whole 1 s window {measured} (target >= "
-          f"{int(rate * 0.95)}; left out, the machine stood still: {left_out}, stalls "
+          f"{int(rate * 0.95 * interval_ms / (interval_ms + clock_guard(interval_ms)))}; left out, the machine "
+          f"stood still: {left_out}, stalls "
           f"{[round(b - a) for a, b in stood_still]} ms); worst sliding window {worst} (target <= "
           f"{int(rate * 1.01)}); leases {envoy.metrics().get('leases')}")
     assert statuses.keys() <= {200, 429}, dict(statuses)
