@@ -218,6 +218,48 @@ fn a_batch_answered_after_one_of_its_requests_left_gives_back_what_that_request_
 }
 
 #[test]
+fn a_batch_carrying_two_calls_of_a_request_that_left_gives_back_what_both_took() {
+    // An enforced rule and a shadow rule: two calls of one request (shadow rules are checked apart); bob's
+    // two go out in one batch once alice's calls landed.
+    let shadow = r#"{"name":"shadow","limit_by":{"header":"x-user"},"rate":5,"interval":"1s","mode":"shadow"}"#;
+    let host = FakeHost::new();
+    let json = format!(r#"{{{BRIDGE_ONE_IN_FLIGHT},"rules":[{PER_USER},{shadow}]}}"#);
+    let mut filter = Filter::configure(host.clone(), json.as_bytes(), true).unwrap();
+    start(&host, &mut filter, 2, "alice");
+    start(&host, &mut filter, 3, "bob");
+    let first = host.http_calls()[0].token;
+    answer_http(&host, &mut filter, first, 200, b"*4\r\n:1\r\n:1\r\n:1\r\n:4\r\n");
+    answer_http(&host, &mut filter, host.http_calls()[1].token, 200, b"*4\r\n:1\r\n:1\r\n:1\r\n:4\r\n");
+    let calls = host.http_calls();
+    let batch = bodies(&host).pop().unwrap();
+    assert!(batch.starts_with(&format!("EVALSHA/{}/", ACQUIRE_BATCH.sha())) && batch.contains("bob"), "{batch}");
+    filter.on_done(3);
+    answer_http(&host, &mut filter, calls[calls.len() - 1].token, 200, b"*4\r\n:1\r\n:1\r\n:1\r\n:4\r\n");
+    let give_backs =
+        bodies(&host).into_iter().filter(|b| b.starts_with(&format!("EVALSHA/{}/", GIVE_BACK.sha()))).count();
+    assert_eq!(give_backs, 2, "bob's member of each limiter");
+    assert_eq!(counter(&host, "late_given_back"), 2);
+}
+
+#[test]
+fn noscript_for_a_batch_whose_request_left_resends_the_others_and_leaves_its_late_call_answered() {
+    let (host, mut filter) = two_waiting(BRIDGE_ONE_IN_FLIGHT, "");
+    answer_http(&host, &mut filter, host.http_calls()[0].token, 200, &acquired(1));
+    filter.on_done(3);
+    answer_http(&host, &mut filter, host.http_calls()[1].token, 200, b"-NOSCRIPT No matching script.\r\n");
+    let resent = bodies(&host).pop().unwrap();
+    assert!(resent.starts_with("EVAL/") && resent.contains("carol") && !resent.contains("bob"), "{resent}");
+    // Carol's reply alone (the batch of one by source), taken: nothing of bob's to give back, nothing unanswered.
+    answer_http(&host, &mut filter, host.http_calls().last().unwrap().token, 200, b"*2\r\n:1\r\n:1\r\n");
+    assert_eq!(status(&host, 4), Some(200));
+    assert!(!bodies(&host).iter().any(|b| b.starts_with(&format!("EVALSHA/{}/", GIVE_BACK.sha()))));
+    host.advance(1_000);
+    host.enter(ROOT);
+    filter.on_tick();
+    assert_eq!([counter(&host, "late_given_back"), counter(&host, "late_unanswered")], [0, 0]);
+}
+
+#[test]
 fn a_waiting_call_goes_out_at_once_when_the_call_out_is_too_slow_for_its_deadline() {
     let (host, mut filter) = configure(BRIDGE_ONE_IN_FLIGHT, "");
     assert_eq!(start(&host, &mut filter, 2, "alice"), Action::Pause);

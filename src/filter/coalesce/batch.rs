@@ -118,6 +118,7 @@ fn fail_all<H: Host>(filter: &mut Filter<H>, key: Option<u64>, batch: Batch, fai
     for (index, member) in batch.members.iter().flatten().enumerate() {
         deliver_member(filter, key, member, Err(failure.clone()), count_members && index == 0);
     }
+    answer_late(filter, key, &batch.late, Err(failure.clone()));
 }
 
 /// The reply of batch call `key`: each member's part fed to its request; `NOSCRIPT` sends the batch again
@@ -158,6 +159,7 @@ pub(in crate::filter) fn on_batch_reply<H: Host>(
             for (index, member) in batch.members.iter().flatten().enumerate() {
                 deliver_member(filter, Some(key), member, Ok(&bytes), count_members && index == 0);
             }
+            answer_late(filter, Some(key), &batch.late, Ok(&bytes));
         }
         Err(why) => fail_all(filter, Some(key), batch, &Failure::BadReply(why.into())),
     }
@@ -166,6 +168,9 @@ pub(in crate::filter) fn on_batch_reply<H: Host>(
 /// After `NOSCRIPT`: the batch again by source (which loads the script), its rate calls' commands encoded
 /// anew from their requests, its permits' as they were queued (those of requests gone left out).
 fn resend_by_source<H: Host>(filter: &mut Filter<H>, key: u64, mut batch: Batch) {
+    // Members whose requests stopped waiting are left out: Redis ran nothing of theirs.
+    let late = core::mem::take(&mut batch.late);
+    answer_late(filter, Some(key), &late, Err(Failure::RedisError("NOSCRIPT".into())));
     let encoding = batch.route.transport.encoding();
     let mut commands = Vec::with_capacity(batch.members.len());
     batch.members.retain(|member| member.is_some());
@@ -192,6 +197,19 @@ fn resend_by_source<H: Host>(filter: &mut Filter<H>, key: u64, mut batch: Batch)
     batch.members.retain(|member| member.is_some());
     if !batch.members.is_empty() || !batch.settles.is_empty() {
         send_batch(filter, batch, &commands, Invocation::BySource);
+    }
+}
+
+/// Gives the members of requests that stopped waiting ([`super::super::late`]) this reply of call `key`,
+/// the whole call's (an error, a failure).
+fn answer_late<H: Host>(
+    filter: &mut Filter<H>,
+    key: Option<u64>,
+    late: &[(usize, Call)],
+    reply: Result<&[u8], Failure>,
+) {
+    for &(_, call) in late {
+        super::super::late::on_reply(filter, key, call, reply.clone());
     }
 }
 
