@@ -80,15 +80,14 @@ pub fn show(report: &CalendarShowReport) -> String {
     let _ = writeln!(out, "now          {}", timestamp(report.now_ms));
     match &report.rule {
         Some(rule) => {
-            let _ = writeln!(out, "rate         {} per {} (rule {})", rule.rate, rule.period, rule.name);
-            let left = report.left.unwrap_or(0);
-            let below = if left < 0 { " (below zero: settled costs above their reservations)" } else { "" };
-            let _ = writeln!(out, "left         {left} of {}{below}", rule.rate);
-            let next = match report.next_permit_ms {
-                Some(0) | None => "now".to_string(),
-                Some(ms) => format!("in {} (at the period's end)", human_ms(ms)),
-            };
-            let _ = writeln!(out, "next permit  {next}");
+            let rule_text = (rule.rate, rule.period, rule.name.as_str());
+            crate::counter_text::rule_lines(
+                &mut out,
+                rule_text,
+                report.left,
+                report.next_permit_ms,
+                "at the period's end",
+            );
         }
         None => {
             let _ = writeln!(

@@ -69,6 +69,27 @@ fn plural<N: TryInto<i64>>(count: N, one: &'static str, several: &'static str) -
     }
 }
 
+/// `show`'s lines of a window its rule describes (the counter's and a calendar quota's): `rate` per `per`
+/// (rule `name`), what is `left` of it (below zero: settled costs above their reservations), and when the
+/// next permit comes (`next_permit_ms` from now; `when`: what it waits for).
+pub fn rule_lines(
+    out: &mut String,
+    (rate, per, name): (u64, &str, &str),
+    left: Option<i64>,
+    next_permit_ms: Option<u64>,
+    when: &str,
+) {
+    let _ = writeln!(out, "rate         {rate} per {per} (rule {name})");
+    let left = left.unwrap_or(0);
+    let below = if left < 0 { " (below zero: settled costs above their reservations)" } else { "" };
+    let _ = writeln!(out, "left         {left} of {rate}{below}");
+    let next = match next_permit_ms {
+        Some(0) | None => "now".to_string(),
+        Some(ms) => format!("in {} ({when})", human_ms(ms)),
+    };
+    let _ = writeln!(out, "next permit  {next}");
+}
+
 /// `show` of a counter limiter as text.
 pub fn show(report: &CounterShowReport) -> String {
     let mut out = String::new();
@@ -78,15 +99,9 @@ pub fn show(report: &CounterShowReport) -> String {
     let _ = writeln!(out, "now          {}", timestamp(report.now_ms));
     match &report.rule {
         Some(rule) => {
-            let _ = writeln!(out, "rate         {} per {} (rule {})", rule.rate, human_ms(rule.interval_ms), rule.name);
-            let left = report.left.unwrap_or(0);
-            let below = if left < 0 { " (below zero: settled costs above their reservations)" } else { "" };
-            let _ = writeln!(out, "left         {left} of {}{below}", rule.rate);
-            let next = match report.next_permit_ms {
-                Some(0) | None => "now".to_string(),
-                Some(ms) => format!("in {} (when enough of the oldest slices left)", human_ms(ms)),
-            };
-            let _ = writeln!(out, "next permit  {next}");
+            let per = human_ms(rule.interval_ms);
+            let when = "when enough of the oldest slices left";
+            rule_lines(&mut out, (rule.rate, &per, &rule.name), report.left, report.next_permit_ms, when);
         }
         None => {
             let _ =
