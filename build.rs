@@ -26,9 +26,9 @@ const SCRIPTS: &[(&str, &str, &str)] = &[
     ("GIVE_BACK", "giveBack", "give_back.lua"),
     // In-flight permits of a semaphore shared with Redisson's RPermitExpirableSemaphore (`--@standalone`).
     ("SEMAPHORE_ACQUIRE", "semaphoreAcquire", "semaphore_acquire.lua"),
+    ("SEMAPHORE_RELEASE", "semaphoreRelease", "semaphore_release.lua"),
     // After the scripts it wraps (`--@wrap`).
     ("ACQUIRE_BATCH", "acquireBatch", "acquire_batch.lua"),
-    ("SEMAPHORE_RELEASE", "semaphoreRelease", "semaphore_release.lua"),
     ("SEMAPHORE_EXTEND", "semaphoreExtend", "semaphore_extend.lua"),
 ];
 

@@ -52,9 +52,10 @@ SUBFLOORS: dict[str, list[str]] = {
         "tick",                       # 1 the root context's tick
         "give_back",                  # 2 give-back calls, one at a time
         "outbox settle permit_outbox",  # 3 what leaves from the tick: the outbox, reservations and their settles, in-flight permits
-        "body end flow coalesce late",  # 4 the request driver, and late replies of requests that stopped waiting
-        "inflight",                   # 5 in-flight permits, before the rate rules
-        "handover",                   # 6 a configuration that goes away and the one that takes over
+        # 4 the request driver, late replies of requests that stopped waiting, and in-flight permits (before
+        # the rate rules, or in the same call as their acquire: the two stages call each other)
+        "body end flow coalesce late inflight",
+        "handover",                   # 5 a configuration that goes away and the one that takes over
     ],
 }
 SUPER_PATH = re.compile(r"\bsuper::(?:\{\s*)?([a-z_][a-z0-9_]*)")

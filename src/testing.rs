@@ -25,6 +25,42 @@ pub fn rejected(delay_ms: i64) -> Vec<u8> {
     format!(":-{delay_ms}\r\n").into_bytes()
 }
 
+/// The reply of an ACQUIRE_BATCH call whose segments answered `replies`, each as its call alone would
+/// have (RESP: `:n`, an array `*k` of integers and bulk strings, or an error `-TEXT`).
+pub fn batch_reply(replies: &[&[u8]]) -> Vec<u8> {
+    let mut elements = 0;
+    let mut body = Vec::new();
+    for reply in replies {
+        match reply.first() {
+            Some(b':') => {
+                body.extend_from_slice(b":1\r\n");
+                body.extend_from_slice(reply);
+                elements += 2;
+            }
+            Some(b'*') => {
+                let end = reply.iter().position(|&b| b == b'\r').unwrap();
+                let count: usize = std::str::from_utf8(&reply[1..end]).unwrap().parse().unwrap();
+                body.extend_from_slice(format!(":2\r\n:{count}\r\n").as_bytes());
+                body.extend_from_slice(&reply[end + 2..]);
+                elements += 2 + count;
+            }
+            _ => {
+                let text = reply[1..].strip_suffix(b"\r\n").unwrap();
+                body.extend_from_slice(format!(":3\r\n${}\r\n", text.len()).as_bytes());
+                body.extend_from_slice(text);
+                body.extend_from_slice(b"\r\n");
+                elements += 2;
+            }
+        }
+    }
+    let mut reply = format!("*{elements}\r\n").into_bytes();
+    reply.extend_from_slice(&body);
+    reply
+}
+
+/// A gated segment's reply when a permit before it was not taken ([`crate::script::Gate`]).
+pub const SKIPPED: &[u8] = b"-SKIPPED a permit of the request was not taken\r\n";
+
 /// The root context's id, as Envoy numbers it.
 pub const ROOT: u32 = 1;
 

@@ -20,7 +20,7 @@ use crate::host::Host;
 use crate::script::{Invocation, Layout};
 use crate::transport::Failure;
 
-use super::flow::{advance, feed, Call, Origin, Stage};
+use super::flow::{advance, feed, Call, Origin};
 use super::give_back::GiveBackCall;
 use super::outbox::{settles_failed, take_settles};
 use super::route::{Route, Transport};
@@ -28,7 +28,7 @@ use super::{Filter, DEADLINE_GRACE_MS};
 
 mod batch;
 pub(super) use batch::{on_batch_reply, send_carrying};
-use batch::{send_batch, Commands};
+use batch::{send_alone, send_batch, take_batch, Commands};
 
 /// Where calls are coalesced: a route's index and the hash slot of the call's limiters (0 without Redis
 /// Cluster).
@@ -56,7 +56,10 @@ impl Member {
 /// its own [`crate::script::SEMAPHORE_ACQUIRE`] command of one permit (by sha, in the route's encoding,
 /// stamped when it was queued) and where its keys are, its route, and when its request's wait ends (ms
 /// since the epoch). `gone`: its request no longer waits for it (a batch sent again after `NOSCRIPT`
-/// leaves it out; a reply that took it still reaches the in-flight stage, which gives it back).
+/// leaves it out; a reply that took it still reaches the in-flight stage, which gives it back). `joined`:
+/// it rides with its request's rate acquire, right before it in the batch (its reply answered before the
+/// acquire's), and `gates`: that acquire runs only if it was taken ([`crate::script::Gate`]; an
+/// `Enforce` rule's permit).
 #[derive(Debug, Clone)]
 pub(super) struct PermitCall {
     pub(super) context_id: u32,
@@ -65,6 +68,8 @@ pub(super) struct PermitCall {
     pub(super) route: Rc<Route>,
     pub(super) deadline_ms: u64,
     pub(super) gone: bool,
+    pub(super) joined: bool,
+    pub(super) gates: bool,
 }
 
 /// A permit's reply from a batch, for the in-flight stage: request, permit index, its part of the reply
@@ -80,6 +85,9 @@ pub(super) struct Batch {
     destination: Destination,
     /// Settles taken from the outbox for this destination ([`take_settles`]): the batch's first segments.
     settles: Vec<GiveBackCall>,
+    /// In-flight permits given back, taken from the permit outbox for this destination
+    /// ([`super::permit_outbox::take_releases`]): one SEMAPHORE_RELEASE segment after the settles.
+    released: Vec<super::permit_outbox::Held>,
     members: Vec<Option<Member>>,
     /// Members whose requests stopped waiting (their place in `members`, now `None`): their replies go to
     /// [`super::late`], which gives back what they took.
@@ -350,9 +358,10 @@ pub(super) fn flush<H: Host>(filter: &mut Filter<H>, destination: Destination, n
         }
         let max = coalescing.max_batch as usize;
         let settles = if max > 1 { take_settles(filter, &route, destination.1, max) } else { Vec::new() };
+        let released = super::permit_outbox::take_releases(filter, &route, destination);
         match (members.as_slice(), commands.as_slice()) {
             // A lone permit goes in a batch of one: its reply reaches the in-flight stage the same way.
-            ([Member::Rate(only)], [(command, _)]) if settles.is_empty() => {
+            ([Member::Rate(only)], [(command, _)]) if settles.is_empty() && released.is_empty() => {
                 send_alone(filter, &route, destination, *only, command)
             }
             _ => {
@@ -360,6 +369,7 @@ pub(super) fn flush<H: Host>(filter: &mut Filter<H>, destination: Destination, n
                     route,
                     destination,
                     settles,
+                    released,
                     members: members.into_iter().map(Some).collect(),
                     late: Vec::new(),
                     by_source: false,
@@ -386,12 +396,14 @@ pub(super) fn send_permits<H: Host>(
     let commands: Commands = permits.iter().map(|permit| permit.command.clone()).collect();
     let members = permits.into_iter().map(|permit| Some(Member::Permit(permit))).collect();
     let max = route.config.redis.coalescing.max_batch as usize;
-    // With coalescing off (`max_batch: 1`) settles leave from the tick only.
+    // With coalescing off (`max_batch: 1`) settles and releases leave from the tick only.
     let settles = if max > 1 { take_settles(filter, route, destination.1, max) } else { Vec::new() };
+    let released = super::permit_outbox::take_releases(filter, route, destination);
     let batch = Batch {
         route: Rc::clone(route),
         destination,
         settles,
+        released,
         members,
         late: Vec::new(),
         by_source: false,
@@ -415,62 +427,6 @@ fn next_route<H: Host>(filter: &mut Filter<H>, destination: Destination) -> Opti
         coalescer.waiting.retain(|(d, member)| *d != destination || live(member).is_some());
     }
     route
-}
-
-/// Takes the calls of the next batch of `destination` off the queue, with their commands (by sha), each
-/// stamped now; drops the calls of requests that ended.
-fn take_batch<H: Host>(filter: &mut Filter<H>, route: &Route, destination: Destination) -> (Vec<Member>, Commands) {
-    let coalescing = route.config.redis.coalescing;
-    let (max_batch, max_bytes) = (coalescing.max_batch as usize, coalescing.max_batch_bytes as usize);
-    let encoding = route.transport.encoding();
-    let now_ms = filter.host.now_ms();
-    let capacity = max_batch.min(filter.coalescer.waiting.len());
-    let (mut members, mut commands, mut bytes) = (Vec::with_capacity(capacity), Vec::with_capacity(capacity), 0);
-    let Filter { coalescer, flows, .. } = filter;
-    let mut full = false;
-    coalescer.waiting.retain(|(d, member)| {
-        if *d != destination || full {
-            return true;
-        }
-        let command = match member {
-            Member::Rate(call) => flows.get_mut(&call.context_id).and_then(|flow| match &mut flow.stage {
-                Stage::Waiting(pending) => {
-                    pending.restamp(call.call, now_ms);
-                    pending.encode_laid_out(call.call, Invocation::BySha, encoding, &flow.route.plan)
-                }
-                Stage::Undelivered(_) => None,
-            }),
-            Member::Permit(permit) => Some(permit.command.clone()),
-        };
-        let Some(command) = command else { return false };
-        if !members.is_empty() && bytes + command.0.len() > max_bytes {
-            full = true;
-            return true;
-        }
-        bytes += command.0.len();
-        members.push(member.clone());
-        commands.push(command);
-        full = members.len() >= max_batch;
-        false
-    });
-    (members, commands)
-}
-
-/// Sends one waiting call as itself.
-fn send_alone<H: Host>(filter: &mut Filter<H>, route: &Route, destination: Destination, call: Call, command: &[u8]) {
-    match route.transport.send(&filter.host, command) {
-        Ok(id) => {
-            let key = id.key();
-            filter.metrics.redis_call(&filter.host);
-            filter.calls.insert(key, (call, filter.metrics.clock(&filter.host)));
-            let expires_ms = expiry(&filter.host, route);
-            filter.coalescer.sent(key, destination, filter.host.now_ms(), expires_ms);
-            if let Some(flow) = filter.flows.get_mut(&call.context_id) {
-                flow.tokens.push(key);
-            }
-        }
-        Err(failure) => deliver(filter, None, call, Err(failure), true),
-    }
 }
 
 /// Feeds one request its reply of call `key` (none: the call was never sent) and moves it one step;

@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::script::{ACQUIRE, ACQUIRE_BATCH, GIVE_BACK};
-use crate::testing::{acquired, End, FakeHost, ROOT};
+use crate::testing::{acquired, batch_reply, End, FakeHost, ROOT, SKIPPED};
 
 /// The bridge with at most one acquire call in flight: the second request on waits.
 const BRIDGE_ONE_IN_FLIGHT: &str = r#""redis":{"cluster":"webdis","timeout":200,"max_in_flight":1}"#;
@@ -325,7 +325,7 @@ fn with_permits() -> (FakeHost, Filter<FakeHost>) {
 }
 
 /// Alice's acquire out while bob (with a permit to take) and carol (none) start; alice answered: the batch
-/// of bob's permit and carol's acquire is on its way.
+/// of bob's permit, bob's rate acquire (riding with it) and carol's acquire is on its way.
 fn permit_and_acquire_batched() -> (FakeHost, Filter<FakeHost>) {
     let (host, mut filter) = with_permits();
     assert_eq!(start(&host, &mut filter, 2, "alice"), Action::Pause);
@@ -336,13 +336,14 @@ fn permit_and_acquire_batched() -> (FakeHost, Filter<FakeHost>) {
     assert_eq!(first.len(), 1, "bob's permit and carol's acquire wait while alice's call is out");
     answer_http(&host, &mut filter, first[0].token, 200, &acquired(1));
     assert_eq!(status(&host, 2), Some(200));
-    assert_eq!(host.http_calls().len(), 2, "one batch for the permit and the acquire");
+    assert_eq!(host.http_calls().len(), 2, "one batch for the permit and the acquires");
     (host, filter)
 }
 
-/// In-flight permits share the lanes: while a call is out, a request's permit waits, and goes out in one
-/// batch with another request's rate acquire (segment `4`, SEMAPHORE_ACQUIRE, beside `1`); each is answered
-/// from its own part, and the permit's request then asks its rate rule.
+/// In-flight permits share the lanes: while a call is out, a request's rate acquire waits with the permit
+/// that rides with it, and both go out in one batch with another request's rate acquire (segments `5`, a
+/// SEMAPHORE_ACQUIRE that gates, `6`, the rate acquire it gates, and `1`); each is answered from its own
+/// part, the permit first.
 #[test]
 fn a_permit_waits_for_a_busy_destination_and_goes_in_one_batch_with_rate_acquires() {
     let (host, mut filter) = permit_and_acquire_batched();
@@ -350,31 +351,33 @@ fn a_permit_waits_for_a_busy_destination_and_goes_in_one_batch_with_rate_acquire
     let batch = &bodies(&host)[1];
     assert!(batch.starts_with(&format!("EVALSHA/{}/", ACQUIRE_BATCH.sha())), "{batch}");
     assert!(batch.contains("app1") && batch.contains("carol"), "{batch}");
-    assert!(batch.contains("/2/4/3/5/"), "two segments, the first SEMAPHORE_ACQUIRE (3 keys, 5 args): {batch}");
-    // The permit taken (1 free after it), carol rejected with a 700 ms wait.
-    answer_http(&host, &mut filter, calls[1].token, 200, b"*7\r\n:2\r\n:3\r\n:1\r\n:1\r\n:-1\r\n:1\r\n:-700\r\n");
+    assert!(batch.contains("/3/5/3/5/"), "three segments, the first SEMAPHORE_ACQUIRE (3 keys, 5 args): {batch}");
+    assert!(batch.contains("/6/5/") && batch.contains("/1/5/"), "bob's acquire gated, carol's not: {batch}");
+    // The permit taken (1 free after it), bob's acquire admitted, carol rejected with a 700 ms wait.
+    let permit: &[u8] = b"*3\r\n:1\r\n:1\r\n:-1\r\n";
+    answer_http(&host, &mut filter, calls[1].token, 200, &batch_reply(&[permit, &acquired(0), b":-700\r\n"]));
     assert_eq!(status(&host, 4), Some(429));
-    assert_eq!(status(&host, 3), None, "bob holds his permit and asks his rate rule");
-    let calls = host.http_calls();
-    assert_eq!(calls.len(), 3);
-    assert!(bodies(&host)[2].starts_with(&format!("EVALSHA/{}/", ACQUIRE.sha())) && bodies(&host)[2].contains("bob"));
-    answer_http(&host, &mut filter, calls[2].token, 200, &acquired(0));
-    assert_eq!(status(&host, 3), Some(200));
+    assert_eq!(status(&host, 3), Some(200), "bob holds his permit, his rate rule decided in the same call");
+    assert_eq!(host.http_calls().len(), 2);
     assert_eq!(counter(&host, "inflight_admitted"), 1);
-    assert_eq!([counter(&host, "batches"), counter(&host, "batched_calls"), counter(&host, "redis_calls")], [1, 2, 3]);
+    assert_eq!([counter(&host, "batches"), counter(&host, "batched_calls"), counter(&host, "redis_calls")], [1, 3, 2]);
 }
 
 /// A permit's segment that fails in a batch (WRONGTYPE on its semaphore) is that permit's failure alone:
-/// its request follows the failure mode (open: on to its rate rule, without a permit), the other member
-/// is decided by its own part.
+/// Redis skips the rate acquire it gates, its request follows the failure mode (open: its rate rule asked
+/// again, without a permit), the other member is decided by its own part.
 #[test]
 fn a_permit_that_fails_in_a_batch_follows_the_failure_mode_and_the_other_member_is_decided() {
     let (host, mut filter) = permit_and_acquire_batched();
     let batch = host.http_calls()[1].token;
-    answer_http(&host, &mut filter, batch, 200, b"*4\r\n:3\r\n$25\r\nWRONGTYPE Operation a key\r\n:1\r\n:0\r\n");
+    let wrongtype: &[u8] = b"-WRONGTYPE Operation a key\r\n";
+    answer_http(&host, &mut filter, batch, 200, &batch_reply(&[wrongtype, SKIPPED, &acquired(0)]));
     assert_eq!(status(&host, 4), Some(200), "carol: her own part");
     assert_eq!(status(&host, 3), None, "bob: failed open, on to his rate rule");
     assert_eq!(host.http_calls().len(), 3);
+    assert!(bodies(&host)[2].starts_with(&format!("EVALSHA/{}/", ACQUIRE.sha())) && bodies(&host)[2].contains("bob"));
+    answer_http(&host, &mut filter, host.http_calls()[2].token, 200, &acquired(0));
+    assert_eq!(status(&host, 3), Some(200));
     assert_eq!(counter(&host, "redis_errors"), 1);
     assert_eq!(counter(&host, "inflight_admitted"), 0);
 }

@@ -153,11 +153,18 @@ fn send<H: Host>(
         flow.deadline_ms = flow.deadline_ms.max(timeout_deadline);
         return Progress::Waiting;
     }
-    if coalesced && !filter.outbox.is_empty() {
+    // The in-flight permits that ride with the request's rate acquire go in its batch.
+    let joined = super::inflight::rides(filter, context_id);
+    // Permits given back for this destination ride with the call too.
+    let releases = coalesced && super::permit_outbox::waits_for(filter, &route, destination);
+    if joined || releases || (coalesced && !filter.outbox.is_empty()) {
         // Settles waiting for this destination ride with the call instead of leaving from the tick.
-        let settles = super::outbox::take_settles(filter, &route, destination.1, coalescing.max_batch as usize);
-        if !settles.is_empty() {
-            return send_carrying(filter, context_id, flow, call, destination, settles);
+        let settles = match coalesced && !filter.outbox.is_empty() {
+            true => super::outbox::take_settles(filter, &route, destination.1, coalescing.max_batch as usize),
+            false => Vec::new(),
+        };
+        if joined || releases || !settles.is_empty() {
+            return send_carrying(filter, context_id, flow, call, destination, settles, joined);
         }
     }
     let Some(command) = pending.encode(call, invocation, route.transport.encoding(), &route.plan) else {
@@ -179,7 +186,9 @@ fn send<H: Host>(
     }
 }
 
-/// Sends a call's acquire in one batch with `settles` (of its destination, taken from the outbox).
+/// Sends a call's acquire in one batch with `settles` (of its destination, taken from the outbox) and, if
+/// `joined`, the in-flight permits that ride with it. A refused send of a joined call waits: its permits
+/// failed, and the in-flight stage concludes the request ([`super::inflight`]).
 fn send_carrying<H: Host>(
     filter: &mut Filter<H>,
     context_id: u32,
@@ -187,6 +196,7 @@ fn send_carrying<H: Host>(
     call: usize,
     destination: super::coalesce::Destination,
     settles: Vec<super::give_back::GiveBackCall>,
+    joined: bool,
 ) -> Progress {
     let route = Rc::clone(&flow.route);
     let command = match &flow.stage {
@@ -208,6 +218,7 @@ fn send_carrying<H: Host>(
             flow.deadline_ms = flow.deadline_ms.max(timeout_deadline);
             Progress::Waiting
         }
+        Err(_) if joined => Progress::Waiting,
         // Counted with the settles that failed with it.
         Err(failure) => feed(filter, flow, call, Err(failure), false),
     }
@@ -273,6 +284,10 @@ pub(super) fn pause<H: Host>(filter: &mut Filter<H>, context_id: u32, flow: Flow
 /// waiting ends its calls as timed out (each a failed call) and follows the failure mode.
 pub(super) fn end_flows<H: Host>(filter: &mut Filter<H>, context_ids: Vec<u32>) {
     for context_id in context_ids {
+        if super::inflight::end_joined(filter, context_id, filter.host.now_ms()) {
+            // Its permits rode with it: the in-flight stage decided the request first.
+            continue;
+        }
         let Some(mut flow) = filter.flows.remove(&context_id) else { continue };
         // Its calls' failure is counted below: their batches count it no more when they expire.
         filter.coalescer.counted(&flow.tokens);
@@ -355,12 +370,7 @@ impl<H: Host> Filter<H> {
     ) -> Action {
         let now_ms = self.host.now_ms();
         let skip_redis = route.skips_redis(now_ms);
-        let start = with_context!(self, route, now_ms, skip_redis, |ctx| {
-            let random = &mut self.random;
-            let request = HostRequest { host: &self.host, body, headers };
-            limiter::start(&ctx, &request, &mut || super::ids::member_random(random), &mut self.name_buffer)
-        });
-        let action = match start {
+        let action = match self.start_limiter(&route, body, headers, now_ms, skip_redis) {
             Start::Decided(decision) => {
                 let next = super::end::finish(self, context_id, &route, decision, since_us);
                 super::end::end(self, context_id, &route, next, Origin::Callback)
@@ -375,6 +385,57 @@ impl<H: Host> Filter<H> {
         };
         wake_parked(self);
         action
+    }
+}
+
+impl<H: Host> Filter<H> {
+    /// [`limiter::start`] of the effective request of `route` at `now_ms` (its JSON body and the copy of its
+    /// headers, if any; `skip_redis`: the degraded mode's circuit is open). One copy in the module for
+    /// both of its callers.
+    #[inline(never)]
+    fn start_limiter(
+        &mut self,
+        route: &Route,
+        body: Option<&serde_json::Value>,
+        headers: Option<&[(String, Vec<u8>)]>,
+        now_ms: u64,
+        skip_redis: bool,
+    ) -> Start {
+        with_context!(self, route, now_ms, skip_redis, |ctx| {
+            let random = &mut self.random;
+            let request = HostRequest { host: &self.host, body, headers };
+            limiter::start(&ctx, &request, &mut || super::ids::member_random(random), &mut self.name_buffer)
+        })
+    }
+
+    /// Starts request `context_id`'s rate stage (of `route`, its headers seen at `since_us`) together with
+    /// its in-flight permits, which ride with its rate acquire when it has exactly one, to the permits' hash
+    /// slot (`slot`): its flow paused (`Some(Pause)`). A request its rate rules reject without Redis (a
+    /// local block, a missing key denied) is answered at once, taking no permit (`Some`, after the local
+    /// reply). `None`: the rate stage cannot carry the permits (it asks nothing of Redis, or more than one
+    /// call, or another hash slot); nothing was taken or sent.
+    pub(super) fn start_joined(
+        &mut self,
+        context_id: u32,
+        route: &Rc<Route>,
+        since_us: u64,
+        slot: u16,
+    ) -> Option<Action> {
+        let now_ms = self.host.now_ms();
+        match self.start_limiter(route, None, None, now_ms, false) {
+            Start::Decided(decision) if matches!(decision.verdict, Verdict::Respond { .. }) => {
+                let next = super::end::finish(self, context_id, route, decision, since_us);
+                Some(super::end::end(self, context_id, route, next, Origin::Callback))
+            }
+            Start::Send(pending, 1) if pending.slot(0, &route.config) == slot => {
+                let deadline_ms =
+                    now_ms.saturating_add(route.config.redis.timeout_ms).saturating_add(DEADLINE_GRACE_MS);
+                let flow = Flow::waiting(Rc::clone(route), pending, deadline_ms, since_us);
+                Some(advance(self, context_id, flow, 0..1, Progress::Waiting, Origin::Callback))
+            }
+            // Nothing taken: a rule served by a lease is never joined (`Route::joins_permits`).
+            Start::Decided(_) | Start::Send(..) => None,
+        }
     }
 }
 

@@ -22,7 +22,10 @@ use super::with_context;
 use super::{Action, Filter, DEADLINE_GRACE_MS};
 
 mod calls;
-pub(super) use calls::answer_coalesced;
+mod joined;
+pub(super) use calls::{answer_coalesced, answer_permit, joined_permits};
+use joined::{drop_joined_flow, gates, start_joined};
+pub(super) use joined::{end_joined, rides, sends_failed};
 
 /// One permit a request asked for.
 #[derive(Debug, Clone)]
@@ -41,17 +44,39 @@ struct Asked {
     local_ms: Option<u64>,
 }
 
+/// How a request's permits go to Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Joined {
+    /// In calls of their own, before the rate stage starts.
+    Alone,
+    /// With the request's rate acquire, in its batch: not sent yet (its acquire waits for a batch).
+    Riding,
+    /// With the request's rate acquire, sent: the acquire runs only if the permits that gate it were taken.
+    Sent,
+}
+
 /// A request waiting for its in-flight permits.
 #[derive(Debug)]
 struct Waiting {
     route: Rc<Route>,
     asked: Vec<Asked>,
+    joined: Joined,
     /// A body follows the headers (the rate stage may wait for it).
     body_follows: bool,
     /// When its headers arrived ([`super::metrics::Metrics::clock`]).
     since_us: u64,
     /// When the tick ends its calls still waiting, ms since the epoch.
     deadline_ms: u64,
+}
+
+/// A request whose rate stage starts again once the in-flight stage has concluded: its permits rode with
+/// its rate acquire, which did not run (a permit that gates it failed) or whose answer is unknown.
+#[derive(Debug)]
+pub(super) struct Restart {
+    context_id: u32,
+    route: Rc<Route>,
+    body_follows: bool,
+    since_us: u64,
 }
 
 /// The in-flight state of one filter: requests waiting for permits (their acquires in the coalescer's
@@ -66,6 +91,8 @@ pub(super) struct Inflight {
     /// When the tick next extends the leases of held permits, ms since the epoch.
     next_extend_ms: u64,
     counters: InflightCounters,
+    /// Rate stages to start again after a reply or on the tick ([`calls::answer_coalesced`]).
+    restarts: Vec<Restart>,
 }
 
 impl Inflight {
@@ -88,9 +115,21 @@ impl Inflight {
         self.held.insert(context_id, held);
     }
 
+    /// Counts `count` permits given back by a call that carried them ([`super::permit_outbox::take_releases`]).
+    pub(super) fn released(&self, host: &impl Host, count: usize) {
+        self.counters.count(host, InflightCounter::Released, count as u64);
+    }
+
     /// Whether request `context_id` waits for its permits (its headers held).
     pub(super) fn waits(&self, context_id: u32) -> bool {
         self.waiting.contains_key(&context_id)
+    }
+
+    /// Request `context_id`'s permits that ride with its rate acquire went out with it.
+    pub(super) fn permits_sent(&mut self, context_id: u32) {
+        if let Some(waiting) = self.waiting.get_mut(&context_id).filter(|w| w.joined == Joined::Riding) {
+            waiting.joined = Joined::Sent;
+        }
     }
 
     /// Whether nothing waits for the tick: no request waits, no permit is held or to give back, no call
@@ -137,8 +176,8 @@ pub(super) fn start<H: Host>(
     }
     let now_ms = filter.host.now_ms();
     // A request a rate rule's local block rejects takes no permit: rejected now, as its rate rules would
-    // (their keys and reservations known from the headers alone).
-    if !route.reads_body {
+    // (their keys and reservations known from the headers alone). A joined start finds it itself.
+    if !route.reads_body && !route.joins_permits {
         let request = HostRequest { host: &filter.host, body: None, headers: None };
         let blocked =
             with_context!(filter, route, now_ms, false, |ctx| crate::limiter::rejected_by_a_block(&ctx, &request));
@@ -162,8 +201,18 @@ pub(super) fn start<H: Host>(
             None => destinations.push((destination, vec![index])),
         }
     }
-    let waiting = Waiting { route: Rc::clone(route), asked, body_follows, since_us, deadline_ms };
+    let joined = match destinations.as_slice() {
+        [(destination, _)] if route.joins_permits => Some(destination.1),
+        _ => None,
+    };
+    let waiting =
+        Waiting { route: Rc::clone(route), asked, joined: Joined::Alone, body_follows, since_us, deadline_ms };
     filter.inflight.waiting.insert(context_id, waiting);
+    if let Some(slot) = joined {
+        if let Some(action) = start_joined(filter, context_id, route, since_us, slot) {
+            return Some(action);
+        }
+    }
     for (destination, indexes) in destinations {
         calls::acquire(filter, context_id, destination, &indexes);
     }
@@ -213,11 +262,14 @@ fn conclude_if_answered<H: Host>(filter: &mut Filter<H>, context_id: u32, callba
     if waiting.asked.iter().any(|asked| asked.taken.is_none() && !asked.failed) {
         return None;
     }
+    let joined = waiting.joined;
     if !callback && filter.host.set_effective_context(context_id).is_err() {
-        // Decided, but not delivered: the next tick tries again (the request's end gives its permits back).
+        // Decided, but not delivered: the next tick tries again (the request's end gives its permits back),
+        // its rate stage anew (a rate acquire that rode with its permits is given back when it answers).
         super::metrics::host_refused(filter, "proxy_set_effective_context");
+        drop_joined_flow(filter, context_id, joined);
         if let Some(waiting) = filter.inflight.waiting.get_mut(&context_id) {
-            waiting.deadline_ms = 0;
+            (waiting.deadline_ms, waiting.joined) = (0, Joined::Alone);
         }
         super::tick::start(filter);
         return Some(Action::Pause);
@@ -245,11 +297,13 @@ fn conclude_if_answered<H: Host>(filter: &mut Filter<H>, context_id: u32, callba
     if let Some(asked) = refused(Mode::Enforce) {
         let (rule, local) = (asked.rule, asked.local_ms.is_some());
         release_taken(filter, &waiting);
+        drop_joined_flow(filter, context_id, waiting.joined);
         super::end::reject_inflight(filter, &route, rule, Mode::Enforce, local, filter.inflight.counters);
         return Some(Action::Pause);
     }
     if failed && route.config.failure_mode == FailureMode::Deny {
         release_taken(filter, &waiting);
+        drop_joined_flow(filter, context_id, waiting.joined);
         filter.metrics.decided(&filter.host, crate::limiter::Outcome::FailedClosed);
         let (status, grpc) = (route.config.failure_status, Some(route.config.grpc.failure_status));
         super::end::answer(filter, status, &[], route.plan.failure_body.as_bytes(), grpc, None);
@@ -262,6 +316,21 @@ fn conclude_if_answered<H: Host>(filter: &mut Filter<H>, context_id: u32, callba
         waiting.asked.iter().filter(|asked| asked.taken == Some(true)).map(|asked| held_of(&route, asked)).collect();
     filter.inflight.counters.count(&filter.host, InflightCounter::Admitted, held.len() as u64);
     filter.inflight.hold(context_id, held, now_ms);
+    let gate_failed = waiting.asked.iter().any(|asked| asked.failed && gates(&route, asked));
+    match waiting.joined {
+        // Its rate acquire ran in the same call: its flow decides.
+        Joined::Sent if !gate_failed => return Some(Action::Pause),
+        Joined::Alone => {}
+        // Its rate acquire did not run (or its answer is unknown): asked again, once this reply is read.
+        Joined::Sent | Joined::Riding => {
+            drop_joined_flow(filter, context_id, waiting.joined);
+            if !callback {
+                let (body_follows, since_us) = (waiting.body_follows, waiting.since_us);
+                filter.inflight.restarts.push(Restart { context_id, route, body_follows, since_us });
+                return Some(Action::Pause);
+            }
+        }
+    }
     Some(filter.start_rates(context_id, route, waiting.body_follows, waiting.since_us))
 }
 
@@ -308,7 +377,9 @@ pub(super) fn on_done<H: Host>(filter: &mut Filter<H>, context_id: u32) {
     }
     if let Some(waiting) = filter.inflight.waiting.remove(&context_id) {
         filter.coalescer.forget_permits(context_id);
-        for (index, asked) in waiting.asked.iter().enumerate().filter(|(_, asked)| asked.taken != Some(false)) {
+        // Permits that rode with a rate acquire still waiting for its batch were never sent.
+        let sent = waiting.joined != Joined::Riding;
+        for (index, asked) in waiting.asked.iter().enumerate().filter(|(_, asked)| sent && asked.taken != Some(false)) {
             let held = held_of(&waiting.route, asked);
             if asked.taken.is_none() && !asked.failed {
                 let until_ms = orphan_until(&filter.host, &waiting.route).max(waiting.deadline_ms);
@@ -345,11 +416,13 @@ fn give_up<H: Host>(filter: &mut Filter<H>, context_id: u32, now_ms: u64) {
     let Some(waiting) = filter.inflight.waiting.get_mut(&context_id) else { return };
     filter.coalescer.forget_permits(context_id);
     let until_ms = orphan_until(&filter.host, &waiting.route).max(now_ms);
+    // Permits that rode with a rate acquire still waiting for its batch were never sent: no orphans.
+    let sent = waiting.joined != Joined::Riding;
     for (index, asked) in waiting.asked.iter_mut().enumerate() {
         if asked.taken.is_none() && !asked.failed {
             asked.failed = true;
             let held = held_of(&waiting.route, asked);
-            filter.inflight.orphans.push((context_id, index, held, until_ms));
+            filter.inflight.orphans.extend(sent.then_some((context_id, index, held, until_ms)));
         }
     }
 }
@@ -366,7 +439,8 @@ pub(super) fn on_tick<H: Host>(filter: &mut Filter<H>, now_ms: u64) {
     let orphans = filter.inflight.orphans.len();
     filter.inflight.orphans.retain(|(_, _, _, deadline_ms)| *deadline_ms > now_ms);
     filter.metrics.late_unanswered(&filter.host, orphans - filter.inflight.orphans.len());
-    let released = super::permit_outbox::release(filter, now_ms);
+    let busy = filter.coalescer.busy();
+    let released = super::permit_outbox::release(filter, now_ms, &busy);
     filter.inflight.counters.count(&filter.host, InflightCounter::Released, released as u64);
     if !filter.inflight.held.is_empty() && now_ms >= filter.inflight.next_extend_ms {
         let held: Vec<Held> =

@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 
 use crate::filter::{Action, Filter, DEADLINE_GRACE_MS, REJECTED_BY_PROPERTY, TICK_MS};
-use crate::testing::{acquired, End, FakeHost};
+use crate::testing::{acquired, batch_reply, rejected, End, FakeHost, SKIPPED};
 
 const CONFIG: &str = r#"{"redis":{"cluster":"webdis","timeout":200},"rules":[
     {"name":"per-user","limit_by":{"header":"x-user"},"rate":5,"interval":"1s"},
@@ -14,6 +14,15 @@ const CONFIG: &str = r#"{"redis":{"cluster":"webdis","timeout":200},"rules":[
 /// elements): taken (`free` left), refused (the earliest lease's end, a string).
 const TAKEN: &[u8] = b"*5\r\n:2\r\n:3\r\n:1\r\n:0\r\n:-1\r\n";
 const REFUSED: &[u8] = b"*5\r\n:2\r\n:3\r\n:0\r\n:0\r\n$13\r\n1764300000000\r\n";
+
+/// A permit's own SEMAPHORE_ACQUIRE reply: taken (0 free after it), refused.
+const PERMIT_TAKEN: &[u8] = b"*3\r\n:1\r\n:0\r\n:-1\r\n";
+const PERMIT_REFUSED: &[u8] = b"*3\r\n:0\r\n:0\r\n$13\r\n1764300000000\r\n";
+
+/// The reply of the one call carrying a request's permit and the rate acquire that rides with it.
+fn joined(permit: &[u8], rate: &[u8]) -> Vec<u8> {
+    batch_reply(&[permit, rate])
+}
 
 fn configure(extra: &str) -> (FakeHost, Filter<FakeHost>) {
     let host = FakeHost::new();
@@ -40,13 +49,16 @@ fn calls_of(host: &FakeHost, script: &str) -> usize {
 }
 
 #[test]
-fn a_permit_is_taken_before_the_rate_rules_and_given_back_from_the_tick_when_the_request_ends() {
+fn a_permit_and_the_rate_acquire_go_in_one_call_and_the_permit_is_given_back_from_the_tick_when_the_request_ends() {
     let (host, mut filter) = configure("");
     assert_eq!(start(&host, &mut filter, 2), Action::Pause);
-    let sent = answer(&host, &mut filter, TAKEN);
+    assert_eq!(host.http_calls().len(), 1);
+    // One batch: the permit (`5`: it gates what follows; 3 keys, 5 arguments), then the rate acquire (`6`:
+    // gated), whose reply resumes the request.
+    let sent = answer(&host, &mut filter, &joined(PERMIT_TAKEN, &acquired(4)));
+    assert!(sent.starts_with(&format!("EVALSHA/{}/8/", crate::script::ACQUIRE_BATCH.sha())), "{sent}");
+    assert!(sent.contains("/2/5/3/5/") && sent.contains("/6/5/"), "{sent}");
     assert!(sent.contains("erl%3Ainflight%3Aalice") || sent.contains("erl:inflight:alice"), "{sent}");
-    // The rate rule's acquire follows; its reply resumes the request.
-    answer(&host, &mut filter, &acquired(4));
     assert_eq!(host.end(2), Some(End::Resumed));
     // Its response shows both rules: the in-flight one without a window (draft-11's `w` and `t` are optional).
     filter.on_response_headers(2);
@@ -81,7 +93,8 @@ fn a_permit_is_taken_before_the_rate_rules_and_given_back_from_the_tick_when_the
 fn a_refusal_is_answered_at_once_with_the_rule_and_retry_after_and_asks_no_rate_rule() {
     let (host, mut filter) = configure("");
     assert_eq!(start(&host, &mut filter, 2), Action::Pause);
-    answer(&host, &mut filter, REFUSED);
+    // The permit refused: Redis skipped the rate acquire that rode with it.
+    answer(&host, &mut filter, &joined(PERMIT_REFUSED, SKIPPED));
     match host.end(2) {
         Some(End::LocalReply { status, headers, .. }) => {
             assert_eq!(status, 429);
@@ -92,7 +105,9 @@ fn a_refusal_is_answered_at_once_with_the_rule_and_retry_after_and_asks_no_rate_
         }
         other => panic!("expected a 429, got {other:?}"),
     }
-    assert_eq!(host.http_calls().len(), 1, "the rate rule was not asked");
+    assert_eq!(host.http_calls().len(), 1, "one call");
+    assert_eq!(host.counter("edge_rate_limiter.redis_errors"), 0, "a skipped acquire is no error");
+    assert_eq!(host.counter("edge_rate_limiter.late_given_back"), 0);
     assert_eq!(host.counter("edge_rate_limiter.inflight_rejected"), 1);
     assert_eq!(host.counter("edge_rate_limiter.rejected"), 1);
     assert_eq!(host.counter("edge_rate_limiter.rule.inflight.rejected"), 1, "the rule's own counter");
@@ -169,12 +184,16 @@ fn a_request_that_ends_before_its_reply_gives_the_permit_back() {
     filter.on_done(2);
     host.clear_calls();
     filter.on_tick();
-    assert_eq!(host.http_calls().len(), 1, "released at once (in case the acquire already ran)");
-    host.clear_calls();
-    host.http_reply(200, TAKEN);
-    filter.on_http_call_response(acquire.token, 1, TAKEN.len());
+    assert!(host.http_calls().is_empty(), "the release waits for an acquire to ride with while the call is out");
+    let both = joined(PERMIT_TAKEN, &acquired(4));
+    host.http_reply(200, &both);
+    filter.on_http_call_response(acquire.token, 1, both.len());
+    assert_eq!(host.http_calls().len(), 1, "the rate acquire's member given back at once: {:?}", host.http_calls());
+    assert_eq!(host.counter("edge_rate_limiter.late_given_back"), 2, "the member and the permit");
+    host.advance(2 * u64::from(TICK_MS));
     filter.on_tick();
-    assert_eq!(host.http_calls().len(), 1, "released again once the reply says it was taken");
+    assert_eq!(host.http_calls().len(), 2, "no acquire came: the permit released from the tick");
+    assert!(String::from_utf8_lossy(&host.http_calls()[1].body).contains("alice"));
     assert_eq!(host.end(2), None, "the request is gone: nothing resumed or answered");
 }
 
@@ -182,8 +201,7 @@ fn a_request_that_ends_before_its_reply_gives_the_permit_back() {
 fn a_call_never_answered_is_forgotten_and_the_tick_stops() {
     let (host, mut filter) = configure("");
     start(&host, &mut filter, 2);
-    answer(&host, &mut filter, TAKEN);
-    answer(&host, &mut filter, &acquired(4));
+    answer(&host, &mut filter, &joined(PERMIT_TAKEN, &acquired(4)));
     filter.on_done(2);
     filter.on_tick();
     assert_eq!(host.counter("edge_rate_limiter.inflight_released"), 1);
@@ -222,11 +240,12 @@ fn a_permit_taken_by_a_late_reply_after_its_request_ended_is_given_back() {
     host.advance(200 + DEADLINE_GRACE_MS + u64::from(TICK_MS) + 1);
     filter.on_tick();
     host.clear_calls();
-    host.http_reply(200, TAKEN);
-    filter.on_http_call_response(acquire.token, 1, TAKEN.len());
+    let both = joined(PERMIT_TAKEN, &acquired(4));
+    host.http_reply(200, &both);
+    filter.on_http_call_response(acquire.token, 1, both.len());
     filter.on_tick();
-    assert_eq!(host.http_calls().len(), 1, "released once the late reply says it was taken");
-    assert!(String::from_utf8_lossy(&host.http_calls()[0].body).contains("alice"));
+    assert_eq!(host.counter("edge_rate_limiter.late_given_back"), 2, "the permit and the rate acquire's member");
+    assert_eq!(calls_of(&host, "alice"), 2, "given back and released once the late reply says they were taken");
 }
 
 /// The host refuses to send a request's permit: the request follows the failure mode from its own
@@ -253,21 +272,27 @@ fn acquires_wait_for_the_call_on_its_way_and_go_out_together() {
     }
     assert_eq!(host.http_calls().len(), 1, "queued behind the call on its way");
     let first = host.http_calls().pop().unwrap();
-    host.http_reply(200, TAKEN);
-    filter.on_http_call_response(first.token, 1, TAKEN.len());
-    // 3 and 4's acquires leave together, in one batch (two SEMAPHORE_ACQUIRE segments); request 2's rate
-    // acquire waits for it.
+    let reply = joined(PERMIT_TAKEN, &acquired(4));
+    host.http_reply(200, &reply);
+    filter.on_http_call_response(first.token, 1, reply.len());
+    assert_eq!(host.end(2), Some(End::Resumed));
+    // 3 and 4's permits and rate acquires leave together, in one batch: each request's permit (`5`) right
+    // before its rate acquire (`6`), which runs only if that permit was taken.
     let calls: Vec<_> = host.http_calls().into_iter().skip(1).collect();
     assert_eq!(calls.len(), 1, "{calls:?}");
     let body = String::from_utf8_lossy(&calls[0].body).into_owned();
-    assert!(body.starts_with(&format!("EVALSHA/{}/6/", crate::script::ACQUIRE_BATCH.sha())), "{body}");
-    assert!(body.contains("/2/4/3/5/") && body.matches("/4/3/5/").count() == 2, "{body}");
-    let both = b"*10\r\n:2\r\n:3\r\n:1\r\n:0\r\n:-1\r\n:2\r\n:3\r\n:0\r\n:0\r\n$13\r\n1764300000000\r\n";
-    host.http_reply(200, both);
-    filter.on_http_call_response(calls[0].token, 1, both.len());
+    assert!(body.starts_with(&format!("EVALSHA/{}/16/", crate::script::ACQUIRE_BATCH.sha())), "{body}");
+    assert!(body.contains("/4/5/3/5/") && body.matches("/5/3/5/").count() == 2, "{body}");
+    assert_eq!(body.matches("/6/5/8/").count(), 2, "{body}");
+    // Bob's one permit: taken by 3, refused to 4 (whose rate acquire Redis skipped).
+    let replies = batch_reply(&[PERMIT_TAKEN, &acquired(3), PERMIT_REFUSED, SKIPPED]);
+    host.http_reply(200, &replies);
+    filter.on_http_call_response(calls[0].token, 1, replies.len());
+    assert_eq!(host.end(3), Some(End::Resumed));
     assert!(matches!(host.end(4), Some(End::LocalReply { status: 429, .. })), "{:?}", host.end(4));
     assert_eq!(host.counter("edge_rate_limiter.inflight_admitted"), 2);
     assert_eq!(host.counter("edge_rate_limiter.inflight_rejected"), 1);
+    assert_eq!(host.counter("edge_rate_limiter.rule.per-user.allowed"), 2, "4's rate rule was not asked");
 }
 
 #[test]
@@ -275,8 +300,7 @@ fn a_configuration_push_ends_a_waiting_request_and_hands_running_ones_permits_ov
     let (host, mut old) = configure(r#","failure_mode":"deny""#);
     // Request 2 runs with its permit; request 3 (another user) waits for its acquire's reply.
     start(&host, &mut old, 2);
-    answer(&host, &mut old, TAKEN);
-    answer(&host, &mut old, &acquired(4));
+    answer(&host, &mut old, &joined(PERMIT_TAKEN, &acquired(4)));
     host.request(3, &[(":path", "/"), ("x-user", "bob"), (":authority", "api.example")]);
     assert_eq!(old.on_request_headers(3), Action::Pause);
     let mut new = Filter::configure(host.clone(), format!("{CONFIG}}}").as_bytes(), false).unwrap();
@@ -298,9 +322,8 @@ fn a_configuration_push_ends_a_waiting_request_and_hands_running_ones_permits_ov
 fn a_request_a_rate_rules_local_block_rejects_takes_no_permit() {
     let (host, mut filter) = configure("");
     assert_eq!(start(&host, &mut filter, 2), Action::Pause);
-    answer(&host, &mut filter, TAKEN);
     // Redis rejects the rate rule: the oldest permit leaves in 500 ms; the limiter is blocked until then.
-    answer(&host, &mut filter, &crate::testing::rejected(503));
+    answer(&host, &mut filter, &joined(PERMIT_TAKEN, &rejected(503)));
     assert!(matches!(host.end(2), Some(End::LocalReply { status: 429, .. })));
     let sent = host.http_calls().len();
     assert_eq!(start(&host, &mut filter, 3), Action::Pause);
@@ -316,4 +339,50 @@ fn a_request_a_rate_rules_local_block_rejects_takes_no_permit() {
     assert_eq!(host.counter("edge_rate_limiter.inflight_admitted"), 1, "only the first request's");
     assert_eq!(host.counter("edge_rate_limiter.rule.per-user.rejected"), 2);
     assert_eq!(host.counter("edge_rate_limiter.rejected"), 2);
+}
+
+/// A configuration push while a request's permit and rate acquire are on their way in one call, failing
+/// open: the request is not left hanging. Its rate stage is started again on its own and ended with the
+/// other paused requests, in the failure mode (open: it goes on).
+#[test]
+fn a_configuration_push_ends_a_request_whose_permit_rode_with_its_rate_acquire() {
+    let (host, mut old) = configure("");
+    assert_eq!(start(&host, &mut old, 3), Action::Pause);
+    let mut new = Filter::configure(host.clone(), format!("{CONFIG}}}").as_bytes(), false).unwrap();
+    new.adopt(old.retire());
+    assert_eq!(host.end(3), Some(End::Resumed), "failed open");
+    assert_eq!(host.counter("edge_rate_limiter.inflight_admitted"), 0);
+}
+
+/// A permit given back while its destination has a call on its way rides with the next acquire call that
+/// leaves for it (a `SEMAPHORE_RELEASE` segment, `8`, in that batch): no call of its own, counted released
+/// once that call answered.
+#[test]
+fn a_permit_given_back_rides_with_the_next_acquire_of_its_destination() {
+    let (host, mut filter) = configure("");
+    start(&host, &mut filter, 2);
+    answer(&host, &mut filter, &joined(PERMIT_TAKEN, &acquired(4)));
+    assert_eq!(host.end(2), Some(End::Resumed));
+    // Bob's call goes out; alice's request ends meanwhile; carol's waits for bob's call to land.
+    host.request(3, &[(":path", "/"), ("x-user", "bob"), (":authority", "api.example")]);
+    assert_eq!(filter.on_request_headers(3), Action::Pause);
+    filter.on_done(2);
+    filter.on_tick();
+    host.request(4, &[(":path", "/"), ("x-user", "carol"), (":authority", "api.example")]);
+    assert_eq!(filter.on_request_headers(4), Action::Pause);
+    assert_eq!(host.http_calls().len(), 2, "alice's call and bob's: the release waits");
+    assert_eq!(host.counter("edge_rate_limiter.inflight_released"), 0);
+    answer(&host, &mut filter, &joined(PERMIT_TAKEN, &acquired(4)));
+    let calls = host.http_calls();
+    assert_eq!(calls.len(), 3, "carol's batch carries alice's release: {calls:?}");
+    let body = String::from_utf8_lossy(&calls[2].body).into_owned();
+    assert!(body.contains("alice") && body.contains("carol") && body.contains("/3/8/3/3/"), "{body}");
+    let replies = batch_reply(&[b":1\r\n", PERMIT_TAKEN, &acquired(4)]);
+    host.http_reply(200, &replies);
+    filter.on_http_call_response(calls[2].token, 1, replies.len());
+    assert_eq!(host.end(4), Some(End::Resumed));
+    assert_eq!(host.counter("edge_rate_limiter.inflight_released"), 1);
+    host.advance(2 * u64::from(TICK_MS));
+    filter.on_tick();
+    assert_eq!(host.http_calls().len(), 3, "no release call of its own");
 }

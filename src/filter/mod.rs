@@ -23,7 +23,7 @@
 //! 4. the request driver: `flow` (a request's start, a paused request ([`flow::Flow`]) and its one step,
 //!    `advance`; the deadline guard; requests parked on a lease acquire), `end` (how a decided request
 //!    ends: counted, leases committed or put back, resumed or answered), `coalesce` (batches of acquires),
-//!    `body` (requests decided from their JSON body);
+//!    `body` (requests decided from their JSON body), `late`, `inflight` (permits before the rate rules);
 //! 5. `handover`: a configuration that goes away ([`Filter::retire`]) and the one that takes its place
 //!    ([`Filter::adopt`]).
 //!

@@ -13,7 +13,8 @@ use crate::prelude::*;
 use crate::host::Host;
 use crate::id_map::CallMap;
 use crate::script::{
-    encode_semaphore_extend, encode_semaphore_release, Encoding, Invocation, Publish, SemaphorePermits, PERMIT_ID_LEN,
+    encode_semaphore_extend, encode_semaphore_release, encode_semaphore_release_laid_out, Encoding, Invocation, Layout,
+    Publish, SemaphorePermits, PERMIT_ID_LEN,
 };
 use crate::transport::Failure;
 
@@ -87,6 +88,9 @@ pub(super) fn give_back<H: Host>(filter: &mut Filter<H>, held: Held) -> bool {
 #[derive(Debug, Default)]
 pub(super) struct PermitOutbox {
     pub(super) releases: Vec<Held>,
+    /// The first tick that saw the releases waiting now (ms since the epoch; 0: none waits): a release
+    /// waits from then up to [`CARRY_WAIT_MS`] for an acquire call of its destination to carry it.
+    since_ms: u64,
     /// By [`crate::transport::CallId::key`]: when each was sent (us) and when the tick forgets it (ms).
     calls: CallMap<(u64, u64)>,
 }
@@ -116,18 +120,80 @@ pub(super) fn on_reply<H: Host>(filter: &mut Filter<H>, key: u64, reply: &Result
     true
 }
 
-/// The tick: forgets the calls never answered, gives back the queued releases; returns how many permits
-/// it gave back.
-pub(super) fn release<H: Host>(filter: &mut Filter<H>, now_ms: u64) -> usize {
+/// How long a release waits for an acquire call of its destination to carry it ([`take_releases`]) while
+/// that destination has a call on its way (one lands, and what waits for it leaves): two ticks.
+const CARRY_WAIT_MS: u64 = 2 * TICK_MS as u64;
+
+/// The tick: forgets the calls never answered, gives back the queued releases (those whose destination
+/// has a call on its way, among `busy`, wait up to [`CARRY_WAIT_MS`] to ride with an acquire); returns how
+/// many permits it gave back.
+pub(super) fn release<H: Host>(filter: &mut Filter<H>, now_ms: u64, busy: &[Destination]) -> usize {
     let before = outbox(filter).calls.len();
     outbox(filter).calls.retain(|_, (_, forget_ms)| *forget_ms > now_ms);
     let forgotten = before - outbox(filter).calls.len();
     filter.metrics.redis_errors(&filter.host, forgotten);
-    let releases = core::mem::take(&mut outbox(filter).releases);
+    let outbox = outbox(filter);
+    if outbox.releases.is_empty() {
+        outbox.since_ms = 0;
+        return 0;
+    }
+    if outbox.since_ms == 0 {
+        outbox.since_ms = now_ms;
+    }
+    let waits = now_ms < outbox.since_ms.saturating_add(CARRY_WAIT_MS);
+    let (kept, releases): (Vec<Held>, Vec<Held>) = core::mem::take(&mut outbox.releases)
+        .into_iter()
+        .partition(|held| waits && carried_by(&held.route) && busy.contains(&destination(&held.route, &held.name)));
+    outbox.since_ms = if kept.is_empty() { 0 } else { outbox.since_ms };
+    outbox.releases = kept;
     send(filter, &releases, now_ms, |semaphores, _, encoding| {
         encode_semaphore_release(semaphores, Publish::Plain, Invocation::BySource, encoding)
     });
     releases.len()
+}
+
+/// Takes the releases waiting for `destination` of `route` (at most [`MAX_IDS`]), for an acquire call that
+/// leaves for it now and carries them ([`release_command`]); none if no release waits.
+pub(super) fn take_releases<H: Host>(filter: &mut Filter<H>, route: &Rc<Route>, destination: Destination) -> Vec<Held> {
+    let outbox = outbox(filter);
+    if outbox.releases.is_empty() || !carried_by(route) {
+        return Vec::new();
+    }
+    let mut taken = Vec::new();
+    outbox.releases.retain(|held| {
+        let fits = taken.len() < MAX_IDS
+            && Rc::ptr_eq(&held.route, route)
+            && self::destination(&held.route, &held.name) == destination;
+        if fits {
+            taken.push(held.clone());
+        }
+        !fits
+    });
+    taken
+}
+
+/// Whether a release waits for `destination` of `route`, for an acquire call leaving for it to carry.
+pub(super) fn waits_for<H: Host>(filter: &Filter<H>, route: &Rc<Route>, destination: Destination) -> bool {
+    let releases = &filter.permit_outbox.releases;
+    !releases.is_empty()
+        && releases
+            .iter()
+            .any(|held| Rc::ptr_eq(&held.route, route) && self::destination(route, &held.name) == destination)
+}
+
+/// Whether `route`'s acquire calls carry releases: it coalesces.
+fn carried_by(route: &Route) -> bool {
+    route.config.redis.coalescing.max_batch > 1
+}
+
+/// The [`crate::script::SEMAPHORE_RELEASE`] of `releases` (of one destination), by sha in `encoding`: a
+/// segment of the acquire batch that carries them.
+pub(super) fn release_command(releases: &[Held], encoding: Encoding) -> (Vec<u8>, Layout) {
+    let groups: Vec<(String, Vec<PermitId>, u64)> =
+        by_destination(releases).into_iter().flat_map(|(_, groups)| groups).collect();
+    let semaphores: Vec<SemaphorePermits<'_>> =
+        groups.iter().map(|(name, ids, _)| SemaphorePermits { name, ids, lease_end_ms: 0 }).collect();
+    encode_semaphore_release_laid_out(&semaphores, Publish::Plain, Invocation::BySha, encoding)
 }
 
 /// Extends the leases of `held` to now + each one's lease; returns how many.

@@ -45,6 +45,9 @@ pub(super) struct Route {
     pub(super) asks_usage: bool,
     /// The counters (`rule.<name>.<outcome>`) and the settled histogram of each rule entry.
     pub(super) rule_metrics: Vec<RuleMetrics>,
+    /// Its requests' in-flight permits ride with their rate acquire, in one call (docs/configuration.md,
+    /// "In-flight limits"): it has in-flight rules, and no rule reads the body or takes a lease.
+    pub(super) joins_permits: bool,
 }
 
 impl Route {
@@ -88,7 +91,10 @@ impl Route {
             .iter()
             .any(|rule| rule.cost.as_ref().is_some_and(|cost| matches!(cost.settle, Settle::Usage(..))));
         let plan = Plan::new(&config, client_id);
+        let joins_permits =
+            !config.inflight.is_empty() && !reads_body && config.rules.iter().all(|rule| rule.lease.is_none());
         Route {
+            joins_permits,
             index,
             plan,
             config,

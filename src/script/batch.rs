@@ -12,7 +12,7 @@ use crate::resp::array_elements;
 use super::acquire::{AcquireTemplate, Encoding};
 use super::settlement::Settlement;
 use super::wire::{push_arg, push_arg_parts, push_keys, push_length};
-use super::{Invocation, ACQUIRE, ACQUIRE_ALL, ACQUIRE_BATCH, GIVE_BACK, SEMAPHORE_ACQUIRE};
+use super::{Invocation, ACQUIRE, ACQUIRE_ALL, ACQUIRE_BATCH, GIVE_BACK, SEMAPHORE_ACQUIRE, SEMAPHORE_RELEASE};
 
 /// Which script a batched call runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +25,8 @@ pub enum SegmentScript {
     GiveBack,
     /// [`super::SEMAPHORE_ACQUIRE`] of one permit, `4` (an in-flight permit, coalesced with the acquires).
     SemaphoreAcquire,
+    /// [`super::SEMAPHORE_RELEASE`], `8` (permits given back, riding with the acquires of their destination).
+    SemaphoreRelease,
 }
 
 /// Where an acquire command's keys and arguments are, as its encoder wrote them
@@ -42,12 +44,28 @@ pub struct Layout {
     pub arg_count: usize,
 }
 
+/// How a segment takes part in a gate (`lua/acquire_batch.lua`): a request's in-flight permits and its
+/// rate acquire joined in one batch, the acquire run only if every permit before it was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// Not gated: run whatever came before (and opens a gate that was closed).
+    Plain,
+    /// A [`super::SEMAPHORE_ACQUIRE`] (`5`) that closes the gate unless it took its permit; skipped itself
+    /// while the gate is closed.
+    Opens,
+    /// An [`super::ACQUIRE`] (`6`) or [`super::ACQUIRE_ALL`] (`7`) run only if the gate is open: else its
+    /// reply is the error `SKIPPED`.
+    Gated,
+}
+
 /// One call's part of a batch: its script, and its keys and arguments, either as they are in the wire
 /// form of its own command (RESP bulk strings, or webdis's `/`-separated percent-encoded words), or a
 /// settlement written straight into the batch ([`Segment::give_back`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Segment<'a> {
     pub script: SegmentScript,
+    /// Its part in a gate ([`Gate::Plain`] unless set).
+    pub gate: Gate,
     words: Words<'a>,
     key_count: usize,
     arg_count: usize,
@@ -86,10 +104,16 @@ impl<'a> Segment<'a> {
     pub fn give_back(name: &'a str, template: &'a AcquireTemplate, settlement: &'a Settlement) -> Self {
         Segment {
             script: SegmentScript::GiveBack,
+            gate: Gate::Plain,
             words: Words::GiveBack { name, template, settlement },
             key_count: 5,
             arg_count: settlement.give_back_arg_count(),
         }
+    }
+
+    /// The same segment with its part in a gate.
+    pub fn gated(self, gate: Gate) -> Self {
+        Segment { gate, ..self }
     }
 
     /// About how many bytes its keys and arguments take in the wire form.
@@ -126,6 +150,7 @@ impl<'a> Segment<'a> {
         };
         Some(Segment {
             script: layout.script,
+            gate: Gate::Plain,
             words: Words::Encoded { keys: body.get(layout.keys.clone())?, args: body.get(layout.keys.end..)? },
             key_count: layout.key_count,
             arg_count: layout.arg_count,
@@ -164,7 +189,7 @@ impl<'a> Segment<'a> {
         let arg_count = words.checked_sub(3 + key_count)?;
         let keys = command.get(keys_start..at)?;
         let args = command.get(at..)?;
-        Some(Segment { script, words: Words::Encoded { keys, args }, key_count, arg_count })
+        Some(Segment { script, gate: Gate::Plain, words: Words::Encoded { keys, args }, key_count, arg_count })
     }
 
     fn of_webdis(command: &'a [u8]) -> Option<Self> {
@@ -183,7 +208,7 @@ impl<'a> Segment<'a> {
         let keys_end = *ends.get(2 + key_count)?;
         let keys = body.get(third..keys_end)?;
         let args = body.get(keys_end..)?;
-        Some(Segment { script, words: Words::Encoded { keys, args }, key_count, arg_count })
+        Some(Segment { script, gate: Gate::Plain, words: Words::Encoded { keys, args }, key_count, arg_count })
     }
 }
 
@@ -202,6 +227,8 @@ fn script_of(sha: &[u8]) -> Option<SegmentScript> {
         Some(SegmentScript::GiveBack)
     } else if sha == SEMAPHORE_ACQUIRE.sha().as_bytes() {
         Some(SegmentScript::SemaphoreAcquire)
+    } else if sha == SEMAPHORE_RELEASE.sha().as_bytes() {
+        Some(SegmentScript::SemaphoreRelease)
     } else {
         None
     }
@@ -264,11 +291,15 @@ pub fn encode_batch(segments: &[Segment<'_>], invocation: Invocation, encoding: 
     }
     push_arg(&mut out, encoding, number.format(segments.len()).as_bytes());
     for segment in segments {
-        let script: &[u8] = match segment.script {
-            SegmentScript::Acquire => b"1",
-            SegmentScript::AcquireAll => b"2",
-            SegmentScript::GiveBack => b"3",
-            SegmentScript::SemaphoreAcquire => b"4",
+        let script: &[u8] = match (segment.script, segment.gate) {
+            (SegmentScript::Acquire, Gate::Gated) => b"6",
+            (SegmentScript::AcquireAll, Gate::Gated) => b"7",
+            (SegmentScript::SemaphoreAcquire, Gate::Opens) => b"5",
+            (SegmentScript::Acquire, _) => b"1",
+            (SegmentScript::AcquireAll, _) => b"2",
+            (SegmentScript::GiveBack, _) => b"3",
+            (SegmentScript::SemaphoreAcquire, _) => b"4",
+            (SegmentScript::SemaphoreRelease, _) => b"8",
         };
         push_arg(&mut out, encoding, script);
         push_arg(&mut out, encoding, number.format(segment.key_count).as_bytes());

@@ -29,16 +29,16 @@ pub use acquire::{
     encode_acquire_all, encode_acquire_all_laid_out, AcquireConfig, AcquirePart, AcquireTemplate, Clock, Encoding,
     LeaseRequest, MEMBER_RANDOM_LEN, RULE_CONFIG_FIELD,
 };
-pub use batch::{encode_batch, split_batch_reply, Layout, Segment, SegmentScript};
+pub use batch::{encode_batch, split_batch_reply, Gate, Layout, Segment, SegmentScript};
 pub use reply::{
     decode_acquire_all_reply, decode_acquire_reply, AcquireOutcome, AcquireReply, ConfigChange, EffectiveConfig,
     LimiterReply, ReplyError,
 };
 pub use semaphore::{
     decode_semaphore_acquire_replies, encode_semaphore_acquires, encode_semaphore_acquires_laid_out,
-    encode_semaphore_extend, encode_semaphore_release, Publish, SemaphoreAcquire, SemaphoreKeys, SemaphoreOutcome,
-    SemaphorePermits, MAX_SEMAPHORE_ACQUIRES, NO_LEASE_SCORE, PERMIT_ID_LEN, SEMAPHORE_ACQUIRE, SEMAPHORE_EXTEND,
-    SEMAPHORE_RELEASE,
+    encode_semaphore_extend, encode_semaphore_release, encode_semaphore_release_laid_out, Publish, SemaphoreAcquire,
+    SemaphoreKeys, SemaphoreOutcome, SemaphorePermits, MAX_SEMAPHORE_ACQUIRES, NO_LEASE_SCORE, PERMIT_ID_LEN,
+    SEMAPHORE_ACQUIRE, SEMAPHORE_EXTEND, SEMAPHORE_RELEASE,
 };
 pub use settlement::{MemberAt, Settlement};
 
@@ -161,13 +161,19 @@ pub static ACQUIRE_ALL: Script = Script::new("acquireAll", ACQUIRE_ALL_SOURCE, A
 /// order; an error in one is its own. Built by `batch::encode_batch` from the calls' own commands and
 /// answered per call by `batch::split_batch_reply`, which rebuilds the reply each call would have had.
 ///
-/// Also the [`GIVE_BACK`] calls of one tick (settles of reservations), batched the same way, and the
-/// in-flight permits of requests ([`SEMAPHORE_ACQUIRE`] of one permit each), coalesced with the acquires.
+/// Also the [`GIVE_BACK`] calls of one tick (settles of reservations), batched the same way, the
+/// in-flight permits of requests ([`SEMAPHORE_ACQUIRE`] of one permit each), coalesced with the acquires,
+/// and the permits given back ([`SEMAPHORE_RELEASE`]), riding with the acquires of their destination.
 ///
 /// `KEYS`: every call's keys in order. `ARGV`: 1 the number of calls, then per call `1` (ACQUIRE), `2`
-/// (ACQUIRE_ALL), `3` (GIVE_BACK) or `4` (SEMAPHORE_ACQUIRE), its key count, its argument count and its
+/// (ACQUIRE_ALL), `3` (GIVE_BACK), `4` (SEMAPHORE_ACQUIRE), `5`-`7` (gates, below) or `8`
+/// (SEMAPHORE_RELEASE), its key count, its argument count and its
 /// arguments. Reply: a flat array, per call `1` and a bare integer reply, `2`, `n` and an array reply's `n`
 /// elements, or `3` and an error's text.
+///
+/// Gates ([`Gate`]): a request's in-flight permits (`5`, gating) and its rate acquire (`6` ACQUIRE, `7`
+/// ACQUIRE_ALL, gated) in one batch: a permit not taken closes the gate, and the request's later permits and
+/// its acquire are skipped, each answering the error `SKIPPED ...` (nothing of theirs runs).
 pub static ACQUIRE_BATCH: PartsScript =
     PartsScript { name: "acquireBatch", parts: &ACQUIRE_BATCH_PARTS, sha: ACQUIRE_BATCH_SHA };
 

@@ -160,10 +160,22 @@ pub fn encode_semaphore_release(
     invocation: Invocation,
     encoding: Encoding,
 ) -> Vec<u8> {
+    encode_semaphore_release_laid_out(semaphores, publish, invocation, encoding).0
+}
+
+/// [`encode_semaphore_release`], and where its keys and arguments are: a segment of an
+/// [`super::ACQUIRE_BATCH`] (permits given back, riding with the acquires of their destination).
+pub fn encode_semaphore_release_laid_out(
+    semaphores: &[SemaphorePermits<'_>],
+    publish: Publish,
+    invocation: Invocation,
+    encoding: Encoding,
+) -> (Vec<u8>, Layout) {
     let ids: usize = semaphores.iter().map(|s| s.ids.len()).sum();
     let mut out = Vec::with_capacity(128 + semaphores.len() * 96 + ids * 3 * PERMIT_ID_LEN);
     let mut writer = ArgWriter::new(&mut out, encoding, 3 + semaphores.len() * 4 + 1 + ids);
-    push_head(&mut writer, &SEMAPHORE_RELEASE, invocation, semaphores.iter().map(|semaphore| semaphore.name));
+    let keys =
+        push_head(&mut writer, &SEMAPHORE_RELEASE, invocation, semaphores.iter().map(|semaphore| semaphore.name));
     writer.arg(publish.command());
     for semaphore in semaphores {
         writer.arg(itoa::Buffer::new().format(semaphore.ids.len()).as_bytes());
@@ -172,7 +184,8 @@ pub fn encode_semaphore_release(
         }
     }
     writer.finish();
-    out
+    let (key_count, arg_count) = (3 * semaphores.len(), 1 + semaphores.len() + ids);
+    (out, Layout { script: SegmentScript::SemaphoreRelease, keys, key_count, arg_count })
 }
 
 /// The [`SEMAPHORE_EXTEND`] of the permits of `semaphores` (every semaphore of one destination in one call):

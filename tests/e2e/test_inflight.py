@@ -125,6 +125,41 @@ def test_a_request_that_a_rate_rules_local_block_rejects_takes_no_permit(stack, 
     h.wait_until(lambda: free_permits(stack) == (5, 0), 2.0, "every permit back")
 
 
+
+def test_a_requests_permit_and_rate_acquire_go_in_one_call_and_a_refused_request_takes_no_rate_permit(
+        stack, upstream):
+    """A rate rule (100 per 10 s) and an in-flight limit of 1 on one user. One slow request runs (about 0.6 s)
+    while 3 more arrive one after the other: they get 429 from the in-flight rule. Redis's own record
+    (MONITOR) shows each of the 4 requests asking in one script call for its permit and its rate acquire
+    together, and Redis holds one rate permit only: the refused requests' acquires did not run."""
+    rate = {"name": "per-user", "limit_by": {"header": "x-user-id"}, "rate": 100, "interval": "10s"}
+    envoy, _ = gateway(stack, upstream, rate, inflight_rule(1))
+    limiter = h.limiter_name("erl:per-user", USER)
+    calls: list[tuple[bool, bool]] = []  # per EVALSHA/EVAL: (the semaphore's keys, the rate limiter's keys)
+
+    def record(args: list[str]) -> None:
+        if args and args[0].lower() in ("evalsha", "eval"):
+            calls.append((SEMAPHORE in args, limiter in args))
+
+    # Another user first: the batch script loaded (no NOSCRIPT and resend by source below).
+    assert envoy.send("/v1/chat/completions", {**slow(0, events=1), "x-user-id": "bob"}).status == 200
+    with h.Monitor(stack.redis, record):
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            running = pool.submit(envoy.send, "/v1/chat/completions", slow(200))
+            h.wait_until(lambda: free_permits(stack)[1] == 1, 2.0, "the slow request's permit")
+            refused = [envoy.send("/v1/chat/completions", slow(0, events=1)) for _ in range(3)]
+            assert running.result().status == 200
+        h.wait_until(lambda: free_permits(stack) == (1, 0), 2.0, "the permit back")
+    assert [answer.status for answer in refused] == [429, 429, 429], refused
+    assert all(answer.headers.get("x-ratelimited-by") == "inflight" for answer in refused), refused
+    acquires = [call for call in calls if call[1]]
+    assert acquires == [(True, True)] * 4, f"each request's permit and rate acquire in one call: {calls}"
+    assert stack.redis.client.zcard("{" + limiter + "}:permits") == 1, "only the admitted request's rate permit"
+    metrics = envoy.metrics()
+    assert (metrics.get("inflight_admitted"), metrics.get("inflight_rejected")) == (2, 3), metrics  # bob's too
+    assert metrics.get("rule.per-user.allowed") == 2 and not metrics.get("redis_errors"), metrics
+
+
 def test_erl_admin_shows_the_permits_in_flight_and_explains_the_rule(stack, upstream, tmp_path):
     """Limit 2, two requests running: `erl-admin show` of the semaphore lists 2 in flight, 0 free, both
     permits of one holder (the gateway process: its permit ids begin with its client id, a UUID v4) with

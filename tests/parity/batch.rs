@@ -348,3 +348,92 @@ fn settles_in_a_batch_answer_and_write_as_they_do_alone() {
     assert_eq!(run_batch(&mut batched.script_client(), &commands), one_by_one);
     assert_eq!(keys_of(&alone), keys_of(&batched));
 }
+
+/// A request's in-flight permits and its rate acquire joined in one batch (`Gate`): the acquire runs only if
+/// every permit that gates it was taken. A refused permit skips the request's later permits and its acquire
+/// (each answers `SKIPPED`; Redis keeps nothing of theirs), and the next request's segments run as usual.
+#[test]
+fn a_rate_acquire_gated_by_permits_runs_only_when_they_were_taken() {
+    use edge_rate_limiter::script::Gate;
+    let server = RedisServer::start();
+    let template = template();
+    let mut client = server.script_client();
+    let mut inspector = server.inspector();
+    // `erl:batch:sem` has no permit free (3 taken, leases of 10 s); `erl:batch:{sem}:b` has 3.
+    let full = CallSpec { semaphore: Some(0), permit_lease_ms: 10_000, ..Default::default() };
+    let taken: Vec<Vec<u8>> = (0..3).map(|i| command(&full, 100 + i, T0, &template)).collect();
+    run_batch(&mut client, &taken);
+    let free = CallSpec { semaphore: Some(1), permit_lease_ms: 10_000, ..Default::default() };
+    let rate = |limiter| CallSpec { limiters: vec![limiter], ..Default::default() };
+    // Request 1: a free permit, then the full semaphore's, then its acquire on limiter a. Request 2: a free
+    // permit, then its acquire on limiter b. Then request 3's plain acquire on limiter c.
+    let commands = [
+        command(&free, 1, T0, &template),
+        command(&full, 2, T0, &template),
+        command(&rate(0), 3, T0, &template),
+        command(&free, 4, T0, &template),
+        command(&rate(1), 5, T0, &template),
+        command(&rate(2), 6, T0, &template),
+    ];
+    let gates = [Gate::Opens, Gate::Opens, Gate::Gated, Gate::Opens, Gate::Gated, Gate::Plain];
+    let segments: Vec<Segment<'_>> =
+        commands.iter().zip(gates).map(|(c, gate)| Segment::of(c, Encoding::Resp).unwrap().gated(gate)).collect();
+    let reply = client.call_raw(&encode_batch(&segments, Invocation::BySha, Encoding::Resp));
+    let replies = split_batch_reply(&reply, segments.len()).unwrap();
+    let text = |at: usize| String::from_utf8_lossy(&replies[at]).into_owned();
+    assert!(text(0).starts_with("*3\r\n:1\r\n"), "request 1's first permit taken: {}", text(0));
+    assert!(text(1).starts_with("*3\r\n:0\r\n"), "its second refused: {}", text(1));
+    assert!(text(2).starts_with("-SKIPPED"), "so its acquire skipped: {}", text(2));
+    assert!(text(3).starts_with("*3\r\n:1\r\n"), "request 2's permit taken: {}", text(3));
+    assert!(replies[4].starts_with(b"*8\r\n"), "its acquire ran (a new limiter): {}", text(4));
+    assert!(replies[5].starts_with(b"*8\r\n"), "request 3's plain acquire ran: {}", text(5));
+    let exists = |key: &str, inspector: &mut redis::Connection| -> bool {
+        redis::cmd("EXISTS").arg(key).query::<i64>(inspector).unwrap() == 1
+    };
+    assert!(!exists(NAMES[0], &mut inspector), "nothing of request 1's acquire in Redis");
+    assert!(exists(NAMES[1], &mut inspector) && exists(NAMES[2], &mut inspector));
+    // Skipped: a permit after a refused one takes nothing (request 1 holds only its first permit).
+    let held: i64 = redis::cmd("ZCARD").arg("erl:batch:{sem}:b:timeout").query(&mut inspector).unwrap();
+    assert_eq!(held, 2, "request 1's and request 2's permits of the free semaphore");
+    let gated_again =
+        [command(&full, 7, T0, &template), command(&free, 8, T0, &template), command(&rate(0), 9, T0, &template)];
+    let gates = [Gate::Opens, Gate::Opens, Gate::Gated];
+    let segments: Vec<Segment<'_>> =
+        gated_again.iter().zip(gates).map(|(c, gate)| Segment::of(c, Encoding::Resp).unwrap().gated(gate)).collect();
+    let reply = client.call_raw(&encode_batch(&segments, Invocation::BySha, Encoding::Resp));
+    let replies = split_batch_reply(&reply, segments.len()).unwrap();
+    assert!(replies[1].starts_with(b"-SKIPPED") && replies[2].starts_with(b"-SKIPPED"), "{replies:?}");
+    let held: i64 = redis::cmd("ZCARD").arg("erl:batch:{sem}:b:timeout").query(&mut inspector).unwrap();
+    assert_eq!(held, 2, "the permit after a refused one was not taken");
+}
+
+/// Permits given back ride in an acquire batch (`SEMAPHORE_RELEASE`, segment `8`): they answer and write
+/// as the release alone does (the permits it still finds given back, one released twice not again).
+#[test]
+fn a_release_in_a_batch_answers_and_writes_as_it_does_alone() {
+    use edge_rate_limiter::script::{encode_semaphore_release, SemaphorePermits};
+    let alone = RedisServer::start();
+    let batched = RedisServer::start();
+    let template = template();
+    let permit = CallSpec { semaphore: Some(1), permit_lease_ms: 10_000, ..Default::default() };
+    let taken: Vec<Vec<u8>> = (0..2).map(|i| command(&permit, i, T0, &template)).collect();
+    let id = |index: u64| {
+        let mut id = [0xA5; PERMIT_ID_LEN];
+        id[..8].copy_from_slice(&(index + 1).to_be_bytes());
+        id
+    };
+    let ids = [id(0), id(0), id(7)];
+    let semaphores = [SemaphorePermits { name: SEMAPHORES[1], ids: &ids, lease_end_ms: 0 }];
+    let release = |invocation| encode_semaphore_release(&semaphores, Publish::Plain, invocation, Encoding::Resp);
+    let rate = CallSpec { limiters: vec![0], ..Default::default() };
+    let acquire = command(&rate, 9, T0, &template);
+    run_batch(&mut alone.script_client(), &taken);
+    run_batch(&mut batched.script_client(), &taken);
+    let mut client = alone.script_client();
+    let reply_alone = client.run_raw(&release(Invocation::BySha), || release(Invocation::BySource));
+    run_batch(&mut client, std::slice::from_ref(&acquire));
+    let replies = run_batch(&mut batched.script_client(), &[release(Invocation::BySha), acquire]);
+    assert_eq!(reply_alone, b":1\r\n", "one permit given back (the unknown id and the repeat change nothing)");
+    assert_eq!(replies[0], reply_alone);
+    assert_eq!(keys_of(&alone), keys_of(&batched));
+}

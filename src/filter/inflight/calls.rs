@@ -17,8 +17,10 @@ use crate::script::{
 
 use super::super::coalesce::{self, Member, PermitCall};
 use super::super::permit_outbox::Destination;
+use super::super::Action;
 use super::super::Filter;
-use super::{answered, conclude_from_reply};
+use super::{answered, conclude_from_reply, Inflight, Joined, Restart};
+use crate::transport::Failure;
 
 /// Asks for request `context_id`'s permits `indexes`, all of `destination`, from the request's own callback:
 /// sent at once, or queued for the destination's next batch. A send the host refuses fails them (the
@@ -30,8 +32,18 @@ pub(super) fn acquire<H: Host>(filter: &mut Filter<H>, context_id: u32, destinat
     let permits: Vec<PermitCall> = indexes
         .iter()
         .filter_map(|&index| {
-            let command = command(filter, context_id, index, now_ms)?;
-            Some(PermitCall { context_id, index, command, route: Rc::clone(&route), deadline_ms, gone: false })
+            let command = command(&filter.inflight, context_id, index, now_ms)?;
+            let route = Rc::clone(&route);
+            Some(PermitCall {
+                context_id,
+                index,
+                command,
+                route,
+                deadline_ms,
+                gone: false,
+                joined: false,
+                gates: false,
+            })
         })
         .collect();
     let coalescing = route.config.redis.coalescing;
@@ -51,8 +63,28 @@ pub(super) fn acquire<H: Host>(filter: &mut Filter<H>, context_id: u32, destinat
     }
 }
 
+/// The permits of request `context_id` that ride with its rate acquire and have not gone out yet, their
+/// commands stamped `now_ms`, in the order they go before it: those of shadow rules first, then those that
+/// gate it ([`crate::script::Gate`]). None when its permits do not ride with it, or went out already.
+pub(in crate::filter) fn joined_permits(inflight: &Inflight, context_id: u32, now_ms: u64) -> Vec<PermitCall> {
+    let Some(waiting) = inflight.waiting.get(&context_id).filter(|waiting| waiting.joined == Joined::Riding) else {
+        return Vec::new();
+    };
+    // Two passes (no sort: its code weighs kilobytes in the module).
+    let gating = |index: &usize| waiting.asked.get(*index).is_some_and(|asked| super::gates(&waiting.route, asked));
+    let indexes =
+        (0..waiting.asked.len()).filter(|index| !gating(index)).chain((0..waiting.asked.len()).filter(gating));
+    indexes
+        .filter_map(|index| {
+            let command = command(inflight, context_id, index, now_ms)?;
+            let (route, deadline_ms, gates) = (Rc::clone(&waiting.route), waiting.deadline_ms, gating(&index));
+            Some(PermitCall { context_id, index, command, route, deadline_ms, gone: false, joined: true, gates })
+        })
+        .collect()
+}
+
 /// Marks request `context_id`'s permit `index` failed.
-fn fail<H: Host>(filter: &mut Filter<H>, context_id: u32, index: usize) {
+pub(super) fn fail<H: Host>(filter: &mut Filter<H>, context_id: u32, index: usize) {
     if let Some(asked) = filter.inflight.waiting.get_mut(&context_id).and_then(|w| w.asked.get_mut(index)) {
         asked.failed = true;
     }
@@ -60,8 +92,8 @@ fn fail<H: Host>(filter: &mut Filter<H>, context_id: u32, index: usize) {
 
 /// The [`crate::script::SEMAPHORE_ACQUIRE`] of request `context_id`'s permit `index` at `now_ms` (by sha),
 /// and where its keys are; `None` when the permit is not known.
-fn command<H: Host>(filter: &Filter<H>, context_id: u32, index: usize, now_ms: u64) -> Option<(Vec<u8>, Layout)> {
-    let waiting = filter.inflight.waiting.get(&context_id)?;
+fn command(inflight: &Inflight, context_id: u32, index: usize, now_ms: u64) -> Option<(Vec<u8>, Layout)> {
+    let waiting = inflight.waiting.get(&context_id)?;
     let asked = waiting.asked.get(index)?;
     let rule = waiting.route.config.inflight.get(asked.rule)?;
     let lease_end_ms = now_ms.saturating_add(rule.lease_ms);
@@ -73,24 +105,52 @@ fn command<H: Host>(filter: &Filter<H>, context_id: u32, index: usize, now_ms: u
 /// Answers the permits whose batches landed or failed ([`coalesce::Coalescer::permit_replies`]): each
 /// reply is that of a [`crate::script::SEMAPHORE_ACQUIRE`] of one permit; a failure fails the permit (one
 /// error counted per failed call), its request concluded once all its permits are answered.
+/// Then starts again the rate stages of requests whose rate acquire rode with their permits and did not
+/// run ([`super::Restart`]).
 pub(in crate::filter) fn answer_coalesced<H: Host>(filter: &mut Filter<H>) {
-    if filter.coalescer.permit_replies.is_empty() {
-        return;
-    }
     for (context_id, index, reply, count_failure) in core::mem::take(&mut filter.coalescer.permit_replies) {
-        let outcome = match reply {
-            Ok(bytes) => decode_semaphore_acquire_replies(&bytes, 1).map(|outcomes| outcomes.into_iter().next()),
-            Err(failure) => Err(ReplyError::Redis(failure.to_string())),
-        };
-        match outcome {
-            Ok(Some(outcome)) => answered(filter, context_id, index, outcome),
-            _ => {
-                if count_failure {
-                    filter.metrics.redis_errors(&filter.host, 1);
-                }
-                fail(filter, context_id, index);
-                conclude_from_reply(filter, context_id);
-            }
+        answer_permit(filter, context_id, index, reply, count_failure);
+    }
+    for Restart { context_id, route, body_follows, since_us } in core::mem::take(&mut filter.inflight.restarts) {
+        if filter.host.set_effective_context(context_id).is_err() {
+            // Gone: its end gives its permits back.
+            super::super::metrics::host_refused(filter, "proxy_set_effective_context");
+            continue;
+        }
+        if filter.start_rates(context_id, route, body_follows, since_us) == Action::Continue
+            && filter.host.resume_request().is_err()
+        {
+            super::super::metrics::host_refused(filter, "proxy_continue_stream");
         }
     }
+}
+
+/// Request `context_id`'s permit `index` has its reply (`count_failure`: a failure counts in
+/// `redis_errors`): taken or refused, or failed (the error `SKIPPED` of a permit a closed gate skipped is
+/// not counted); its request concluded once all its permits are answered. A permit answered with an error
+/// took nothing: no longer an orphan.
+pub(in crate::filter) fn answer_permit<H: Host>(
+    filter: &mut Filter<H>,
+    context_id: u32,
+    index: usize,
+    reply: Result<Vec<u8>, Failure>,
+    count_failure: bool,
+) {
+    let outcome = match &reply {
+        Ok(bytes) => decode_semaphore_acquire_replies(bytes, 1).map(|outcomes| outcomes.into_iter().next()),
+        Err(failure) => Err(ReplyError::Redis(failure.to_string())),
+    };
+    if let Ok(Some(outcome)) = outcome {
+        answered(filter, context_id, index, outcome);
+        return;
+    }
+    let skipped = reply.as_ref().is_ok_and(|bytes| bytes.starts_with(b"-SKIPPED"));
+    if count_failure && !skipped {
+        filter.metrics.redis_errors(&filter.host, 1);
+    }
+    if reply.is_ok() {
+        filter.inflight.orphans.retain(|(c, i, _, _)| (*c, *i) != (context_id, index));
+    }
+    fail(filter, context_id, index);
+    conclude_from_reply(filter, context_id);
 }
