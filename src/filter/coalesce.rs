@@ -248,7 +248,11 @@ impl Coalescer {
     /// The counted calls past their expiry (a host that never answered): no longer counted; their
     /// destinations, to send what waits for them, each with the settles its batch carried and whether
     /// their failure is the call's one error.
-    fn expire(&mut self, now_ms: u64) -> Vec<(Destination, Vec<GiveBackCall>, bool)> {
+    fn expire(
+        &mut self,
+        now_ms: u64,
+        released: &mut Vec<super::permit_outbox::Held>,
+    ) -> Vec<(Destination, Vec<GiveBackCall>, bool)> {
         if self.counted.is_empty() {
             return Vec::new();
         }
@@ -257,9 +261,15 @@ impl Coalescer {
             .into_iter()
             .filter_map(|key| {
                 // Its permits fail (their requests' waits ended already). One error for the call: its rate
-                // calls' requests counted theirs when their deadline ended them.
-                let (members, settles, counted) =
-                    self.take_batch(key).map(|batch| (batch.members, batch.settles, batch.counted)).unwrap_or_default();
+                // calls' requests counted theirs when their deadline ended them. The releases it carried are
+                // given back again (one that ran changes nothing).
+                let batch = self.take_batch(key);
+                let (members, settles, counted) = batch
+                    .map(|batch| {
+                        released.extend(batch.released);
+                        (batch.members, batch.settles, batch.counted)
+                    })
+                    .unwrap_or_default();
                 let counted = counted || members.iter().flatten().any(|member| matches!(member, Member::Rate(_)));
                 let mut permits = 0;
                 for member in members.into_iter().flatten() {
@@ -310,10 +320,12 @@ impl Coalescer {
 /// Gives up the calls never answered by `now_ms` (on the tick): the settles they carried fail (their
 /// reservations stay), and what waits for their destinations goes out.
 pub(super) fn expire<H: Host>(filter: &mut Filter<H>, now_ms: u64) {
-    for (destination, settles, count) in filter.coalescer.expire(now_ms) {
+    let mut released = Vec::new();
+    for (destination, settles, count) in filter.coalescer.expire(now_ms, &mut released) {
         settles_failed(filter, settles, &Failure::TimedOut, count);
         flush(filter, destination, false);
     }
+    filter.permit_outbox.releases.extend(released);
 }
 
 /// Sends at once what waits for destinations where a request would otherwise miss its deadline

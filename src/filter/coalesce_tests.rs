@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::script::{ACQUIRE, ACQUIRE_BATCH, GIVE_BACK};
-use crate::testing::{acquired, batch_reply, End, FakeHost, ROOT, SKIPPED};
+use crate::testing::{acquired, batch_reply, End, FakeHost, ROOT};
 
 /// The bridge with at most one acquire call in flight: the second request on waits.
 const BRIDGE_ONE_IN_FLIGHT: &str = r#""redis":{"cluster":"webdis","timeout":200,"max_in_flight":1}"#;
@@ -364,20 +364,17 @@ fn a_permit_waits_for_a_busy_destination_and_goes_in_one_batch_with_rate_acquire
 }
 
 /// A permit's segment that fails in a batch (WRONGTYPE on its semaphore) is that permit's failure alone:
-/// Redis skips the rate acquire it gates, its request follows the failure mode (open: its rate rule asked
-/// again, without a permit), the other member is decided by its own part.
+/// the gate stays open, so the rate acquire that rode with it runs; its request follows the failure mode
+/// (open: on without the permit, decided by its rate acquire's part), the other member by its own part.
 #[test]
 fn a_permit_that_fails_in_a_batch_follows_the_failure_mode_and_the_other_member_is_decided() {
     let (host, mut filter) = permit_and_acquire_batched();
     let batch = host.http_calls()[1].token;
     let wrongtype: &[u8] = b"-WRONGTYPE Operation a key\r\n";
-    answer_http(&host, &mut filter, batch, 200, &batch_reply(&[wrongtype, SKIPPED, &acquired(0)]));
-    assert_eq!(status(&host, 4), Some(200), "carol: her own part");
-    assert_eq!(status(&host, 3), None, "bob: failed open, on to his rate rule");
-    assert_eq!(host.http_calls().len(), 3);
-    assert!(bodies(&host)[2].starts_with(&format!("EVALSHA/{}/", ACQUIRE.sha())) && bodies(&host)[2].contains("bob"));
-    answer_http(&host, &mut filter, host.http_calls()[2].token, 200, &acquired(0));
-    assert_eq!(status(&host, 3), Some(200));
+    answer_http(&host, &mut filter, batch, 200, &batch_reply(&[wrongtype, &acquired(0), b":-700\r\n"]));
+    assert_eq!(status(&host, 4), Some(429), "carol: her own part");
+    assert_eq!(status(&host, 3), Some(200), "bob: failed open, admitted by his rate acquire in the same call");
+    assert_eq!(host.http_calls().len(), 2, "no call more");
     assert_eq!(counter(&host, "redis_errors"), 1);
     assert_eq!(counter(&host, "inflight_admitted"), 0);
 }

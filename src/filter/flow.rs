@@ -284,10 +284,8 @@ pub(super) fn pause<H: Host>(filter: &mut Filter<H>, context_id: u32, flow: Flow
 /// waiting ends its calls as timed out (each a failed call) and follows the failure mode.
 pub(super) fn end_flows<H: Host>(filter: &mut Filter<H>, context_ids: Vec<u32>) {
     for context_id in context_ids {
-        if super::inflight::end_joined(filter, context_id, filter.host.now_ms()) {
-            // Its permits rode with it: the in-flight stage decided the request first.
-            continue;
-        }
+        // Its permits rode with it: the in-flight stage concludes first (and may answer the request).
+        super::inflight::end_joined(filter, context_id, filter.host.now_ms());
         let Some(mut flow) = filter.flows.remove(&context_id) else { continue };
         // Its calls' failure is counted below: their batches count it no more when they expire.
         filter.coalescer.counted(&flow.tokens);
@@ -428,6 +426,9 @@ impl<H: Host> Filter<H> {
                 Some(super::end::end(self, context_id, route, next, Origin::Callback))
             }
             Start::Send(pending, 1) if pending.slot(0, &route.config) == slot => {
+                if route.settles_from_body {
+                    super::body::before_headers_go(self, route, false);
+                }
                 let deadline_ms =
                     now_ms.saturating_add(route.config.redis.timeout_ms).saturating_add(DEADLINE_GRACE_MS);
                 let flow = Flow::waiting(Rc::clone(route), pending, deadline_ms, since_us);

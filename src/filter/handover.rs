@@ -151,8 +151,6 @@ struct InflightRetirement {
 /// given back), and its permits are handed over.
 fn retire_inflight<H: Host>(filter: &mut Filter<H>) -> InflightRetirement {
     super::inflight::end_waits(filter, filter.host.now_ms(), true);
-    // Rate stages whose acquire rode with the permits start again now, to be ended with the other flows.
-    super::inflight::answer_coalesced(filter);
     for (_, _, held, _) in core::mem::take(&mut filter.inflight.orphans) {
         filter.permit_outbox.releases.push(held);
     }

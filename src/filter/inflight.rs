@@ -35,9 +35,12 @@ struct Asked {
     /// The semaphore's name.
     name: String,
     id: PermitId,
-    /// `Some(true)` taken, `Some(false)` refused, `None` waiting (or failed: `failed` says).
+    /// `Some(true)` taken, `Some(false)` refused, `None` waiting (or failed: `failed` says; or not asked:
+    /// `skipped` says).
     taken: Option<bool>,
     failed: bool,
+    /// Not asked: it rode with a permit of the same request that Redis refused (the gate closed).
+    skipped: bool,
     /// Permits free after the acquire (0 when it failed or none was left).
     free: u64,
     /// Decided by the process's own count (the degraded mode) at this time, ms.
@@ -69,16 +72,6 @@ struct Waiting {
     deadline_ms: u64,
 }
 
-/// A request whose rate stage starts again once the in-flight stage has concluded: its permits rode with
-/// its rate acquire, which did not run (a permit that gates it failed) or whose answer is unknown.
-#[derive(Debug)]
-pub(super) struct Restart {
-    context_id: u32,
-    route: Rc<Route>,
-    body_follows: bool,
-    since_us: u64,
-}
-
 /// The in-flight state of one filter: requests waiting for permits (their acquires in the coalescer's
 /// queues and batches), permits held by running requests, and permits to give back on the next tick.
 #[derive(Debug, Default)]
@@ -91,8 +84,6 @@ pub(super) struct Inflight {
     /// When the tick next extends the leases of held permits, ms since the epoch.
     next_extend_ms: u64,
     counters: InflightCounters,
-    /// Rate stages to start again after a reply or on the tick ([`calls::answer_coalesced`]).
-    restarts: Vec<Restart>,
 }
 
 impl Inflight {
@@ -169,7 +160,16 @@ pub(super) fn start<H: Host>(
             InflightApplies::Semaphore { name } => name,
         };
         let id = super::ids::permit_id(&filter.permit_prefix, &mut filter.random);
-        asked.push(Asked { rule: index, name, id, taken: None, failed: false, free: 0, local_ms: None });
+        asked.push(Asked {
+            rule: index,
+            name,
+            id,
+            taken: None,
+            failed: false,
+            skipped: false,
+            free: 0,
+            local_ms: None,
+        });
     }
     if asked.is_empty() {
         return None;
@@ -193,14 +193,7 @@ pub(super) fn start<H: Host>(
         asked.iter_mut().for_each(|asked| take_locally(&filter.host, route, asked, now_ms));
     }
     // The permits of each destination, in one call or into its next batch.
-    let mut destinations: Vec<(Destination, Vec<usize>)> = Vec::new();
-    for (index, asked) in asked.iter().enumerate().filter(|_| !local) {
-        let destination = destination(route, &asked.name);
-        match destinations.iter_mut().find(|(d, _)| *d == destination) {
-            Some((_, indexes)) => indexes.push(index),
-            None => destinations.push((destination, vec![index])),
-        }
-    }
+    let destinations = if local { Vec::new() } else { by_destination(route, &asked) };
     let joined = match destinations.as_slice() {
         [(destination, _)] if route.joins_permits => Some(destination.1),
         _ => None,
@@ -218,6 +211,19 @@ pub(super) fn start<H: Host>(
     }
     super::tick::start(filter);
     Some(conclude_if_answered(filter, context_id, true).unwrap_or(Action::Pause))
+}
+
+/// The indexes of permits `asked` of a request of `route` by destination, in first-seen order.
+fn by_destination(route: &Route, asked: &[Asked]) -> Vec<(Destination, Vec<usize>)> {
+    let mut destinations: Vec<(Destination, Vec<usize>)> = Vec::new();
+    for (index, asked) in asked.iter().enumerate() {
+        let destination = destination(route, &asked.name);
+        match destinations.iter_mut().find(|(d, _)| *d == destination) {
+            Some((_, indexes)) => indexes.push(index),
+            None => destinations.push((destination, vec![index])),
+        }
+    }
+    destinations
 }
 
 /// Request `context_id`'s permit `index` was answered: taken or refused (a request gone releases a permit
@@ -259,7 +265,7 @@ fn conclude_from_reply<H: Host>(filter: &mut Filter<H>, context_id: u32) {
 /// request's own callback (no context switch).
 fn conclude_if_answered<H: Host>(filter: &mut Filter<H>, context_id: u32, callback: bool) -> Option<Action> {
     let waiting = filter.inflight.waiting.get(&context_id)?;
-    if waiting.asked.iter().any(|asked| asked.taken.is_none() && !asked.failed) {
+    if waiting.asked.iter().any(|asked| asked.taken.is_none() && !asked.failed && !asked.skipped) {
         return None;
     }
     let joined = waiting.joined;
@@ -289,7 +295,7 @@ fn conclude_if_answered<H: Host>(filter: &mut Filter<H>, context_id: u32, callba
             asked.taken == Some(false) && route.config.inflight.get(asked.rule).is_some_and(|rule| rule.mode == mode)
         })
     };
-    let outcomes = waiting.asked.iter().map(|asked| {
+    let outcomes = waiting.asked.iter().filter(|asked| !asked.skipped).map(|asked| {
         let shadow = route.config.inflight.get(asked.rule).is_some_and(|rule| rule.mode == Mode::Shadow);
         (route.config.rules.len() + asked.rule, RuleOutcome::of_permit(asked.taken, shadow))
     });
@@ -316,20 +322,14 @@ fn conclude_if_answered<H: Host>(filter: &mut Filter<H>, context_id: u32, callba
         waiting.asked.iter().filter(|asked| asked.taken == Some(true)).map(|asked| held_of(&route, asked)).collect();
     filter.inflight.counters.count(&filter.host, InflightCounter::Admitted, held.len() as u64);
     filter.inflight.hold(context_id, held, now_ms);
-    let gate_failed = waiting.asked.iter().any(|asked| asked.failed && gates(&route, asked));
     match waiting.joined {
-        // Its rate acquire ran in the same call: its flow decides.
-        Joined::Sent if !gate_failed => return Some(Action::Pause),
         Joined::Alone => {}
-        // Its rate acquire did not run (or its answer is unknown): asked again, once this reply is read.
-        Joined::Sent | Joined::Riding => {
-            drop_joined_flow(filter, context_id, waiting.joined);
-            if !callback {
-                let (body_follows, since_us) = (waiting.body_follows, waiting.since_us);
-                filter.inflight.restarts.push(Restart { context_id, route, body_follows, since_us });
-                return Some(Action::Pause);
-            }
-        }
+        // The call that carried its permits and its rate acquire was refused by the host, from the request's
+        // own start: its rate stage asks again on its own.
+        Joined::Sent | Joined::Riding if callback => drop_joined_flow(filter, context_id, waiting.joined),
+        // Its rate acquire ran in the same call (its reply follows), failed with it, or still waits for a
+        // batch: its flow decides, by its reply or its deadline.
+        Joined::Sent | Joined::Riding => return Some(Action::Pause),
     }
     Some(filter.start_rates(context_id, route, waiting.body_follows, waiting.since_us))
 }
@@ -379,7 +379,8 @@ pub(super) fn on_done<H: Host>(filter: &mut Filter<H>, context_id: u32) {
         filter.coalescer.forget_permits(context_id);
         // Permits that rode with a rate acquire still waiting for its batch were never sent.
         let sent = waiting.joined != Joined::Riding;
-        for (index, asked) in waiting.asked.iter().enumerate().filter(|(_, asked)| sent && asked.taken != Some(false)) {
+        let holds = |asked: &Asked| sent && asked.taken != Some(false) && !asked.skipped;
+        for (index, asked) in waiting.asked.iter().enumerate().filter(|(_, asked)| holds(asked)) {
             let held = held_of(&waiting.route, asked);
             if asked.taken.is_none() && !asked.failed {
                 let until_ms = orphan_until(&filter.host, &waiting.route).max(waiting.deadline_ms);
@@ -419,7 +420,7 @@ fn give_up<H: Host>(filter: &mut Filter<H>, context_id: u32, now_ms: u64) {
     // Permits that rode with a rate acquire still waiting for its batch were never sent: no orphans.
     let sent = waiting.joined != Joined::Riding;
     for (index, asked) in waiting.asked.iter_mut().enumerate() {
-        if asked.taken.is_none() && !asked.failed {
+        if asked.taken.is_none() && !asked.failed && !asked.skipped {
             asked.failed = true;
             let held = held_of(&waiting.route, asked);
             filter.inflight.orphans.extend(sent.then_some((context_id, index, held, until_ms)));

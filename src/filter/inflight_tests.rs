@@ -211,8 +211,8 @@ fn a_call_never_answered_is_forgotten_and_the_tick_stops() {
     assert_eq!(host.tick_period(), 0);
 }
 
-/// An acquire batch never answered: the request's wait ends at its deadline in the failure mode (open: on
-/// to its rate rule, without a permit); the call counts one error when the coalescer gives it up.
+/// The call carrying a request's permit and rate acquire never answered: the request ends at its deadline
+/// in the failure mode (open: on, without a permit), no call more; the call counts one error.
 #[test]
 fn an_acquire_never_answered_ends_the_wait_in_the_failure_mode_and_counts_one_error() {
     let (host, mut filter) = configure("");
@@ -220,10 +220,9 @@ fn an_acquire_never_answered_ends_the_wait_in_the_failure_mode_and_counts_one_er
     assert_eq!(host.http_calls().len(), 1);
     host.advance(200 + DEADLINE_GRACE_MS + 1);
     filter.on_tick();
-    assert_eq!(host.http_calls().len(), 2, "failed open: the rate rule asked");
+    assert_eq!(host.end(2), Some(End::Resumed), "failed open");
+    assert_eq!(host.http_calls().len(), 1, "no call more");
     assert_eq!(host.counter("edge_rate_limiter.inflight_admitted"), 0);
-    answer(&host, &mut filter, &acquired(4));
-    assert_eq!(host.end(2), Some(End::Resumed));
     host.advance(200 + DEADLINE_GRACE_MS);
     filter.on_tick();
     assert_eq!(host.counter("edge_rate_limiter.redis_errors"), 1, "the acquire's reply never came");
@@ -385,4 +384,46 @@ fn a_permit_given_back_rides_with_the_next_acquire_of_its_destination() {
     host.advance(2 * u64::from(TICK_MS));
     filter.on_tick();
     assert_eq!(host.http_calls().len(), 3, "no release call of its own");
+}
+
+/// Two in-flight rules ride with the rate acquire; the first refuses: Redis skips the second permit and the
+/// acquire. The skipped permit was not asked: no failure (no error, no `failures` of its rule), the refusal
+/// is the first rule's.
+#[test]
+fn a_permit_skipped_after_a_refusal_is_no_failure() {
+    let host = FakeHost::new();
+    let json = r#"{"redis":{"cluster":"webdis","timeout":200},"rules":[
+        {"name":"per-user","limit_by":{"header":"x-user"},"rate":5,"interval":"1s"},
+        {"name":"inflight","limit_by":{"header":"x-user"},"max_in_flight":1,"lease":"3s"},
+        {"name":"total","limit_by":"global","max_in_flight":10,"lease":"3s"}]}"#;
+    let mut filter = Filter::configure(host.clone(), json.as_bytes(), false).unwrap();
+    assert_eq!(start(&host, &mut filter, 2), Action::Pause);
+    let sent = answer(&host, &mut filter, &batch_reply(&[PERMIT_REFUSED, SKIPPED, SKIPPED]));
+    assert_eq!(sent.matches("/5/3/5/").count(), 2, "both permits gate: {sent}");
+    match host.end(2) {
+        Some(End::LocalReply { status: 429, headers, .. }) => {
+            assert!(headers.contains(&("x-ratelimited-by".into(), "inflight".into())), "{headers:?}");
+        }
+        other => panic!("expected a 429, got {other:?}"),
+    }
+    assert_eq!(host.counter("edge_rate_limiter.redis_errors"), 0);
+    assert_eq!(host.counter("edge_rate_limiter.rule.total.failures"), 0);
+    assert_eq!(host.counter("edge_rate_limiter.rule.inflight.rejected"), 1);
+    filter.on_done(2);
+    filter.on_tick();
+    assert!(host.http_calls().len() == 1, "nothing to give back: {:?}", host.http_calls());
+}
+
+/// The host refuses the call carrying a shadow rule's permit and the rate acquire: the request is decided
+/// from its own callback in the failure mode (open), not left waiting for a call that never left.
+#[test]
+fn a_refused_send_with_only_a_shadow_permit_is_decided_at_once() {
+    let host = FakeHost::new();
+    let json = r#"{"redis":{"cluster":"webdis","timeout":200},"rules":[
+        {"name":"per-user","limit_by":{"header":"x-user"},"rate":5,"interval":"1s"},
+        {"name":"inflight","limit_by":{"header":"x-user"},"max_in_flight":1,"lease":"3s","mode":"shadow"}]}"#;
+    let mut filter = Filter::configure(host.clone(), json.as_bytes(), false).unwrap();
+    host.refuse_calls(Some(crate::host::HostError::BadArgument));
+    assert_eq!(start(&host, &mut filter, 2), Action::Continue, "failed open at once");
+    assert_eq!(host.end(2), None, "not resumed from within its own callback");
 }

@@ -730,9 +730,11 @@ fn cost_and_inflight_with_alice_allowed(redis_extra: &str) -> (FakeHost, Filter<
     let mut filter = Filter::configure(host.clone(), json.as_bytes(), true).unwrap();
     host.request(2, &[(":path", "/"), ("x-key", "alice")]);
     assert_eq!(filter.on_request_headers(2), Action::Pause);
-    answer(&host, &mut filter, host.last_token().unwrap(), b"*4\r\n:2\r\n:2\r\n:1\r\n:4\r\n");
-    answer(&host, &mut filter, host.last_token().unwrap(), &acquired(9_000));
+    // One call: her permit (4 free after it), then the rate acquire that rode with it.
+    let reply = crate::testing::batch_reply(&[b"*3\r\n:1\r\n:4\r\n:-1\r\n", &acquired(9_000)]);
+    answer(&host, &mut filter, host.last_token().unwrap(), &reply);
     assert!(resumed(&host, 2));
+    assert_eq!(host.counter(&format!("{NAME}.inflight_admitted")), 1);
     (host, filter)
 }
 

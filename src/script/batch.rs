@@ -50,8 +50,8 @@ pub struct Layout {
 pub enum Gate {
     /// Not gated: run whatever came before (and opens a gate that was closed).
     Plain,
-    /// A [`super::SEMAPHORE_ACQUIRE`] (`5`) that closes the gate unless it took its permit; skipped itself
-    /// while the gate is closed.
+    /// A [`super::SEMAPHORE_ACQUIRE`] (`5`) that closes the gate when its permit is refused (an error leaves
+    /// it as it was); skipped itself while the gate is closed.
     Opens,
     /// An [`super::ACQUIRE`] (`6`) or [`super::ACQUIRE_ALL`] (`7`) run only if the gate is open: else its
     /// reply is the error `SKIPPED`.

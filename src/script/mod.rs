@@ -172,7 +172,7 @@ pub static ACQUIRE_ALL: Script = Script::new("acquireAll", ACQUIRE_ALL_SOURCE, A
 /// elements, or `3` and an error's text.
 ///
 /// Gates ([`Gate`]): a request's in-flight permits (`5`, gating) and its rate acquire (`6` ACQUIRE, `7`
-/// ACQUIRE_ALL, gated) in one batch: a permit not taken closes the gate, and the request's later permits and
+/// ACQUIRE_ALL, gated) in one batch: a permit refused closes the gate, and the request's later permits and
 /// its acquire are skipped, each answering the error `SKIPPED ...` (nothing of theirs runs).
 pub static ACQUIRE_BATCH: PartsScript =
     PartsScript { name: "acquireBatch", parts: &ACQUIRE_BATCH_PARTS, sha: ACQUIRE_BATCH_SHA };

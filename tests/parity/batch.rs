@@ -405,6 +405,20 @@ fn a_rate_acquire_gated_by_permits_runs_only_when_they_were_taken() {
     assert!(replies[1].starts_with(b"-SKIPPED") && replies[2].starts_with(b"-SKIPPED"), "{replies:?}");
     let held: i64 = redis::cmd("ZCARD").arg("erl:batch:{sem}:b:timeout").query(&mut inspector).unwrap();
     assert_eq!(held, 2, "the permit after a refused one was not taken");
+    // A permit that fails (WRONGTYPE: `erl:batch:a` becomes limiter a's hash) leaves the gate open: its
+    // request's acquire runs, the request following its failure mode with it.
+    run_batch(&mut client, &[command(&rate(0), 10, T0, &template)]);
+    let broken = CallSpec { semaphore: Some(2), permit_lease_ms: 10_000, ..Default::default() };
+    let failing = [command(&broken, 11, T0, &template), command(&rate(1), 12, T0, &template)];
+    let segments: Vec<Segment<'_>> = failing
+        .iter()
+        .zip([Gate::Opens, Gate::Gated])
+        .map(|(c, gate)| Segment::of(c, Encoding::Resp).unwrap().gated(gate))
+        .collect();
+    let reply = client.call_raw(&encode_batch(&segments, Invocation::BySha, Encoding::Resp));
+    let replies = split_batch_reply(&reply, segments.len()).unwrap();
+    assert!(replies[0].starts_with(b"-WRONGTYPE"), "{}", String::from_utf8_lossy(&replies[0]));
+    assert!(replies[1].starts_with(b":"), "the acquire ran: {}", String::from_utf8_lossy(&replies[1]));
 }
 
 /// Permits given back ride in an acquire batch (`SEMAPHORE_RELEASE`, segment `8`): they answer and write

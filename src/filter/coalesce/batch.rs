@@ -251,7 +251,7 @@ fn resend_by_source<H: Host>(filter: &mut Filter<H>, key: u64, mut batch: Batch)
         }
     }
     batch.members.retain(|member| member.is_some());
-    if !batch.members.is_empty() || !batch.settles.is_empty() {
+    if !batch.members.is_empty() || !batch.settles.is_empty() || !batch.released.is_empty() {
         send_batch(filter, batch, &commands, Invocation::BySource);
     }
 }

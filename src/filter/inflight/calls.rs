@@ -17,9 +17,8 @@ use crate::script::{
 
 use super::super::coalesce::{self, Member, PermitCall};
 use super::super::permit_outbox::Destination;
-use super::super::Action;
 use super::super::Filter;
-use super::{answered, conclude_from_reply, Inflight, Joined, Restart};
+use super::{answered, conclude_from_reply, Inflight, Joined};
 use crate::transport::Failure;
 
 /// Asks for request `context_id`'s permits `indexes`, all of `destination`, from the request's own callback:
@@ -83,10 +82,10 @@ pub(in crate::filter) fn joined_permits(inflight: &Inflight, context_id: u32, no
         .collect()
 }
 
-/// Marks request `context_id`'s permit `index` failed.
+/// Marks request `context_id`'s permit `index` failed (unless it was not asked).
 pub(super) fn fail<H: Host>(filter: &mut Filter<H>, context_id: u32, index: usize) {
     if let Some(asked) = filter.inflight.waiting.get_mut(&context_id).and_then(|w| w.asked.get_mut(index)) {
-        asked.failed = true;
+        asked.failed = !asked.skipped;
     }
 }
 
@@ -105,30 +104,16 @@ fn command(inflight: &Inflight, context_id: u32, index: usize, now_ms: u64) -> O
 /// Answers the permits whose batches landed or failed ([`coalesce::Coalescer::permit_replies`]): each
 /// reply is that of a [`crate::script::SEMAPHORE_ACQUIRE`] of one permit; a failure fails the permit (one
 /// error counted per failed call), its request concluded once all its permits are answered.
-/// Then starts again the rate stages of requests whose rate acquire rode with their permits and did not
-/// run ([`super::Restart`]).
 pub(in crate::filter) fn answer_coalesced<H: Host>(filter: &mut Filter<H>) {
     for (context_id, index, reply, count_failure) in core::mem::take(&mut filter.coalescer.permit_replies) {
         answer_permit(filter, context_id, index, reply, count_failure);
     }
-    for Restart { context_id, route, body_follows, since_us } in core::mem::take(&mut filter.inflight.restarts) {
-        if filter.host.set_effective_context(context_id).is_err() {
-            // Gone: its end gives its permits back.
-            super::super::metrics::host_refused(filter, "proxy_set_effective_context");
-            continue;
-        }
-        if filter.start_rates(context_id, route, body_follows, since_us) == Action::Continue
-            && filter.host.resume_request().is_err()
-        {
-            super::super::metrics::host_refused(filter, "proxy_continue_stream");
-        }
-    }
 }
 
 /// Request `context_id`'s permit `index` has its reply (`count_failure`: a failure counts in
-/// `redis_errors`): taken or refused, or failed (the error `SKIPPED` of a permit a closed gate skipped is
-/// not counted); its request concluded once all its permits are answered. A permit answered with an error
-/// took nothing: no longer an orphan.
+/// `redis_errors`): taken or refused, or failed, or not asked (the error `SKIPPED`: a permit of the same
+/// request before it was refused); its request concluded once all its permits are answered. A permit
+/// answered with an error took nothing: no longer an orphan.
 pub(in crate::filter) fn answer_permit<H: Host>(
     filter: &mut Filter<H>,
     context_id: u32,
@@ -144,12 +129,14 @@ pub(in crate::filter) fn answer_permit<H: Host>(
         answered(filter, context_id, index, outcome);
         return;
     }
-    let skipped = reply.as_ref().is_ok_and(|bytes| bytes.starts_with(b"-SKIPPED"));
-    if count_failure && !skipped {
-        filter.metrics.redis_errors(&filter.host, 1);
-    }
     if reply.is_ok() {
         filter.inflight.orphans.retain(|(c, i, _, _)| (*c, *i) != (context_id, index));
+    }
+    let asked = filter.inflight.waiting.get_mut(&context_id).and_then(|waiting| waiting.asked.get_mut(index));
+    match (asked, reply) {
+        (Some(asked), Ok(bytes)) if bytes.starts_with(b"-SKIPPED") => asked.skipped = true,
+        _ if count_failure => filter.metrics.redis_errors(&filter.host, 1),
+        _ => {}
     }
     fail(filter, context_id, index);
     conclude_from_reply(filter, context_id);

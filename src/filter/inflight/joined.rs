@@ -63,17 +63,17 @@ pub(super) fn drop_joined_flow<H: Host>(filter: &mut Filter<H>, context_id: u32,
     }
 }
 
-/// The deadline guard of request `context_id`'s rate flow ([`super::flow::end_flows`]): if its permits
-/// ride with it, its in-flight stage ends first, its unanswered permits failed, and decides the request
-/// (`true`: the flow is dropped, or started again); `false`: its permits do not ride with it.
-pub(in crate::filter) fn end_joined<H: Host>(filter: &mut Filter<H>, context_id: u32, now_ms: u64) -> bool {
+/// The deadline guard of request `context_id`'s rate flow ([`super::super::flow::end_flows`]): if its
+/// permits ride with it, its in-flight stage concludes first, its unanswered permits failed (refused or
+/// failing closed, the request is answered and its flow dropped; else the flow then ends in the failure
+/// mode).
+pub(in crate::filter) fn end_joined<H: Host>(filter: &mut Filter<H>, context_id: u32, now_ms: u64) {
     let joined = filter.inflight.waiting.get(&context_id).map(|waiting| waiting.joined);
     if joined.is_none_or(|joined| joined == Joined::Alone) {
-        return false;
+        return;
     }
     give_up(filter, context_id, now_ms);
     conclude_from_reply(filter, context_id);
-    true
 }
 
 /// A refused send of the batch carrying request `context_id`'s permits `indexes` (riding with its rate

@@ -12,10 +12,11 @@
 --
 -- A gate joins a request's in-flight permits and its rate acquire in one batch (docs/configuration.md,
 -- "In-flight limits"): '5' is a SEMAPHORE_ACQUIRE that gates the next segment, '6' and '7' an ACQUIRE and
--- an ACQUIRE_ALL gated by the '5's right before them. A '5' not taken (refused, or an error) closes the
--- gate: the '5's and the '6' or '7' after it are skipped, each answering the error SKIPPED, so a request
--- refused by an in-flight rule takes nothing of its other permits nor of its rates. Any segment but a '5'
--- opens the gate again.
+-- an ACQUIRE_ALL gated by the '5's right before them. A '5' refused closes the gate: the '5's and the '6'
+-- or '7' after it are skipped, each answering the error SKIPPED, so a request refused by an in-flight rule
+-- takes nothing of its later permits nor of its rates. A '5' that fails (an error) leaves the gate as it
+-- was: its request follows its failure mode with what the others took. Any segment but a '5' opens the
+-- gate again.
 --
 -- Reply, a flat array (webdis re-encodes nested arrays' integers and drops nils: keep it flat), per
 -- segment: 1 and the integer of a bare integer reply; 2, n and the n elements of an array reply; 3 and the
@@ -66,7 +67,7 @@ for _ = 1, tonumber(ARGV[1]) do
   end
   k = k + keyCount
   a = a + argCount
-  if script == '5' and not (ok and type(result) == 'table' and result[1] == 1) then open = false end
+  if script == '5' and ok and type(result) == 'table' and result[1] == 0 then open = false end
   if ok and type(result) == 'table' and result.err == nil then
     reply[#reply + 1] = 2
     reply[#reply + 1] = #result
