@@ -54,7 +54,7 @@ SUBFLOORS: dict[str, list[str]] = {
         "outbox settle permit_outbox",  # 3 what leaves from the tick: the outbox, reservations and their settles, in-flight permits
         # 4 the request driver, late replies of requests that stopped waiting, and in-flight permits (before
         # the rate rules, or in the same call as their acquire: the two stages call each other)
-        "body end flow coalesce late inflight",
+        "body end flow coalesce late inflight wait",
         "handover",                   # 5 a configuration that goes away and the one that takes over
     ],
 }

@@ -317,6 +317,31 @@ pub struct Rule {
     pub cost: Option<Cost>,
     /// `layout`: how its limiters are kept in Redis.
     pub layout: WindowLayout,
+    /// `max_wait`: how long a request this rule rejects may wait for its permits, ms, retrying after the
+    /// delay each rejection answers, as Redisson's `tryAcquire(permits, timeout)` does (0: refused at once;
+    /// docs/configuration.md, "Waiting for permits").
+    pub max_wait_ms: u64,
+    /// `max_waiting`: most requests this rule keeps waiting at once in one VM (the next one is refused at
+    /// once).
+    pub max_waiting: u32,
+}
+
+impl Rule {
+    /// Whether the rule reads the request body: a key part, `rates_by` or `cost.reserve` from it, or
+    /// `settle.include_usage` (which may rewrite it).
+    pub fn reads_body(&self) -> bool {
+        let reserve = self.cost.as_ref().and_then(|cost| match &cost.reserve {
+            Reserve::From { source, .. } => Some(source),
+            Reserve::Fixed(_) => None,
+        });
+        let sources = [Some(&self.source), self.rates_by.as_ref(), reserve];
+        sources.into_iter().flatten().any(KeySource::reads_body) || self.asks_usage()
+    }
+
+    /// Whether the rule asks for `settle.include_usage`.
+    pub fn asks_usage(&self) -> bool {
+        self.cost.as_ref().is_some_and(|cost| cost.include_usage)
+    }
 }
 
 /// How a rule keeps its limiters in Redis (`layout`; docs/configuration.md, "Which window to choose").

@@ -37,6 +37,8 @@ const RULE_FIELDS: &[&str] = &[
     "cost",
     "layout",
     "calendar",
+    "max_wait",
+    "max_waiting",
 ];
 
 const LEASE_FIELDS: &[&str] = &["max_permits", "max_age"];
@@ -87,8 +89,8 @@ pub(super) fn read_rule(mut rule: Object<'_>, default_mode: Mode) -> Result<Vec<
     let rate_source = rule
         .choice("rate_source", &[("redis", RateSource::Redis), ("config", RateSource::Config)])?
         .unwrap_or_default();
-    let local_block_max_ms = read_local_block_max(&mut rule)?;
     let lease = rule.object("lease")?.map(|lease| read_lease(lease, rate, interval_ms, permits)).transpose()?;
+    let (local_block_max_ms, max_wait_ms, max_waiting) = read_block_and_wait(&mut rule, lease.is_some())?;
     let mode = rule.choice("mode", &[("enforce", Mode::Enforce), ("shadow", Mode::Shadow)])?.unwrap_or(default_mode);
     let exempt = rule.object("exempt")?.map(read_exemption).transpose()?;
     let by_value = rule.array("rates_by_value")?;
@@ -102,15 +104,9 @@ pub(super) fn read_rule(mut rule: Object<'_>, default_mode: Mode) -> Result<Vec<
     if cost.is_some() && lease.is_some() {
         return Err(rule.error("cost", "cannot be combined with `lease` (a lease's permits are not one request's)"));
     }
-    let explicit_keep_alive = rule.get("keep_alive").is_some();
-    let layout = super::layout::read_layout(
-        &mut rule,
-        calendar,
-        limiter_type,
-        rate_source,
-        lease.is_some(),
-        explicit_keep_alive,
-    )?;
+    let keep_alive = rule.get("keep_alive").is_some();
+    let layout =
+        super::layout::read_layout(&mut rule, calendar, limiter_type, rate_source, lease.is_some(), keep_alive)?;
     rule.finish(RULE_FIELDS)?;
     let base = Rule {
         name,
@@ -131,14 +127,52 @@ pub(super) fn read_rule(mut rule: Object<'_>, default_mode: Mode) -> Result<Vec<
         rates_by,
         cost,
         layout,
+        max_wait_ms,
+        max_waiting,
     };
     match by_value {
         None => Ok(vec![base]),
-        Some((items, at)) => rates_by_value(base, items, &at, explicit_keep_alive),
+        Some((items, at)) => rates_by_value(base, items, &at, keep_alive),
     }
 }
 
 /// A rule's `local_block_max`, ms (default [`DEFAULT_LOCAL_BLOCK_MAX_MS`], at most [`MAX_INTERVAL_MS`]).
+/// Longest `max_wait`: a request held that long still ends well within Envoy's default stream timeouts.
+const MAX_WAIT_MS: u64 = 60_000;
+
+/// Default `max_waiting`: requests one rule keeps waiting at once in one VM.
+const DEFAULT_MAX_WAITING: u32 = 1_000;
+
+/// Most `max_waiting`.
+const MAX_WAITING: u32 = 1_000_000;
+
+/// A rule's `local_block_max`, `max_wait` (0 to [`MAX_WAIT_MS`], default 0: no wait) and `max_waiting` (1 to
+/// [`MAX_WAITING`], default [`DEFAULT_MAX_WAITING`]). A rule with `max_wait` keeps no local block: its
+/// rejected requests wait and ask again, where a block would answer them 429 (setting both is refused); a
+/// rule with a `lease` does not wait (its permits come from the lease).
+fn read_block_and_wait(rule: &mut Object<'_>, lease: bool) -> Result<(u64, u64, u32), ConfigError> {
+    let explicit_local_block = rule.get("local_block_max").is_some();
+    let local_block_max_ms = read_local_block_max(rule)?;
+    let max_wait_ms = rule.duration("max_wait")?.map_or(0, |DurationMs(ms)| ms);
+    if max_wait_ms > MAX_WAIT_MS {
+        return Err(rule.error("max_wait", format!("must be at most {MAX_WAIT_MS} ms")));
+    }
+    if max_wait_ms > 0 && lease {
+        return Err(rule.error("max_wait", "cannot be combined with `lease` (a lease's permits are not one request's)"));
+    }
+    let max_waiting = rule.number::<u32>("max_waiting")?.unwrap_or(DEFAULT_MAX_WAITING);
+    if max_waiting == 0 || max_waiting > MAX_WAITING {
+        return Err(rule.error("max_waiting", format!("must be between 1 and {MAX_WAITING}")));
+    }
+    match (max_wait_ms, explicit_local_block && local_block_max_ms > 0) {
+        (0, _) => Ok((local_block_max_ms, 0, max_waiting)),
+        (_, false) => Ok((0, max_wait_ms, max_waiting)),
+        (_, true) => {
+            Err(rule.error("local_block_max", "a rule with `max_wait` keeps no local block (its requests wait)"))
+        }
+    }
+}
+
 fn read_local_block_max(rule: &mut Object<'_>) -> Result<u64, ConfigError> {
     let local_block_max_ms = rule.duration("local_block_max")?.map_or(DEFAULT_LOCAL_BLOCK_MAX_MS, |DurationMs(ms)| ms);
     if local_block_max_ms > MAX_INTERVAL_MS {

@@ -195,6 +195,21 @@ fn read_rules(
         inflight.extend(inflight_rule);
         rules.extend(entries);
     }
+    // Waiting is built for rate rules whose requests are decided from their headers (issue 43's first part).
+    if let Some(first) = rules.iter().position(|rule| rule.max_wait_ms > 0) {
+        let why = if !inflight.is_empty() {
+            Some("cannot be used yet in a configuration with in-flight rules (`max_in_flight`)")
+        } else if rules.iter().any(super::Rule::reads_body) {
+            Some("cannot be used yet in a configuration whose rules read the request body")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            let name = rules.get(first).map(|rule| rule.name.as_str());
+            let index = items.iter().position(|item| item.get("name").and_then(Value::as_str) == name);
+            return Err(ConfigError::new(format!("{at}[{}].max_wait", index.unwrap_or(first)), why));
+        }
+    }
     Ok((rules, inflight))
 }
 

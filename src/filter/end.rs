@@ -42,6 +42,7 @@ pub(super) fn finish<H: Host>(
         }
     }
     let goes_on = matches!(decision.verdict, Verdict::Continue { .. });
+    super::wait::decided(filter, context_id, goes_on);
     for ticket in &decision.leases {
         if goes_on {
             filter.leases.commit(ticket);
@@ -62,6 +63,22 @@ pub(super) fn finish<H: Host>(
         filter.failure_log.recovered(&filter.host);
     }
     decision.verdict
+}
+
+/// `proxy_on_done` of request `context_id`, if it was paused: its calls forgotten (their late replies give
+/// back what they took), what it took from leases put back.
+pub(super) fn on_done<H: Host>(filter: &mut Filter<H>, context_id: u32) {
+    if filter.flows.is_empty() {
+        return;
+    }
+    if let Some(flow) = filter.flows.remove(&context_id) {
+        super::flow::forget(filter, context_id, &flow);
+        for ticket in flow.lease_tickets() {
+            put_back(filter, &ticket);
+        }
+        super::give_back::send_lease_settlements(filter, &flow.route);
+        super::flow::wake_parked(filter);
+    }
 }
 
 /// Puts a lease ticket back into its own lease; one whose lease is forgotten is counted as lost.

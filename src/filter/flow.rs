@@ -105,10 +105,31 @@ pub(super) fn advance<H: Host>(
         }
         Some(decision) => {
             forget(filter, context_id, &flow);
-            let next = super::end::finish(filter, context_id, &flow.route, decision, flow.since_us);
-            super::end::end(filter, context_id, &flow.route, next, origin)
+            let pending = match &flow.stage {
+                Stage::Waiting(pending) => Some(pending),
+                Stage::Undelivered(_) => None,
+            };
+            conclude(filter, context_id, &flow.route, decision, flow.since_us, pending, origin)
         }
     }
+}
+
+/// Ends decided request `context_id` of `route` (its headers seen at `since_us`), or holds it to ask again
+/// after its rejection's delay (a rule's `max_wait`, [`super::wait`]).
+fn conclude<H: Host>(
+    filter: &mut Filter<H>,
+    context_id: u32,
+    route: &Rc<Route>,
+    decision: Decision,
+    since_us: u64,
+    pending: Option<&PendingRequest>,
+    origin: Origin,
+) -> Action {
+    let Some(decision) = super::wait::park(filter, context_id, route, since_us, decision, pending) else {
+        return Action::Pause;
+    };
+    let next = super::end::finish(filter, context_id, route, decision, since_us);
+    super::end::end(filter, context_id, route, next, origin)
 }
 
 /// Follows the progress until the request waits for Redis or is decided.
@@ -369,9 +390,10 @@ impl<H: Host> Filter<H> {
         let now_ms = self.host.now_ms();
         let skip_redis = route.skips_redis(now_ms);
         let action = match self.start_limiter(&route, body, headers, now_ms, skip_redis) {
-            Start::Decided(decision) => {
-                let next = super::end::finish(self, context_id, &route, decision, since_us);
-                super::end::end(self, context_id, &route, next, Origin::Callback)
+            Start::Decided(decision) => conclude(self, context_id, &route, decision, since_us, None, Origin::Callback),
+            // An older request of this VM waits on its limiter: it waits behind it.
+            Start::Send(pending, _) if super::wait::queue_behind(self, context_id, &route, since_us, &pending) => {
+                Action::Pause
             }
             Start::Send(pending, sends) => {
                 // A request parked on a lease acquire waits as long as a call of its own would.

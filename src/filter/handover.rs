@@ -56,6 +56,7 @@ impl<H: Host> Filter<H> {
         let settle_calls = core::mem::take(&mut self.outbox);
         // A request waiting for its permits may go on to its rate rules, and pause there.
         let inflight = retire_inflight(self);
+        super::wait::end_all(self);
         let paused: Vec<u32> = self.flows.keys().copied().collect();
         super::flow::end_flows(self, paused);
         let mut redis: Vec<RedisConfig> = Vec::new();

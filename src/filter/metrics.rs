@@ -77,6 +77,9 @@ pub(super) struct Metrics {
     settlements_lost: Option<u32>,
     late_given_back: Option<u32>,
     late_unanswered: Option<u32>,
+    waited_admitted: Option<u32>,
+    waited_rejected: Option<u32>,
+    wait_queue_full: Option<u32>,
     /// The histograms, when on (`histograms`).
     histograms: Option<Histograms>,
 }
@@ -85,6 +88,17 @@ pub(super) struct Metrics {
 /// `edge_rate_limiter.outcome.<outcome>.paused_us` (the names of the global counters of the same requests).
 const PAUSED_OUTCOMES: [&str; 6] =
     ["allowed", "rejected", "failure_allowed", "failure_denied", "fallback_allowed", "fallback_rejected"];
+
+/// What a wait for permits ended in ([`super::wait`]), counted by [`Metrics::waited`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Waited {
+    /// Admitted after waiting (`waited_admitted`).
+    Admitted,
+    /// Refused after waiting (`waited_rejected`).
+    Rejected,
+    /// Refused at once: its rule's `max_waiting` were waiting (`wait_queue_full`).
+    QueueFull,
+}
 
 /// Histogram ids (docs/operating.md, "Histograms"). A histogram the host refused to define is skipped.
 #[derive(Debug)]
@@ -146,6 +160,9 @@ impl Metrics {
             settlements_lost: counter("settlements_lost"),
             late_given_back: counter("late_given_back"),
             late_unanswered: counter("late_unanswered"),
+            waited_admitted: counter("waited_admitted"),
+            waited_rejected: counter("waited_rejected"),
+            wait_queue_full: counter("wait_queue_full"),
             histograms,
         }
     }
@@ -324,6 +341,16 @@ impl Metrics {
     /// leaves with the window (rate members) or the lease (in-flight permits).
     pub(super) fn late_unanswered(&self, host: &impl Host, calls: usize) {
         Self::add(host, self.late_unanswered, calls);
+    }
+
+    /// How a request's wait for its permits ended ([`super::wait`]).
+    pub(super) fn waited(&self, host: &impl Host, waited: Waited) {
+        let id = match waited {
+            Waited::Admitted => self.waited_admitted,
+            Waited::Rejected => self.waited_rejected,
+            Waited::QueueFull => self.wait_queue_full,
+        };
+        Self::add(host, id, 1);
     }
 
     /// One give-back call sent (a request rejected after a limiter in another hash slot admitted it).

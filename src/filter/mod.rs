@@ -88,6 +88,7 @@ mod settle_tests;
 #[cfg(test)]
 mod tests;
 mod tick;
+mod wait;
 
 pub use handover::Retirement;
 pub use ids::CLIENT_ID_KEY;
@@ -171,6 +172,8 @@ pub struct Filter<H: Host> {
     /// Requests that stopped waiting while calls were on their way: those calls' late replies (a few at
     /// most, and rare: a list).
     late: Vec<late::LateFlow>,
+    /// Requests waiting for their permits (a rule's `max_wait`).
+    waits: wait::Waits,
     /// Outstanding calls, by [`CallId::key`]: the kind and the token (each kind has its own numbering); with
     /// when each was sent ([`Metrics::clock`]).
     calls: CallMap<(Call, u64)>,
@@ -291,6 +294,7 @@ impl<H: Host> Filter<H> {
             client_id_confirmed: false,
             flows: IdMap::default(),
             late: Vec::new(),
+            waits: wait::Waits::default(),
             calls: CallMap::default(),
             coalescer: Coalescer::default(),
             give_backs: CallMap::default(),
@@ -388,16 +392,7 @@ impl<H: Host> Filter<H> {
     /// `proxy_on_done` / `proxy_on_delete` of an HTTP context: forgets the request (a reply still on its
     /// way is dropped when it arrives); what it took from leases goes back to them.
     pub fn on_done(&mut self, context_id: u32) {
-        if !self.flows.is_empty() {
-            if let Some(flow) = self.flows.remove(&context_id) {
-                flow::forget(self, context_id, &flow);
-                for ticket in flow.lease_tickets() {
-                    end::put_back(self, &ticket);
-                }
-                give_back::send_lease_settlements(self, &flow.route);
-                flow::wake_parked(self);
-            }
-        }
+        end::on_done(self, context_id);
         if !self.response_headers.is_empty() {
             self.response_headers.remove(&context_id);
         }
@@ -411,6 +406,7 @@ impl<H: Host> Filter<H> {
             self.early_bodies.remove(&context_id);
         }
         inflight::on_done(self, context_id);
+        wait::on_done(self, context_id);
     }
 
     /// `proxy_on_http_call_response` (delivered to the root context): a reply of the HTTP bridge.
@@ -435,6 +431,7 @@ impl<H: Host> Filter<H> {
         flow::end_flows(self, due);
         coalesce::expire(self, now_ms);
         late::expire(self, now_ms);
+        wait::on_tick(self, now_ms);
         coalesce::send_overdue(self);
         outbox::send_queued(self, &self.coalescer.busy());
         give_back::expire_give_backs(self, now_ms);

@@ -9,12 +9,11 @@ use core::cell::{Cell, RefCell};
 use crate::prelude::*;
 
 use crate::block::{fnv1a, Block, BlockTable, RecentBlocks};
-use crate::config::{PluginConfig, Reserve, Settle, TransportKind};
+use crate::config::{PluginConfig, Settle, TransportKind};
 use crate::fallback::{Circuit, Local, WindowTable};
 use crate::host::{Host, LogLevel};
 use crate::host_redis::HostRedis;
 use crate::http_bridge::HttpBridge;
-use crate::key::KeySource;
 use crate::limiter::{Blocks, LocalWindows, Plan};
 use crate::script::Encoding;
 use crate::transport::{CallId, Failure};
@@ -77,15 +76,8 @@ impl Route {
             windows.create_slots(host);
             Fallback { windows, probe_interval_ms: settings.probe_interval_ms, circuit: Cell::default() }
         });
-        let asks_usage = config.rules.iter().any(|rule| rule.cost.as_ref().is_some_and(|cost| cost.include_usage));
-        let reads_body = config.rules.iter().any(|rule| {
-            let reserve = rule.cost.as_ref().and_then(|cost| match &cost.reserve {
-                Reserve::From { source, .. } => Some(source),
-                Reserve::Fixed(_) => None,
-            });
-            let sources = [Some(&rule.source), rule.rates_by.as_ref(), reserve];
-            sources.into_iter().flatten().any(KeySource::reads_body)
-        }) || asks_usage;
+        let asks_usage = config.rules.iter().any(crate::config::Rule::asks_usage);
+        let reads_body = config.rules.iter().any(crate::config::Rule::reads_body);
         let settles_from_body = config
             .rules
             .iter()

@@ -34,6 +34,7 @@ pub(super) fn stop_when_idle<H: Host>(filter: &mut Filter<H>) {
 pub(super) fn has_work<H: Host>(filter: &Filter<H>) -> bool {
     !(filter.flows.is_empty()
         && filter.late.is_empty()
+        && filter.waits.is_idle()
         && filter.coalescer.is_idle()
         && filter.give_backs.is_empty()
         && filter.give_back_batches.is_empty()

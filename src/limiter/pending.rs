@@ -366,6 +366,16 @@ impl PendingRequest {
         self.calls.iter().filter_map(|call| own_member(call).map(|(granted, at)| (call, granted, at)))
     }
 
+    /// Whether any of its rule calls is on limiter `name`.
+    pub fn asks(&self, name: &str) -> bool {
+        self.calls.iter().any(|c| c.name == name)
+    }
+
+    /// The limiter of its call of rule entry `rule`, if it has one.
+    pub fn limiter_of(&self, rule: usize) -> Option<&str> {
+        self.calls.iter().find(|c| c.rule == rule).map(|c| c.name.as_str())
+    }
+
     /// Whether a call waits for this VM's lease acquire of limiter `name`.
     pub fn parked_on(&self, name: &str) -> bool {
         self.calls.iter().any(|c| c.state == CallState::Parked && c.name == name)

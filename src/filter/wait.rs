@@ -1,0 +1,233 @@
+//! Waiting for permits (a rule's `max_wait`; docs/configuration.md, "Waiting for permits"), as Redisson's
+//! `RRateLimiter.tryAcquire(permits, timeout)` does: a request that a rule with `max_wait` rejects is held
+//! instead of answered, and asks Redis again once the delay its rejection answered has passed (never
+//! sooner), until it is admitted or its next try would come later than `max_wait` after its first
+//! rejection: then it gets the usual refusal, `Retry-After` and all.
+//!
+//! - **It holds nothing while it waits.** The rejection took no permit (all or nothing), and what another
+//!   hash slot took is given back as for any rejection ([`park`]).
+//! - **Bounded.** At most `max_waiting` requests wait per rule and VM; the next one is refused at once
+//!   (`wait_queue_full`). A gRPC call never waits past its `grpc-timeout`.
+//! - **In order.** Requests due at the same tick ask again in the order they first waited.
+//! - **Ends.** A client that leaves stops waiting ([`on_done`]); a configuration push ends the waits in the
+//!   failure mode ([`end_all`]); a retry whose call fails follows the failure mode as any request does.
+//! - **Counted.** `waited_admitted`, `waited_rejected`, `wait_queue_full`.
+
+use alloc::rc::Rc;
+
+use crate::prelude::*;
+
+use crate::config::FailureMode;
+use crate::host::Host;
+use crate::limiter::{Decision, GiveBack, Outcome, PendingRequest};
+use crate::response::Verdict;
+
+use super::give_back::{send_give_back, GiveBackCall, GiveBackKind};
+use super::metrics::Waited;
+use super::route::Route;
+use super::{Action, Filter};
+
+/// A request waiting for its permits.
+#[derive(Debug)]
+struct Parked {
+    context_id: u32,
+    route: Rc<Route>,
+    /// The rule whose rejection it waits on (its `max_waiting` counts it).
+    rule: usize,
+    /// The limiter that rule rejected it on: newer requests of this VM on it wait behind ([`queue_behind`]).
+    limiter: String,
+    /// When its headers arrived ([`super::metrics::Metrics::clock`]).
+    since_us: u64,
+    /// When it asks again, ms since the epoch.
+    retry_ms: u64,
+}
+
+/// This filter's waiting requests.
+#[derive(Debug, Default)]
+pub(super) struct Waits {
+    /// In the order they first waited.
+    parked: Vec<Parked>,
+    /// Every request that waited and is not decided yet: (request, when its wait ends, ms since the epoch).
+    started: Vec<(u32, u64)>,
+}
+
+impl Waits {
+    /// Whether no request waits (the tick need not run for them).
+    pub(super) fn is_idle(&self) -> bool {
+        self.parked.is_empty()
+    }
+}
+
+/// Request `context_id` of `route` (its headers seen at `since_us`) was decided `decision`: held to ask
+/// again after its rejection's delay (`None`), or the decision to finish now (not a rejection by a rule with
+/// `max_wait`, its wait would end first, or the rule's `max_waiting` are waiting already).
+pub(super) fn park<H: Host>(
+    filter: &mut Filter<H>,
+    context_id: u32,
+    route: &Rc<Route>,
+    since_us: u64,
+    decision: Decision,
+    pending: Option<&PendingRequest>,
+) -> Option<Decision> {
+    let Verdict::Respond { rate_limited: true, report, .. } = &decision.verdict else { return Some(decision) };
+    let (Some(rule), Some(delay_ms)) = (report.rejected_by, report.retry_ms) else { return Some(decision) };
+    let Some(limiter) = pending.and_then(|pending| pending.limiter_of(rule)) else { return Some(decision) };
+    let Some(config) = route.config.rules.get(rule).filter(|rule| rule.max_wait_ms > 0) else {
+        return Some(decision);
+    };
+    let now_ms = filter.host.now_ms();
+    let started = filter.waits.started.iter().find(|(c, _)| *c == context_id).map(|&(_, end_ms)| end_ms);
+    let end_ms = match started {
+        Some(end_ms) => end_ms,
+        None => now_ms.saturating_add(config.max_wait_ms.min(grpc_timeout_ms(filter, context_id))),
+    };
+    if now_ms.saturating_add(delay_ms) > end_ms {
+        return Some(decision);
+    }
+    if waiting_on(&filter.waits, route, rule) >= config.max_waiting as usize {
+        filter.metrics.waited(&filter.host, Waited::QueueFull);
+        return Some(decision);
+    }
+    // It holds nothing while it waits: what it took elsewhere goes back, as for a rejection.
+    for ticket in &decision.leases {
+        super::end::put_back(filter, ticket);
+    }
+    for GiveBack { name, settlement } in decision.give_back {
+        send_give_back(filter, GiveBackCall::new(route, name, settlement, GiveBackKind::Request));
+    }
+    if started.is_none() {
+        filter.waits.started.push((context_id, end_ms));
+    }
+    let retry_ms = now_ms.saturating_add(delay_ms);
+    let (route, limiter) = (Rc::clone(route), limiter.to_string());
+    filter.waits.parked.push(Parked { context_id, route, rule, limiter, since_us, retry_ms });
+    super::tick::start(filter);
+    None
+}
+
+/// Request `context_id` of `route` (its headers seen at `since_us`) is about to ask Redis (`pending`): if
+/// an older request of this VM waits on one of its limiters, it waits behind it instead (`true`), asking
+/// again at the same tick, after it, so that a newer request is not admitted before an older one that fits.
+/// Not when that rule's `max_waiting` are waiting: it asks at once (and is refused at once if rejected).
+pub(super) fn queue_behind<H: Host>(
+    filter: &mut Filter<H>,
+    context_id: u32,
+    route: &Rc<Route>,
+    since_us: u64,
+    pending: &PendingRequest,
+) -> bool {
+    if filter.waits.parked.is_empty() {
+        return false;
+    }
+    let parked = &filter.waits.parked;
+    let Some(ahead) = parked.iter().rev().find(|p| Rc::ptr_eq(&p.route, route) && pending.asks(&p.limiter)) else {
+        return false;
+    };
+    let (rule, limiter, retry_ms) = (ahead.rule, ahead.limiter.clone(), ahead.retry_ms);
+    let Some(config) = route.config.rules.get(rule) else { return false };
+    if waiting_on(&filter.waits, route, rule) >= config.max_waiting as usize {
+        return false;
+    }
+    let now_ms = filter.host.now_ms();
+    if !filter.waits.started.iter().any(|(c, _)| *c == context_id) {
+        let end_ms = now_ms.saturating_add(config.max_wait_ms.min(grpc_timeout_ms(filter, context_id)));
+        filter.waits.started.push((context_id, end_ms));
+    }
+    let route = Rc::clone(route);
+    filter.waits.parked.push(Parked { context_id, route, rule, limiter, since_us, retry_ms });
+    true
+}
+
+/// How many requests wait on rule `rule` of `route` in this VM.
+fn waiting_on(waits: &Waits, route: &Rc<Route>, rule: usize) -> usize {
+    waits.parked.iter().filter(|parked| parked.rule == rule && Rc::ptr_eq(&parked.route, route)).count()
+}
+
+/// The `grpc-timeout` of request `context_id` (gRFC over HTTP/2, "Timeout": digits and a unit, `H` `M` `S`
+/// `m` `u` `n`), ms; `u64::MAX` without one (or unreadable).
+fn grpc_timeout_ms<H: Host>(filter: &mut Filter<H>, context_id: u32) -> u64 {
+    if filter.host.set_effective_context(context_id).is_err() {
+        return u64::MAX;
+    }
+    let Ok(Some(value)) = filter.host.request_header("grpc-timeout") else { return u64::MAX };
+    let Some((&unit, digits)) = value.split_last() else { return u64::MAX };
+    let Some(amount) = core::str::from_utf8(digits).ok().and_then(|text| text.parse::<u64>().ok()) else {
+        return u64::MAX;
+    };
+    match unit {
+        b'H' => amount.saturating_mul(3_600_000),
+        b'M' => amount.saturating_mul(60_000),
+        b'S' => amount.saturating_mul(1_000),
+        b'm' => amount,
+        b'u' => amount / 1_000,
+        b'n' => amount / 1_000_000,
+        _ => u64::MAX,
+    }
+}
+
+/// Request `context_id` is decided (`goes_on`: it goes upstream): counted if it had waited.
+pub(super) fn decided<H: Host>(filter: &mut Filter<H>, context_id: u32, goes_on: bool) {
+    if filter.waits.started.is_empty() {
+        return;
+    }
+    let Some(at) = filter.waits.started.iter().position(|(c, _)| *c == context_id) else { return };
+    filter.waits.started.swap_remove(at);
+    filter.metrics.waited(&filter.host, if goes_on { Waited::Admitted } else { Waited::Rejected });
+}
+
+/// The tick: the requests whose delay has passed ask again, in the order they first waited.
+pub(super) fn on_tick<H: Host>(filter: &mut Filter<H>, now_ms: u64) {
+    if filter.waits.parked.iter().all(|parked| parked.retry_ms > now_ms) {
+        return;
+    }
+    let (due, kept): (Vec<Parked>, Vec<Parked>) =
+        core::mem::take(&mut filter.waits.parked).into_iter().partition(|parked| parked.retry_ms <= now_ms);
+    filter.waits.parked = kept;
+    for Parked { context_id, route, since_us, .. } in due {
+        if filter.host.set_effective_context(context_id).is_err() {
+            // Gone: its end forgets it.
+            super::metrics::host_refused(filter, "proxy_set_effective_context");
+            continue;
+        }
+        if filter.decide(context_id, route, None, None, since_us) == Action::Continue
+            && filter.host.resume_request().is_err()
+        {
+            super::metrics::host_refused(filter, "proxy_continue_stream");
+        }
+    }
+}
+
+/// `proxy_on_done` of request `context_id`: it stops waiting.
+pub(super) fn on_done<H: Host>(filter: &mut Filter<H>, context_id: u32) {
+    if filter.waits.started.is_empty() {
+        return;
+    }
+    filter.waits.parked.retain(|parked| parked.context_id != context_id);
+    filter.waits.started.retain(|(c, _)| *c != context_id);
+}
+
+/// The filter goes away (a configuration push): every waiting request ends in its failure mode (`deny`:
+/// answered with `failure_status`; otherwise it goes on).
+pub(super) fn end_all<H: Host>(filter: &mut Filter<H>) {
+    filter.waits.started.clear();
+    for Parked { context_id, route, .. } in core::mem::take(&mut filter.waits.parked) {
+        if filter.host.set_effective_context(context_id).is_err() {
+            super::metrics::host_refused(filter, "proxy_set_effective_context");
+            continue;
+        }
+        if route.config.failure_mode == FailureMode::Deny {
+            filter.metrics.decided(&filter.host, Outcome::FailedClosed);
+            let (status, grpc) = (route.config.failure_status, Some(route.config.grpc.failure_status));
+            super::end::answer(filter, status, &[], route.plan.failure_body.as_bytes(), grpc, None);
+        } else {
+            filter.metrics.decided(&filter.host, Outcome::FailedOpen);
+            if filter.host.resume_request().is_err() {
+                super::metrics::host_refused(filter, "proxy_continue_stream");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "wait_tests.rs"]
+mod tests;
