@@ -199,6 +199,8 @@ fn read_rules(
     if let Some(first) = rules.iter().position(|rule| rule.max_wait_ms > 0) {
         let why = if !inflight.is_empty() {
             Some("cannot be used yet in a configuration with in-flight rules (`max_in_flight`)")
+        } else if rules.iter().any(|rule| rule.lease.is_some()) {
+            Some("cannot be used yet in a configuration with a `lease` rule")
         } else if rules.iter().any(super::Rule::reads_body) {
             Some("cannot be used yet in a configuration whose rules read the request body")
         } else {

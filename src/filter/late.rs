@@ -50,6 +50,11 @@ pub(super) fn keep<H: Host>(filter: &mut Filter<H>, context_id: u32, flow: &Flow
     true
 }
 
+/// Whether calls of request `context_id` that it stopped waiting for are still on their way.
+pub(super) fn waits_for<H: Host>(filter: &Filter<H>, context_id: u32) -> bool {
+    filter.late.iter().any(|late| late.context_id == context_id)
+}
+
 /// The reply of `call` (of call or batch `key`) for a request that no longer waits for it: the members it
 /// took go back at once.
 pub(super) fn on_reply<H: Host>(filter: &mut Filter<H>, key: Option<u64>, call: Call, reply: Result<&[u8], Failure>) {

@@ -19,7 +19,7 @@ use crate::prelude::*;
 
 use crate::config::FailureMode;
 use crate::host::Host;
-use crate::limiter::{Decision, GiveBack, Outcome, PendingRequest};
+use crate::limiter::{Decision, GiveBack, Outcome, PendingRequest, RuleOutcome};
 use crate::response::Verdict;
 
 use super::give_back::{send_give_back, GiveBackCall, GiveBackKind};
@@ -42,13 +42,24 @@ struct Parked {
     retry_ms: u64,
 }
 
+/// A request that waits, parked or asking again, until it is decided.
+#[derive(Debug)]
+struct Started {
+    context_id: u32,
+    route: Rc<Route>,
+    /// The rule it waits on: its `max_waiting` counts the request until it is decided.
+    rule: usize,
+    /// When its wait ends, ms since the epoch.
+    end_ms: u64,
+}
+
 /// This filter's waiting requests.
 #[derive(Debug, Default)]
 pub(super) struct Waits {
     /// In the order they first waited.
     parked: Vec<Parked>,
-    /// Every request that waited and is not decided yet: (request, when its wait ends, ms since the epoch).
-    started: Vec<(u32, u64)>,
+    /// Every request that waits, parked or asking again, in the order it first waited.
+    started: Vec<Started>,
 }
 
 impl Waits {
@@ -75,8 +86,20 @@ pub(super) fn park<H: Host>(
     let Some(config) = route.config.rules.get(rule).filter(|rule| rule.max_wait_ms > 0) else {
         return Some(decision);
     };
+    // Every rule that rejected it waits (one that refuses at once decides), and no call of its last try is
+    // still on its way (its late reply must not meet the next try).
+    let waits = |&&(index, outcome): &&(usize, RuleOutcome)| {
+        outcome != RuleOutcome::Rejected || route.config.rules.get(index).is_some_and(|rule| rule.max_wait_ms > 0)
+    };
+    if !decision.rules.iter().all(|outcome| waits(&outcome)) || super::late::waits_for(filter, context_id) {
+        return Some(decision);
+    }
     let now_ms = filter.host.now_ms();
-    let started = filter.waits.started.iter().find(|(c, _)| *c == context_id).map(|&(_, end_ms)| end_ms);
+    let started = filter.waits.started.iter().find(|s| s.context_id == context_id).map(|s| s.end_ms);
+    if started.is_none() && waiting_on(&filter.waits, route, rule) >= config.max_waiting as usize {
+        filter.metrics.waited(&filter.host, Waited::QueueFull);
+        return Some(decision);
+    }
     let end_ms = match started {
         Some(end_ms) => end_ms,
         None => now_ms.saturating_add(config.max_wait_ms.min(grpc_timeout_ms(filter, context_id))),
@@ -84,11 +107,8 @@ pub(super) fn park<H: Host>(
     if now_ms.saturating_add(delay_ms) > end_ms {
         return Some(decision);
     }
-    if waiting_on(&filter.waits, route, rule) >= config.max_waiting as usize {
-        filter.metrics.waited(&filter.host, Waited::QueueFull);
-        return Some(decision);
-    }
     // It holds nothing while it waits: what it took elsewhere goes back, as for a rejection.
+    route.circuit_learns(now_ms, decision.redis_failed, !decision.redis_failed);
     for ticket in &decision.leases {
         super::end::put_back(filter, ticket);
     }
@@ -96,7 +116,7 @@ pub(super) fn park<H: Host>(
         send_give_back(filter, GiveBackCall::new(route, name, settlement, GiveBackKind::Request));
     }
     if started.is_none() {
-        filter.waits.started.push((context_id, end_ms));
+        filter.waits.started.push(Started { context_id, route: Rc::clone(route), rule, end_ms });
     }
     let retry_ms = now_ms.saturating_add(delay_ms);
     let (route, limiter) = (Rc::clone(route), limiter.to_string());
@@ -105,10 +125,11 @@ pub(super) fn park<H: Host>(
     None
 }
 
-/// Request `context_id` of `route` (its headers seen at `since_us`) is about to ask Redis (`pending`): if
-/// an older request of this VM waits on one of its limiters, it waits behind it instead (`true`), asking
-/// again at the same tick, after it, so that a newer request is not admitted before an older one that fits.
-/// Not when that rule's `max_waiting` are waiting: it asks at once (and is refused at once if rejected).
+/// New request `context_id` of `route` (its headers seen at `since_us`) is about to ask Redis (`pending`):
+/// if an older request of this VM waits on one of its limiters, it waits behind it instead (`true`), asking
+/// again at the same tick, right after it, so that a newer request is not admitted before an older one that
+/// fits. Not a request that waits already (its turn came), nor when it would wait past its own end or the
+/// rule's `max_waiting` wait already: then it asks at once.
 pub(super) fn queue_behind<H: Host>(
     filter: &mut Filter<H>,
     context_id: u32,
@@ -116,31 +137,32 @@ pub(super) fn queue_behind<H: Host>(
     since_us: u64,
     pending: &PendingRequest,
 ) -> bool {
-    if filter.waits.parked.is_empty() {
+    let waits = &filter.waits;
+    if waits.parked.is_empty() || waits.started.iter().any(|s| s.context_id == context_id) {
         return false;
     }
-    let parked = &filter.waits.parked;
-    let Some(ahead) = parked.iter().rev().find(|p| Rc::ptr_eq(&p.route, route) && pending.asks(&p.limiter)) else {
+    let Some(ahead) = waits.parked.iter().rev().find(|p| Rc::ptr_eq(&p.route, route) && pending.asks(&p.limiter))
+    else {
         return false;
     };
     let (rule, limiter, retry_ms) = (ahead.rule, ahead.limiter.clone(), ahead.retry_ms);
     let Some(config) = route.config.rules.get(rule) else { return false };
-    if waiting_on(&filter.waits, route, rule) >= config.max_waiting as usize {
+    if waiting_on(waits, route, rule) >= config.max_waiting as usize {
         return false;
     }
-    let now_ms = filter.host.now_ms();
-    if !filter.waits.started.iter().any(|(c, _)| *c == context_id) {
-        let end_ms = now_ms.saturating_add(config.max_wait_ms.min(grpc_timeout_ms(filter, context_id)));
-        filter.waits.started.push((context_id, end_ms));
+    let end_ms = filter.host.now_ms().saturating_add(config.max_wait_ms.min(grpc_timeout_ms(filter, context_id)));
+    if retry_ms > end_ms {
+        return false;
     }
+    filter.waits.started.push(Started { context_id, route: Rc::clone(route), rule, end_ms });
     let route = Rc::clone(route);
     filter.waits.parked.push(Parked { context_id, route, rule, limiter, since_us, retry_ms });
     true
 }
 
-/// How many requests wait on rule `rule` of `route` in this VM.
+/// How many requests wait on rule `rule` of `route` in this VM, parked or asking again.
 fn waiting_on(waits: &Waits, route: &Rc<Route>, rule: usize) -> usize {
-    waits.parked.iter().filter(|parked| parked.rule == rule && Rc::ptr_eq(&parked.route, route)).count()
+    waits.started.iter().filter(|started| started.rule == rule && Rc::ptr_eq(&started.route, route)).count()
 }
 
 /// The `grpc-timeout` of request `context_id` (gRFC over HTTP/2, "Timeout": digits and a unit, `H` `M` `S`
@@ -170,7 +192,7 @@ pub(super) fn decided<H: Host>(filter: &mut Filter<H>, context_id: u32, goes_on:
     if filter.waits.started.is_empty() {
         return;
     }
-    let Some(at) = filter.waits.started.iter().position(|(c, _)| *c == context_id) else { return };
+    let Some(at) = filter.waits.started.iter().position(|started| started.context_id == context_id) else { return };
     filter.waits.started.swap_remove(at);
     filter.metrics.waited(&filter.host, if goes_on { Waited::Admitted } else { Waited::Rejected });
 }
@@ -189,8 +211,9 @@ pub(super) fn on_tick<H: Host>(filter: &mut Filter<H>, now_ms: u64) {
             super::metrics::host_refused(filter, "proxy_set_effective_context");
             continue;
         }
+        // Its decision may have woken other requests (their contexts made effective): its own again first.
         if filter.decide(context_id, route, None, None, since_us) == Action::Continue
-            && filter.host.resume_request().is_err()
+            && (filter.host.set_effective_context(context_id).is_err() || filter.host.resume_request().is_err())
         {
             super::metrics::host_refused(filter, "proxy_continue_stream");
         }
@@ -203,7 +226,7 @@ pub(super) fn on_done<H: Host>(filter: &mut Filter<H>, context_id: u32) {
         return;
     }
     filter.waits.parked.retain(|parked| parked.context_id != context_id);
-    filter.waits.started.retain(|(c, _)| *c != context_id);
+    filter.waits.started.retain(|started| started.context_id != context_id);
 }
 
 /// The filter goes away (a configuration push): every waiting request ends in its failure mode (`deny`:

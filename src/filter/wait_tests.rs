@@ -181,3 +181,30 @@ fn a_rule_with_max_wait_keeps_no_local_block() {
     start(&host, &mut filter, 3, &[("x-user", "alice")]);
     assert_eq!(host.end(3), None, "not answered by a local block: it waits");
 }
+
+/// A request that another rule rejects too, one without `max_wait`, is refused at once: that rule does
+/// not wait.
+#[test]
+fn a_request_another_rule_rejects_at_once_does_not_wait() {
+    let host = FakeHost::new();
+    let json = r#"{"redis":{"cluster":"webdis","timeout":200},"rules":[
+        {"name":"per-user","limit_by":{"header":"x-user"},"rate":5,"interval":"1s","max_wait":"2s"},
+        {"name":"per-app","limit_by":{"header":"x-user"},"rate":5,"interval":"1s","local_block_max":0}]}"#;
+    let mut filter = Filter::configure(host.clone(), json.as_bytes(), false).unwrap();
+    start(&host, &mut filter, 2, &[]);
+    // ACQUIRE_ALL's reply: both limiters rejected (code 0 and the delay, per limiter: 8 integers each).
+    let both = b"*16\r\n:0\r\n:300\r\n:0\r\n:5\r\n:1000\r\n:0\r\n:0\r\n:0\r\n:0\r\n:300\r\n:0\r\n:5\r\n:1000\r\n:0\r\n:0\r\n:0\r\n";
+    answer(&host, &mut filter, both);
+    assert!(matches!(host.end(2), Some(End::LocalReply { status: 429, .. })), "{:?}", host.end(2));
+    assert_eq!(counter(&host, "waited_rejected") + counter(&host, "waited_admitted"), 0);
+}
+
+#[test]
+fn a_configuration_with_max_wait_and_a_lease_rule_is_refused_naming_the_field() {
+    let host = FakeHost::new();
+    let json = r#"{"redis":{"cluster":"webdis"},"rules":[
+        {"name":"global","limit_by":"global","rate":1000,"interval":"1s","lease":{"max_permits":10,"max_age":"50ms"}},
+        {"name":"per-user","limit_by":{"header":"x-user"},"rate":5,"interval":"1s","max_wait":"1s"}]}"#;
+    let Err(error) = Filter::configure(host, json.as_bytes(), false) else { panic!("accepted") };
+    assert!(error.to_string().contains("rules[1].max_wait"), "{error}");
+}

@@ -10,7 +10,8 @@ from harness import METRIC_PREFIX, plugin_config, rule
 COUNTERS = ("allowed", "rejected", "local_rejected", "failure_allowed", "failure_denied", "redis_calls", "redis_errors",
             "host_errors", "leases", "lease_settlements", "lease_permits_lost", "compensations", "fallback_allowed",
             "fallback_rejected", "exempt", "batches", "batched_calls", "settlements", "settled_without_usage",
-            "settled_unanswered", "settlements_lost", "late_given_back", "late_unanswered", "rule.per-user.allowed", "rule.per-user.rejected", "rule.per-user.local_rejected",
+            "settled_unanswered", "settlements_lost", "late_given_back", "late_unanswered", "waited_admitted",
+            "waited_rejected", "wait_queue_full", "rule.per-user.allowed", "rule.per-user.rejected", "rule.per-user.local_rejected",
             "rule.per-user.shadow_rejected", "rule.per-user.failures")
 
 
@@ -69,6 +70,9 @@ def test_one_redis_round_trip_per_request_once_the_limiter_exists(stack, start_g
         "settlements_lost": 0,
         "late_given_back": 0,  # every request waited for its reply
         "late_unanswered": 0,
+        "waited_admitted": 0,  # no rule with `max_wait`
+        "waited_rejected": 0,
+        "wait_queue_full": 0,
         "rule.per-user.allowed": 30 - warm,
         "rule.per-user.rejected": 3,
         "rule.per-user.local_rejected": 2,
