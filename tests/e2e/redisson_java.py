@@ -220,11 +220,14 @@ class JavaLimiter:
         """`release(permits)` (4.x): the value key rises by `permits`, at most to the rate; no member goes."""
         self._call("release", permits=permits)
 
-    def hammer(self, threads: int, ms: int, pause_ms: int = 0, permits: int = 1) -> list[tuple[int, int, int]]:
-        """`threads` threads of this instance calling `tryAcquire(permits)` for `ms`, each pausing `pause_ms`
-        after each call: (start ms, end ms, 1 acquired / 0 refused / -1 threw) of every call."""
+    def hammer(self, threads: int, ms: int, pause_ms: int = 0, permits: int = 1,
+               timeout_ms: int = 0) -> list[tuple[int, int, int]]:
+        """`threads` threads of this instance calling `tryAcquire(permits)` (with `timeout_ms` > 0:
+        `tryAcquire(permits, timeout_ms, MILLISECONDS)`, which waits for the permits up to it) for `ms`, each
+        pausing `pause_ms` after each call: (start ms, end ms, 1 acquired / 0 refused / -1 threw) of every
+        call."""
         calls = self.java.call("hammer", name=self.name, threads=threads, ms=ms, pause_ms=pause_ms, permits=permits,
-                               timeout=ms / 1000 + 30).result
+                               timeout_ms=timeout_ms, timeout=(ms + timeout_ms) / 1000 + 30).result
         return [tuple(call) for call in calls]
 
 

@@ -423,6 +423,44 @@ def test_java_and_the_gateway_on_one_limiter_go_no_further_over_the_rate_than_ja
         assert worst <= rate + 1, lines[-1]
 
 
+def test_java_try_acquire_with_a_timeout_and_a_gateway_with_max_wait_wait_alike_on_one_limiter(stack, java):
+    """Redisson's `tryAcquire(1, 1500 ms)` (2 Java threads, back to back) and 2 gateway clients on a rule with
+    `max_wait` 1.5 s share one limiter of 10 per second for 3 s, far over it: both sides wait for their
+    permits instead of being refused at once, and both get some; every admission on either side came within
+    its wait (+ a margin for a loaded machine); by the permits' scores, no sliding second holds more than the
+    rate (one more at most: two Java calls can reach Redis out of their stamps' order). Java refuses only once
+    its timeout has passed; the gateway refuses as soon as its next try would come past `max_wait` (it
+    answers a 429 with `Retry-After` earlier, docs/redisson.md)."""
+    rate, interval_ms, wait_ms, seconds = 10, 1000, 1500, 3.0
+    envoy = stack.envoy(plugin_config(rule(rate=rate, interval=interval_ms, max_wait=f"{wait_ms}ms"),
+                                      timeout=TIMEOUT))
+    limiter = java.limiter(ALICE)
+    assert limiter.try_set_rate(OVERALL, rate, interval_ms)
+    key = limiter_key(ALICE, "permits")
+    with Sampler(stack.redis, [key]) as sampler, ThreadPoolExecutor(max_workers=1) as pool:
+        java_run = pool.submit(limiter.hammer, 2, int(seconds * 1000), 0, 1, wait_ms)
+        gateway_runs = harness.hammer([lambda: envoy.send(headers=HEADERS).status] * 2, seconds)
+        java_calls = java_run.result(timeout=seconds + 60)
+    assert {outcome for _, _, outcome in java_calls} <= {0, 1}, "a Java tryAcquire threw"
+    gateway_calls = [(start, end, status) for run in gateway_runs for start, end, status in run]
+    assert {status for _, _, status in gateway_calls} <= {200, 429}, gateway_calls
+    java_admitted = [end - start for start, end, outcome in java_calls if outcome == 1]
+    gateway_admitted = [end - start for start, end, status in gateway_calls if status == 200]
+    print(f"{rate}/s, waits of {wait_ms} ms: Java admitted {len(java_admitted)} of {len(java_calls)} "
+          f"(longest wait {max(java_admitted, default=0):.0f} ms), gateway {len(gateway_admitted)} of "
+          f"{len(gateway_calls)} (longest {max(gateway_admitted, default=0):.0f} ms)")
+    assert java_admitted and gateway_admitted, "both sides got permits"
+    assert max(java_admitted) <= wait_ms + 500, java_calls
+    assert max(gateway_admitted) <= wait_ms + 500, gateway_calls
+    assert any(wait > interval_ms / 2 for wait in java_admitted), "Java waited for permits"
+    assert any(wait > interval_ms / 2 for wait in gateway_admitted), "the gateway waited for permits"
+    members = list(sampler.seen[key].values())
+    assert len(members) == len(java_admitted) + len(gateway_admitted), "one member per admission"
+    assert worst_by_scores(members, interval_ms) <= rate + 1, sorted(m.score_ms for m in members)
+    metrics = envoy.metrics()
+    assert metrics.get("waited_admitted", 0) > 0 and not metrics.get("redis_errors"), metrics
+
+
 def test_per_client_windows_of_java_and_the_gateway_each_hold_the_rate_and_are_apart(stack, java):
     rate, interval_ms = 10, 1000
     envoy = stack.envoy(plugin_config(rule(rate=rate, interval=interval_ms, type="per_client"), timeout=TIMEOUT))

@@ -40,7 +40,8 @@ import org.redisson.config.Config;
  * <p>Operations (each a method of Redisson's {@code RRateLimiter} on {@code getRateLimiter(name)}):
  * trySetRate, setRate (the reset form), setRateArgs ({@code setRate(RateLimiterArgs)} with keep_state),
  * updateRate, tryAcquire, availablePermits, getConfig, delete, expire, clearExpire, remainTimeToLive,
- * release; and hammer: {@code threads} threads calling tryAcquire for {@code ms}, {@code pause_ms} apart,
+ * release; and hammer: {@code threads} threads calling tryAcquire (with {@code timeout_ms}, waiting up to it)
+ * for {@code ms}, {@code pause_ms} apart,
  * each call's start, end and outcome returned.
  *
  * <p>Operations whose name starts with {@code sem} are methods of Redisson's {@code RPermitExpirableSemaphore}
@@ -158,7 +159,8 @@ public final class RedissonDriver {
                 return null;
             case "hammer":
                 return hammer(limiter, request.path("threads").asInt(1), request.path("ms").asLong(),
-                        request.path("pause_ms").asLong(0), request.path("permits").asLong(1));
+                        request.path("pause_ms").asLong(0), request.path("permits").asLong(1),
+                        request.path("timeout_ms").asLong(0));
             default:
                 throw new IllegalArgumentException("unknown op " + op);
         }
@@ -248,9 +250,13 @@ public final class RedissonDriver {
                 .keepState(request.path("keep_state").asBoolean(false));
     }
 
-    /** [start ms, end ms, 1 acquired / 0 refused / -1 threw] of every tryAcquire of every thread. */
-    private static ArrayNode hammer(RRateLimiter limiter, int threads, long ms, long pauseMs, long permits)
-            throws Exception {
+    /**
+     * [start ms, end ms, 1 acquired / 0 refused / -1 threw] of every tryAcquire of every thread: {@code
+     * tryAcquire(permits)}, or with {@code timeoutMs} > 0 {@code tryAcquire(permits, timeoutMs, MILLISECONDS)}
+     * (Redisson waits for the permits up to the timeout).
+     */
+    private static ArrayNode hammer(RRateLimiter limiter, int threads, long ms, long pauseMs, long permits,
+            long timeoutMs) throws Exception {
         ExecutorService pool = Executors.newFixedThreadPool(threads);
         long stop = System.currentTimeMillis() + ms;
         List<Future<List<long[]>>> runs = new ArrayList<>();
@@ -261,7 +267,10 @@ public final class RedissonDriver {
                     long start = System.currentTimeMillis();
                     long outcome;
                     try {
-                        outcome = limiter.tryAcquire(permits) ? 1 : 0;
+                        boolean acquired = timeoutMs > 0
+                                ? limiter.tryAcquire(permits, timeoutMs, TimeUnit.MILLISECONDS)
+                                : limiter.tryAcquire(permits);
+                        outcome = acquired ? 1 : 0;
                     } catch (RuntimeException error) {
                         outcome = -1;
                     }
