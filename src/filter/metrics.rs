@@ -109,6 +109,8 @@ struct Histograms {
     round_trip_us: Option<u32>,
     /// Calls per batch call sent: `batch_calls`.
     batch_calls: Option<u32>,
+    /// Microseconds a request waited for its permits, from its first rejection to its decision: `waited_us`.
+    waited_us: Option<u32>,
 }
 
 /// One rule's metrics: its counters, and for a rule with `cost` (histograms on) the histogram of its
@@ -135,6 +137,7 @@ impl Metrics {
             paused_us: PAUSED_OUTCOMES.map(|outcome| histogram(&format!("outcome.{outcome}.paused_us"))),
             round_trip_us: histogram("redis_round_trip_us"),
             batch_calls: histogram("batch_calls"),
+            waited_us: histogram("waited_us"),
         });
         Metrics {
             allowed: counter("allowed"),
@@ -341,6 +344,14 @@ impl Metrics {
     /// leaves with the window (rate members) or the lease (in-flight permits).
     pub(super) fn late_unanswered(&self, host: &impl Host, calls: usize) {
         Self::add(host, self.late_unanswered, calls);
+    }
+
+    /// A request that waited since `since_us` ([`Metrics::clock`]) for its permits is decided: its wait
+    /// recorded in `waited_us`.
+    pub(super) fn waited_for(&self, host: &impl Host, since_us: u64) {
+        if let Some(id) = self.histograms.as_ref().and_then(|h| h.waited_us).filter(|_| since_us > 0) {
+            let _ = host.record_histogram(id, self.clock(host).saturating_sub(since_us));
+        }
     }
 
     /// How a request's wait for its permits ended ([`super::wait`]).

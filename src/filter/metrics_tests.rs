@@ -103,7 +103,9 @@ fn histograms_off_defines_none_and_records_nothing() {
     answer(&host, &mut filter, host.last_token().unwrap(), &acquired(9_000));
     host.upstream_response(2, &[(":status", "200"), ("x-cost", "100")]);
     filter.on_response_headers(2);
-    for name in ["outcome.allowed.paused_us", "redis_round_trip_us", "batch_calls", "rule.tokens.settled_percent"] {
+    for name in
+        ["outcome.allowed.paused_us", "redis_round_trip_us", "batch_calls", "waited_us", "rule.tokens.settled_percent"]
+    {
         assert!(!host.has_histogram(&format!("{NAME}.{name}")), "{name} is not defined");
     }
     assert_eq!(host.counter(&format!("{NAME}.allowed")), 1, "the counters stay");

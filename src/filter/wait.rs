@@ -11,7 +11,7 @@
 //! - **In order.** Requests due at the same tick ask again in the order they first waited.
 //! - **Ends.** A client that leaves stops waiting ([`on_done`]); a configuration push ends the waits in the
 //!   failure mode ([`end_all`]); a retry whose call fails follows the failure mode as any request does.
-//! - **Counted.** `waited_admitted`, `waited_rejected`, `wait_queue_full`.
+//! - **Counted.** `waited_admitted`, `waited_rejected`, `wait_queue_full`; the time waited in `waited_us`.
 
 use alloc::rc::Rc;
 
@@ -51,6 +51,8 @@ struct Started {
     rule: usize,
     /// When its wait ends, ms since the epoch.
     end_ms: u64,
+    /// When it began to wait ([`super::metrics::Metrics::clock`]: 0 without histograms).
+    since_us: u64,
 }
 
 /// This filter's waiting requests.
@@ -116,7 +118,8 @@ pub(super) fn park<H: Host>(
         send_give_back(filter, GiveBackCall::new(route, name, settlement, GiveBackKind::Request));
     }
     if started.is_none() {
-        filter.waits.started.push(Started { context_id, route: Rc::clone(route), rule, end_ms });
+        let since_us = filter.metrics.clock(&filter.host);
+        filter.waits.started.push(Started { context_id, route: Rc::clone(route), rule, end_ms, since_us });
     }
     let retry_ms = now_ms.saturating_add(delay_ms);
     let (route, limiter) = (Rc::clone(route), limiter.to_string());
@@ -154,7 +157,8 @@ pub(super) fn queue_behind<H: Host>(
     if retry_ms > end_ms {
         return false;
     }
-    filter.waits.started.push(Started { context_id, route: Rc::clone(route), rule, end_ms });
+    let waited_since_us = filter.metrics.clock(&filter.host);
+    filter.waits.started.push(Started { context_id, route: Rc::clone(route), rule, end_ms, since_us: waited_since_us });
     let route = Rc::clone(route);
     filter.waits.parked.push(Parked { context_id, route, rule, limiter, since_us, retry_ms });
     true
@@ -193,8 +197,9 @@ pub(super) fn decided<H: Host>(filter: &mut Filter<H>, context_id: u32, goes_on:
         return;
     }
     let Some(at) = filter.waits.started.iter().position(|started| started.context_id == context_id) else { return };
-    filter.waits.started.swap_remove(at);
+    let started = filter.waits.started.swap_remove(at);
     filter.metrics.waited(&filter.host, if goes_on { Waited::Admitted } else { Waited::Rejected });
+    filter.metrics.waited_for(&filter.host, started.since_us);
 }
 
 /// The tick: the requests whose delay has passed ask again, in the order they first waited.

@@ -57,6 +57,8 @@ fn a_rejected_request_asks_again_after_its_delay_and_is_admitted() {
     answer(&host, &mut filter, &acquired(0));
     assert_eq!(host.end(2), Some(End::Resumed));
     assert_eq!((counter(&host, "waited_admitted"), counter(&host, "allowed"), counter(&host, "rejected")), (1, 1, 0));
+    let waited = host.histogram("edge_rate_limiter.waited_us");
+    assert!(matches!(waited.as_slice(), [us] if (300_000..=320_000).contains(us)), "{waited:?}");
     run_for(&host, &mut filter, 50);
     assert_eq!(host.tick_period(), 0, "nothing left: the tick stops");
 }
