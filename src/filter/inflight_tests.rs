@@ -341,8 +341,8 @@ fn a_request_a_rate_rules_local_block_rejects_takes_no_permit() {
 }
 
 /// A configuration push while a request's permit and rate acquire are on their way in one call, failing
-/// open: the request is not left hanging. Its rate stage is started again on its own and ended with the
-/// other paused requests, in the failure mode (open: it goes on).
+/// open: the request is not left hanging. Its in-flight wait ends failed, then its rate flow is ended with
+/// the other paused requests, in the failure mode (open: it goes on).
 #[test]
 fn a_configuration_push_ends_a_request_whose_permit_rode_with_its_rate_acquire() {
     let (host, mut old) = configure("");

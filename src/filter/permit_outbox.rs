@@ -161,9 +161,7 @@ pub(super) fn take_releases<H: Host>(filter: &mut Filter<H>, route: &Rc<Route>, 
     }
     let mut taken = Vec::new();
     outbox.releases.retain(|held| {
-        let fits = taken.len() < MAX_IDS
-            && Rc::ptr_eq(&held.route, route)
-            && self::destination(&held.route, &held.name) == destination;
+        let fits = taken.len() < MAX_IDS && goes_to(held, route, destination);
         if fits {
             taken.push(held.clone());
         }
@@ -175,10 +173,12 @@ pub(super) fn take_releases<H: Host>(filter: &mut Filter<H>, route: &Rc<Route>, 
 /// Whether a release waits for `destination` of `route`, for an acquire call leaving for it to carry.
 pub(super) fn waits_for<H: Host>(filter: &Filter<H>, route: &Rc<Route>, destination: Destination) -> bool {
     let releases = &filter.permit_outbox.releases;
-    !releases.is_empty()
-        && releases
-            .iter()
-            .any(|held| Rc::ptr_eq(&held.route, route) && self::destination(route, &held.name) == destination)
+    !releases.is_empty() && releases.iter().any(|held| goes_to(held, route, destination))
+}
+
+/// Whether `held` goes back through `route` to `destination`.
+fn goes_to(held: &Held, route: &Rc<Route>, destination: Destination) -> bool {
+    Rc::ptr_eq(&held.route, route) && self::destination(route, &held.name) == destination
 }
 
 /// Whether `route`'s acquire calls carry releases: it coalesces.

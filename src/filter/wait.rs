@@ -207,10 +207,18 @@ pub(super) fn on_tick<H: Host>(filter: &mut Filter<H>, now_ms: u64) {
     if filter.waits.parked.iter().all(|parked| parked.retry_ms > now_ms) {
         return;
     }
-    let (due, kept): (Vec<Parked>, Vec<Parked>) =
+    let (mut due, kept): (Vec<Parked>, Vec<Parked>) =
         core::mem::take(&mut filter.waits.parked).into_iter().partition(|parked| parked.retry_ms <= now_ms);
     filter.waits.parked = kept;
-    for Parked { context_id, route, since_us, .. } in due {
+    // In the order they first waited (a request that asked again and waits anew is parked after newer ones).
+    let mut ordered = Vec::with_capacity(due.len());
+    for started in &filter.waits.started {
+        if let Some(at) = due.iter().position(|parked| parked.context_id == started.context_id) {
+            ordered.push(due.swap_remove(at));
+        }
+    }
+    ordered.append(&mut due);
+    for Parked { context_id, route, since_us, .. } in ordered {
         if filter.host.set_effective_context(context_id).is_err() {
             // Gone: its end forgets it.
             super::metrics::host_refused(filter, "proxy_set_effective_context");

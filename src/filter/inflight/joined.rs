@@ -52,8 +52,9 @@ pub(super) fn gates(route: &Route, asked: &Asked) -> bool {
     route.config.inflight.get(asked.rule).is_some_and(|rule| rule.mode == Mode::Enforce)
 }
 
-/// Request `context_id`'s rate flow, if its permits rode with it, is dropped: the in-flight stage decided
-/// the request, or starts its rate stage again (a reply still on its way gives back what it took).
+/// Request `context_id`'s rate flow, if its permits rode with it, is dropped: the in-flight stage answered
+/// the request, or (its send refused) starts its rate stage on its own; a reply still on its way gives back
+/// what it took.
 pub(super) fn drop_joined_flow<H: Host>(filter: &mut Filter<H>, context_id: u32, joined: Joined) {
     if joined == Joined::Alone {
         return;
